@@ -1,0 +1,77 @@
+"""The float64 reference backend: one query row at a time, invariant by construction.
+
+Every row is computed from its own query and the K/V prefix ``[0, pos]`` of its request, with
+tensor shapes that depend on ``pos`` alone, so no batch property can reach its arithmetic. It is
+both a backend that must pass every perturbation and the accuracy oracle of :func:`check`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from invariance.batch import AttentionBatch, AttentionResult
+
+__all__ = ["gather_kv", "reference_backend", "reference_rows"]
+
+
+def gather_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of request ``b`` of ``batch``, ``[kv_len, Hkv, D]`` each, gathered from pages."""
+    kv_len = int(batch.kv_lens[b])
+    P = batch.page_size
+    needed = -(-kv_len // P)
+    pages = batch.block_table[b, :needed].long()
+    Hkv, D = batch.num_kv_heads, batch.head_dim
+    k = batch.k_cache[pages].reshape(-1, Hkv, D)[:kv_len]
+    v = batch.v_cache[pages].reshape(-1, Hkv, D)[:kv_len]
+    return k, v
+
+
+def reference_rows(
+    q: torch.Tensor,
+    positions: list[int],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of query rows ``q`` ``[n, Hq, D]`` at absolute ``positions`` over ``k``,
+    ``v`` ``[L, Hkv, D]`` (row ``i`` sees ``[0, positions[i]]``), in float64.
+
+    Returns ``out`` ``[n, Hq, D]`` and ``lse`` ``[n, Hq]``, both float64.
+    """
+    n, Hq, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    out = torch.zeros(n, Hq, D, dtype=torch.float64, device=q.device)
+    lse = torch.full((n, Hq), float("-inf"), dtype=torch.float64, device=q.device)
+    for i, pos in enumerate(positions):
+        kk = k[: pos + 1].to(torch.float64)  # [L, Hkv, D]
+        vv = v[: pos + 1].to(torch.float64)
+        qq = q[i].to(torch.float64).view(Hkv, G, D)
+        s = (kk[:, :, None, :] * qq[None]).sum(-1) * sm_scale  # [L, Hkv, G]
+        m = s.max(0).values
+        p = torch.exp(s - m)
+        denom = p.sum(0)
+        o = (p[..., None] * vv[:, :, None, :]).sum(0) / denom[..., None]  # [Hkv, G, D]
+        out[i] = o.reshape(Hq, D)
+        lse[i] = (m + torch.log(denom)).reshape(Hq)
+    return out, lse
+
+
+def reference_backend(batch: AttentionBatch) -> AttentionResult:
+    """Float64 attention of every row of ``batch``, one row at a time (see module docstring)."""
+    out = torch.zeros_like(batch.q)
+    lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"),
+                     dtype=torch.float32, device=batch.device)
+    cu = batch.cu_seqlens_q.tolist()
+    kv_lens = batch.kv_lens.tolist()
+    for b in range(batch.batch_size):
+        lo, hi = cu[b], cu[b + 1]
+        if hi == lo:
+            continue
+        k, v = gather_kv(batch, b)
+        first = kv_lens[b] - (hi - lo)
+        o, s = reference_rows(batch.q[lo:hi], list(range(first, kv_lens[b])), k, v,
+                              batch.sm_scale)
+        out[lo:hi] = o.to(batch.dtype)
+        lse[lo:hi] = s.to(torch.float32)
+    return AttentionResult(out, lse)

@@ -1,0 +1,219 @@
+"""The tensors one attention call receives and returns (DESIGN.md section 3).
+
+``AttentionBatch`` is what a backend is called with; ``AttentionResult`` is what it returns.
+Both validate themselves and raise ``ValueError`` naming the field, the expected and the actual
+value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from invariance.workload import DTYPES
+
+__all__ = ["AttentionBatch", "AttentionResult", "as_result"]
+
+_FLOAT_DTYPES = tuple(DTYPES.values())
+
+
+def _fail(field: str, expected: str, actual: object) -> ValueError:
+    return ValueError(f"{field}: expected {expected}, got {actual}")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+@dataclass
+class AttentionBatch:
+    """One attention call over a paged KV cache: mixed prefill and decode requests.
+
+    Shapes (``B`` requests, ``T`` query tokens in total, requests concatenated in order):
+
+    - ``q``: ``[T, Hq, D]``, float16 / bfloat16 / float32.
+    - ``k_cache``, ``v_cache``: ``[num_pages, page_size, Hkv, D]``, same dtype as ``q``.
+    - ``cu_seqlens_q``: ``[B + 1]`` int32, ``cu_seqlens_q[0] == 0``, non-decreasing, ``[B] == T``.
+    - ``kv_lens``: ``[B]`` int32, ``kv_lens[b] >= q_len[b]``. Query token ``i`` of request ``b``
+      sits at absolute position ``kv_lens[b] - q_len[b] + i`` and attends to ``[0, pos]``.
+    - ``block_table``: ``[B, max_pages]`` int32, logical page -> physical page; only the first
+      ``ceil(kv_lens[b] / page_size)`` entries of row ``b`` are meaningful.
+    - ``sm_scale``: softmax scale applied to ``q · k``.
+
+    ``request_ids`` (optional, length ``B``) names the requests for diagnostics.
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    kv_lens: torch.Tensor
+    block_table: torch.Tensor
+    sm_scale: float
+    request_ids: tuple[int, ...] | None = None
+
+    # --- derived sizes -------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """``B``, the number of requests."""
+        return int(self.kv_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """``T``, the number of query tokens."""
+        return int(self.q.shape[0])
+
+    @property
+    def num_q_heads(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.k_cache.shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.q.shape[2])
+
+    @property
+    def page_size(self) -> int:
+        return int(self.k_cache.shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.q.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def q_lens(self) -> list[int]:
+        """Query tokens per request (a host copy of ``diff(cu_seqlens_q)``)."""
+        cu = self.cu_seqlens_q.tolist()
+        return [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
+
+    # --- validation ----------------------------------------------------------------------
+    def validate(self) -> AttentionBatch:
+        """Check every field against the contract; return ``self`` or raise ``ValueError``."""
+        q, k, v = self.q, self.k_cache, self.v_cache
+        for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("cu_seqlens_q",
+                        self.cu_seqlens_q), ("kv_lens", self.kv_lens),
+                        ("block_table", self.block_table)):
+            if not isinstance(t, torch.Tensor):
+                raise _fail(name, "a torch.Tensor", type(t).__name__)
+        if q.dim() != 3:
+            raise _fail("q", "3 dims [T, Hq, D]", _describe(q))
+        if q.dtype not in _FLOAT_DTYPES:
+            raise _fail("q.dtype", "float16, bfloat16 or float32", q.dtype)
+        for name, t in (("k_cache", k), ("v_cache", v)):
+            if t.dim() != 4:
+                raise _fail(name, "4 dims [num_pages, page_size, Hkv, D]", _describe(t))
+            if t.dtype != q.dtype:
+                raise _fail(f"{name}.dtype", f"{q.dtype} (q's dtype)", t.dtype)
+            if t.device != q.device:
+                raise _fail(f"{name}.device", f"{q.device} (q's device)", t.device)
+        if k.shape != v.shape:
+            raise _fail("v_cache", f"shape {tuple(k.shape)} (k_cache's shape)", tuple(v.shape))
+        T, Hq, D = q.shape
+        _, page_size, Hkv, Dk = k.shape
+        if Dk != D:
+            raise _fail("k_cache.shape[3]", f"head_dim {D} (q.shape[2])", Dk)
+        if Hkv == 0 or Hq % Hkv:
+            raise _fail("q.shape[1]", f"a multiple of Hkv={Hkv} (GQA)", Hq)
+        if page_size < 1:
+            raise _fail("k_cache.shape[1] (page_size)", ">= 1", page_size)
+        for name, t, ndim in (("cu_seqlens_q", self.cu_seqlens_q, 1), ("kv_lens",
+                              self.kv_lens, 1), ("block_table", self.block_table, 2)):
+            if t.dim() != ndim:
+                raise _fail(name, f"{ndim} dim(s)", _describe(t))
+            if t.dtype != torch.int32:
+                raise _fail(f"{name}.dtype", "torch.int32", t.dtype)
+            if t.device != q.device:
+                raise _fail(f"{name}.device", f"{q.device} (q's device)", t.device)
+        B = self.kv_lens.shape[0]
+        if self.cu_seqlens_q.shape[0] != B + 1:
+            raise _fail("cu_seqlens_q.shape", f"[{B + 1}] (len(kv_lens) + 1)",
+                        list(self.cu_seqlens_q.shape))
+        if self.block_table.shape[0] != B:
+            raise _fail("block_table.shape[0]", f"{B} (len(kv_lens))", self.block_table.shape[0])
+        if not isinstance(self.sm_scale, (int, float)) or not self.sm_scale > 0:
+            raise _fail("sm_scale", "a positive float", self.sm_scale)
+        if self.request_ids is not None and len(self.request_ids) != B:
+            raise _fail("request_ids", f"{B} ids (one per request)", len(self.request_ids))
+        # Value checks (host copies of the small index tensors).
+        cu = self.cu_seqlens_q.tolist()
+        if cu[0] != 0:
+            raise _fail("cu_seqlens_q[0]", "0", cu[0])
+        if cu[-1] != T:
+            raise _fail("cu_seqlens_q[-1]", f"{T} (q.shape[0])", cu[-1])
+        for b in range(B):
+            if cu[b + 1] < cu[b]:
+                raise _fail(f"cu_seqlens_q[{b + 1}]", f">= cu_seqlens_q[{b}]={cu[b]}", cu[b + 1])
+        kv_lens = self.kv_lens.tolist()
+        max_pages = self.block_table.shape[1]
+        num_pages = k.shape[0]
+        for b in range(B):
+            q_len = cu[b + 1] - cu[b]
+            if kv_lens[b] < q_len:
+                raise _fail(f"kv_lens[{b}]", f">= q_len={q_len}", kv_lens[b])
+            needed = -(-kv_lens[b] // page_size)
+            if needed > max_pages:
+                raise _fail(f"kv_lens[{b}]", f"<= max_pages * page_size = "
+                            f"{max_pages * page_size}", kv_lens[b])
+            if needed:
+                row = self.block_table[b, :needed]
+                lo, hi = int(row.min()), int(row.max())
+                if lo < 0 or hi >= num_pages:
+                    bad = lo if lo < 0 else hi
+                    raise _fail(f"block_table[{b}, :{needed}]",
+                                f"page ids in [0, {num_pages})", bad)
+        return self
+
+
+def _check_result(out: torch.Tensor, lse: torch.Tensor, batch: AttentionBatch) -> None:
+    T, Hq, D = batch.num_tokens, batch.num_q_heads, batch.head_dim
+    if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
+        raise TypeError(
+            f"backend result: expected (out, lse) tensors, got ({type(out).__name__}, "
+            f"{type(lse).__name__})"
+        )
+    if tuple(out.shape) != (T, Hq, D):
+        raise _fail("result.out.shape", f"[{T}, {Hq}, {D}]", list(out.shape))
+    if out.dtype != batch.dtype:
+        raise _fail("result.out.dtype", f"{batch.dtype} (q's dtype)", out.dtype)
+    if tuple(lse.shape) != (T, Hq):
+        raise _fail("result.lse.shape", f"[{T}, {Hq}]", list(lse.shape))
+    if lse.dtype != torch.float32:
+        raise _fail("result.lse.dtype", "torch.float32", lse.dtype)
+    if out.device != batch.device or lse.device != batch.device:
+        raise _fail("result device", f"{batch.device}", f"out on {out.device}, lse on {lse.device}")
+
+
+@dataclass
+class AttentionResult:
+    """What a backend returns: ``out`` ``[T, Hq, D]`` in q's dtype and ``lse`` ``[T, Hq]``
+    float32 (natural log of the softmax denominator; ``-inf`` for a row attending to nothing)."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+
+    def validate(self, batch: AttentionBatch) -> AttentionResult:
+        """Check shapes, dtypes and devices against ``batch``; return ``self``."""
+        _check_result(self.out, self.lse, batch)
+        return self
+
+
+def as_result(value: object, batch: AttentionBatch) -> AttentionResult:
+    """Normalise a backend's return value (``AttentionResult`` or ``(out, lse)``); validate it."""
+    if isinstance(value, AttentionResult):
+        result = value
+    elif isinstance(value, Sequence) and len(value) == 2:
+        result = AttentionResult(value[0], value[1])
+    else:
+        raise TypeError(
+            "backend result: expected an AttentionResult or an (out, lse) pair, got "
+            f"{type(value).__name__}"
+        )
+    return result.validate(batch)

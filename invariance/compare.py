@@ -1,0 +1,197 @@
+"""Bitwise comparison with diagnostics a person can act on.
+
+Equality is decided on raw bits (``tensor.view(int dtype)``), never on float ``==``:
+
+- ``+0.0`` and ``-0.0`` are *different* (their bits differ); they are 1 ULP apart.
+- NaNs are equal only when their bit patterns are equal (same sign and payload); a NaN against
+  any other value is a difference with an undefined ULP distance, counted in ``nan_mismatches``.
+- ``inf`` equals ``inf`` of the same sign.
+
+ULP distance is the distance between the two values on the monotonic integer line of the
+format (``-0`` sits one step below ``+0``), so 1 ULP means adjacent representable numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["TensorDiff", "bits", "compare_bits", "ulp_distance"]
+
+_INT_VIEW = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a floating tensor as a same-width integer tensor."""
+    if t.dtype not in _INT_VIEW:
+        raise ValueError(f"tensor dtype: expected one of {list(_INT_VIEW)}, got {t.dtype}")
+    return t.contiguous().view(_INT_VIEW[t.dtype])
+
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """Map float bits to int64 keys that increase with the float value (-0 just below +0)."""
+    b = bits(t).to(torch.int64)
+    width = {torch.int16: 16, torch.int32: 32, torch.int64: 64}[_INT_VIEW[t.dtype]]
+    if width == 64:
+        magnitude = b & 0x7FFFFFFFFFFFFFFF
+        return torch.where(b < 0, -magnitude - 1, b)
+    b = b & ((1 << width) - 1)  # unsigned view
+    sign = b >> (width - 1)
+    magnitude = b & ((1 << (width - 1)) - 1)
+    return torch.where(sign == 1, -magnitude - 1, magnitude)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Element-wise ULP distance (int64) between same-dtype tensors; meaningless where either is
+    NaN (callers mask those)."""
+    return (_ordered(a) - _ordered(b)).abs()
+
+
+@dataclass
+class TensorDiff:
+    """How two tensors differ, bit for bit.
+
+    ``first_index`` is the first differing element in row-major order, labelled by ``dims``
+    (e.g. ``("request", "token", "head", "dim")``); ``first_values`` the two values there, as
+    ``(actual, expected)`` floats with their bits in hex.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    num_elements: int
+    num_different: int
+    nan_mismatches: int
+    max_abs_diff: float
+    max_ulp: int
+    first_index: dict[str, int] | None
+    first_values: tuple[str, str] | None
+
+    @property
+    def equal(self) -> bool:
+        return self.num_different == 0
+
+    def summary(self) -> str:
+        if self.equal:
+            return f"{self.name}: {self.num_elements} elements bit-identical"
+        text = (f"{self.name}: {self.num_different} of {self.num_elements} elements differ "
+                f"(max |diff| {self.max_abs_diff:.3g}, max {self.max_ulp} ULP")
+        if self.nan_mismatches:
+            text += f", {self.nan_mismatches} NaN mismatches"
+        text += ")"
+        if self.first_index is not None and self.first_values is not None:
+            where = ", ".join(f"{k}={v}" for k, v in self.first_index.items())
+            text += (f"; first at {where}: {self.first_values[0]} vs {self.first_values[1]}")
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["first_values"] = list(self.first_values) if self.first_values else None
+        if math.isinf(self.max_abs_diff) or math.isnan(self.max_abs_diff):
+            d["max_abs_diff"] = str(self.max_abs_diff)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TensorDiff:
+        d = dict(d)
+        d["shape"] = tuple(d["shape"])
+        d["max_abs_diff"] = float(d["max_abs_diff"])
+        fv = d.get("first_values")
+        d["first_values"] = tuple(fv) if fv else None
+        return cls(**d)
+
+
+def _fmt(x: torch.Tensor) -> str:
+    value = float(x.to(torch.float64))
+    width = x.element_size()
+    raw = int(bits(x.reshape(1))[0]) & ((1 << (8 * width)) - 1)
+    return f"{value!r} (0x{raw:0{2 * width}x})"
+
+
+def compare_bits(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    name: str = "tensor",
+    dims: Sequence[str] | None = None,
+    row_labels: Sequence[Sequence[int]] | None = None,
+) -> TensorDiff:
+    """Compare two tensors bit for bit.
+
+    ``dims`` names each dimension for the first-difference report. ``row_labels`` (optional)
+    replaces the first dimension by a tuple of labels per row, e.g. ``(request, token)`` for row
+    ``i`` of a per-token output; then ``dims`` must name those labels followed by the remaining
+    dimensions.
+    """
+    if actual.shape != expected.shape:
+        raise ValueError(
+            f"{name}: shapes differ: actual {tuple(actual.shape)} vs expected "
+            f"{tuple(expected.shape)}"
+        )
+    if actual.dtype != expected.dtype:
+        raise ValueError(
+            f"{name}: dtypes differ: actual {actual.dtype} vs expected {expected.dtype}"
+        )
+    a, e = actual.detach(), expected.detach().to(actual.device)
+    diff_mask = bits(a) != bits(e)
+    num_different = int(diff_mask.sum())
+    n = a.numel()
+    nan_mismatch = diff_mask & (torch.isnan(a) | torch.isnan(e))
+    nan_count = int(nan_mismatch.sum())
+    max_abs = 0.0
+    max_ulp = 0
+    first_index: dict[str, int] | None = None
+    first_values: tuple[str, str] | None = None
+    if num_different:
+        numeric = diff_mask & ~nan_mismatch
+        if bool(numeric.any()):
+            a64, e64 = a.to(torch.float64), e.to(torch.float64)
+            with torch.no_grad():
+                absdiff = (a64 - e64).abs()[numeric]
+                finite = absdiff[~torch.isnan(absdiff)]
+                max_abs = float(finite.max()) if finite.numel() else float("inf")
+                max_ulp = int(ulp_distance(a, e)[numeric].max())
+        if nan_count:
+            max_abs = max_abs or float("nan")
+        flat = int(torch.nonzero(diff_mask.reshape(-1))[0, 0])
+        idx = _unravel(flat, tuple(a.shape))
+        names = list(dims) if dims is not None else [f"dim{i}" for i in range(a.dim())]
+        if row_labels is not None:
+            labels = list(row_labels[idx[0]])
+            values = labels + list(idx[1:])
+        else:
+            values = list(idx)
+        if len(names) != len(values):
+            names = [f"dim{i}" for i in range(len(values))]
+        first_index = dict(zip(names, values, strict=True))
+        first_values = (_fmt(a.reshape(-1)[flat]), _fmt(e.reshape(-1)[flat]))
+    return TensorDiff(
+        name=name,
+        shape=tuple(a.shape),
+        dtype=str(a.dtype).removeprefix("torch."),
+        num_elements=n,
+        num_different=num_different,
+        nan_mismatches=nan_count,
+        max_abs_diff=max_abs,
+        max_ulp=max_ulp,
+        first_index=first_index,
+        first_values=first_values,
+    )
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    out = []
+    for size in reversed(shape):
+        out.append(flat % size)
+        flat //= size
+    return list(reversed(out))

@@ -1,0 +1,367 @@
+"""Steps, schedules and page layouts; materialising a step into an :class:`AttentionBatch`.
+
+A *step* is one attention call: an ordered tuple of chunks, each naming the query tokens
+``[start, stop)`` of one request; the request's KV length in that call is ``stop`` (causal: the
+chunk's tokens see every earlier token of their request). A *schedule* is an ordered tuple of
+steps plus the page layout used to place KV in the paged cache. Materialising a step writes the
+K/V of tokens ``[0, stop)`` of every chunk into freshly allocated physical pages, then builds the
+query tensor and the index tensors.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+
+from invariance.batch import AttentionBatch, as_result
+from invariance.workload import Workload
+
+__all__ = [
+    "Chunk",
+    "PageLayout",
+    "Schedule",
+    "ScheduleOutput",
+    "Step",
+    "materialize",
+    "run_schedule",
+]
+
+Placement = Literal["contiguous", "shuffled", "reversed", "interleaved"]
+Fill = Literal["zeros", "nan"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Query tokens ``[start, stop)`` of request ``request_id``; the call's KV length is ``stop``.
+
+    ``start == stop`` is a request with no query token (it still occupies a batch slot).
+    """
+
+    request_id: int
+    start: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.stop:
+            raise ValueError(
+                f"Chunk: expected 0 <= start <= stop, got start={self.start}, stop={self.stop}"
+            )
+
+    @property
+    def q_len(self) -> int:
+        return self.stop - self.start
+
+    def describe(self) -> str:
+        if self.q_len == 0:
+            return f"request {self.request_id} with no query token (kv {self.stop})"
+        if self.q_len == 1:
+            kind = "decode" if self.start > 0 else "one-token prefill"
+            return f"request {self.request_id} {kind} of token {self.start} (kv {self.stop})"
+        return (f"request {self.request_id} prefill of tokens {self.start}..{self.stop - 1} "
+                f"(kv {self.stop})")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One attention call: chunks in batch order."""
+
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.q_len for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """How KV lands in the paged cache.
+
+    - ``page_size``: tokens per page.
+    - ``placement``: order of the physical pages handed out: ``contiguous`` (in order),
+      ``shuffled`` (random permutation from ``seed``), ``reversed``, ``interleaved`` (requests'
+      pages alternate, as in a fragmented cache).
+    - ``extra_pages``: unused physical pages scattered among the used ones.
+    - ``extra_columns``: unused block-table columns past the longest request (they point at a
+      poisoned page when ``fill == "nan"``, at page 0 otherwise).
+    - ``fill``: what unused cache slots (tails of last pages, extra pages) hold: ``zeros`` or
+      ``nan`` (a kernel that reads them without masking then produces NaN or different bits).
+    """
+
+    page_size: int = 16
+    placement: Placement = "contiguous"
+    extra_pages: int = 0
+    extra_columns: int = 0
+    fill: Fill = "zeros"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ValueError(f"PageLayout.page_size: expected an int >= 1, got {self.page_size!r}")
+        if self.placement not in ("contiguous", "shuffled", "reversed", "interleaved"):
+            raise ValueError(
+                "PageLayout.placement: expected contiguous, shuffled, reversed or interleaved, "
+                f"got {self.placement!r}"
+            )
+        if self.extra_pages < 0 or self.extra_columns < 0:
+            raise ValueError("PageLayout: extra_pages and extra_columns must be >= 0")
+        if self.fill not in ("zeros", "nan"):
+            raise ValueError(f"PageLayout.fill: expected 'zeros' or 'nan', got {self.fill!r}")
+
+    def describe(self) -> str:
+        words = [f"page size {self.page_size}", f"{self.placement} pages"]
+        if self.extra_pages:
+            words.append(f"{self.extra_pages} unused pages")
+        if self.extra_columns:
+            words.append(f"{self.extra_columns} padded block-table columns")
+        if self.fill == "nan":
+            words.append("unused memory NaN-filled")
+        return ", ".join(words)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An ordered tuple of steps over one page layout.
+
+    ``graph`` runs every step through CUDA-graph capture and replay instead of eagerly;
+    ``poison`` fills the device allocator's free memory with NaN before each step so that reads
+    of uninitialised workspace show. ``label`` is the schedule in words, for reports.
+    """
+
+    steps: tuple[Step, ...]
+    layout: PageLayout = field(default_factory=PageLayout)
+    label: str = ""
+    graph: bool = False
+    poison: bool = False
+
+    def padding_ids(self, workload: Workload) -> frozenset[int]:
+        return frozenset(r.id for r in workload.requests if r.padding)
+
+    def describe(self) -> str:
+        """The schedule in words."""
+        if self.label:
+            head = self.label
+        elif len(self.steps) == 1:
+            head = f"one call of {self.steps[0].batch_size} request(s)"
+        else:
+            head = f"{len(self.steps)} calls"
+        extras = [self.layout.describe()]
+        if self.graph:
+            extras.append("captured and replayed as a CUDA graph")
+        if self.poison:
+            extras.append("allocator pre-filled with NaN")
+        return f"{head} ({'; '.join(extras)})"
+
+    def with_layout(self, **changes: object) -> Schedule:
+        return replace(self, layout=replace(self.layout, **changes))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Materialisation
+# --------------------------------------------------------------------------------------------
+
+def _page_order(layout: PageLayout, pages_per_chunk: list[int]) -> list[list[int]]:
+    """Physical page ids for each chunk's logical pages (plus unused ones, not returned)."""
+    used = sum(pages_per_chunk)
+    total = used + layout.extra_pages
+    if layout.placement == "interleaved":
+        # Round-robin: request 0 page 0, request 1 page 0, ..., request 0 page 1, ...
+        order: list[tuple[int, int]] = []
+        depth = max(pages_per_chunk, default=0)
+        for p in range(depth):
+            for c, n in enumerate(pages_per_chunk):
+                if p < n:
+                    order.append((c, p))
+        assigned: list[list[int]] = [[0] * n for n in pages_per_chunk]
+        physical = list(range(total))
+        rng = random.Random(layout.seed)
+        unused = set(rng.sample(physical, layout.extra_pages)) if layout.extra_pages else set()
+        free = [p for p in physical if p not in unused]
+        for (c, p), phys in zip(order, free, strict=True):
+            assigned[c][p] = phys
+        return assigned
+    physical = list(range(total))
+    if layout.placement == "shuffled":
+        random.Random(layout.seed).shuffle(physical)
+    elif layout.placement == "reversed":
+        physical.reverse()
+    elif layout.extra_pages:
+        # Scatter the unused pages deterministically among used ones.
+        rng = random.Random(layout.seed)
+        unused = set(rng.sample(range(total), layout.extra_pages))
+        physical = [p for p in range(total) if p not in unused] + sorted(unused)
+    out: list[list[int]] = []
+    i = 0
+    for n in pages_per_chunk:
+        out.append(physical[i:i + n])
+        i += n
+    return out
+
+
+def materialize(
+    workload: Workload,
+    step: Step,
+    layout: PageLayout,
+    device: torch.device | str,
+    content_cache: dict[tuple[int, str], torch.Tensor] | None = None,
+) -> AttentionBatch:
+    """Build the :class:`AttentionBatch` of one step: K/V of tokens ``[0, stop)`` of every chunk
+    written into fresh pages placed by ``layout``, queries concatenated in chunk order.
+
+    ``content_cache`` (optional) memoises each request's full K/V content across steps.
+    """
+    device = torch.device(device)
+    heads, dtype = workload.heads, workload.dtype
+    P = layout.page_size
+    for c in step.chunks:
+        length = workload.request(c.request_id).length
+        if c.stop > length:
+            raise ValueError(
+                f"step chunk {c}: stop={c.stop} exceeds request {c.request_id}'s length {length}"
+            )
+    pages_per_chunk = [-(-c.stop // P) for c in step.chunks]
+    placement = _page_order(layout, pages_per_chunk)
+    num_pages = max(1, sum(pages_per_chunk) + layout.extra_pages + (layout.fill == "nan"))
+    shape = (num_pages, P, heads.num_kv_heads, heads.head_dim)
+    fill_value = float("nan") if layout.fill == "nan" else 0.0
+    k_cache = torch.full(shape, fill_value, dtype=dtype, device=device)
+    v_cache = torch.full(shape, fill_value, dtype=dtype, device=device)
+    max_pages = max(pages_per_chunk, default=0) + layout.extra_columns
+    # Unused block-table columns point at the poisoned last page (NaN fill) or at page 0.
+    pad_page = num_pages - 1 if layout.fill == "nan" else 0
+    table = torch.full((len(step.chunks), max(max_pages, 1)), pad_page, dtype=torch.int32)
+    queries: list[torch.Tensor] = []
+    for b, (c, phys) in enumerate(zip(step.chunks, placement, strict=True)):
+        kv = [_full_content(workload, c.request_id, kind, device, content_cache)[:c.stop]
+              for kind in ("k", "v")]
+        for lp, pp in enumerate(phys):
+            lo, hi = lp * P, min((lp + 1) * P, c.stop)
+            k_cache[pp, : hi - lo] = kv[0][lo:hi]
+            v_cache[pp, : hi - lo] = kv[1][lo:hi]
+            table[b, lp] = pp
+        queries.append(workload.content(c.request_id, "q", c.start, c.stop, device))
+    q_lens = [c.q_len for c in step.chunks]
+    cu = [0]
+    for n in q_lens:
+        cu.append(cu[-1] + n)
+    q = (torch.cat(queries) if queries else
+         torch.empty(0, heads.num_q_heads, heads.head_dim, dtype=dtype, device=device))
+    return AttentionBatch(
+        q=q.contiguous(),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+        kv_lens=torch.tensor([c.stop for c in step.chunks], dtype=torch.int32, device=device),
+        block_table=table.to(device),
+        sm_scale=workload.sm_scale,
+        request_ids=tuple(c.request_id for c in step.chunks),
+    )
+
+
+def _full_content(
+    workload: Workload, request_id: int, kind: str, device: torch.device,
+    cache: dict[tuple[int, str], torch.Tensor] | None,
+) -> torch.Tensor:
+    length = workload.request(request_id).length
+    if cache is None:
+        return workload.content(request_id, kind, 0, length, device)  # type: ignore[arg-type]
+    key = (request_id, kind)
+    if key not in cache:
+        cache[key] = workload.content(request_id, kind, 0, length, device)  # type: ignore[arg-type]
+    return cache[key]
+
+
+# --------------------------------------------------------------------------------------------
+# Running a schedule
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class ScheduleOutput:
+    """Per-token results of one schedule: ``keys[i] = (request_id, token)`` is row ``i`` of
+    ``out`` ``[N, Hq, D]`` and ``lse`` ``[N, Hq]``. Padding requests are left out."""
+
+    keys: list[tuple[int, int]]
+    out: torch.Tensor
+    lse: torch.Tensor
+
+    def index(self) -> dict[tuple[int, int], int]:
+        return {k: i for i, k in enumerate(self.keys)}
+
+
+BackendFn = Callable[[AttentionBatch], object]
+
+
+def _poison_allocator(device: torch.device) -> None:
+    """Fill the CUDA caching allocator's free blocks with NaN so that a kernel reading memory
+    it never wrote sees NaN instead of stale valid data."""
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    reserved_free = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    nbytes = max(reserved_free, min(free // 4, 1 << 30))
+    blob = torch.full((nbytes // 4,), float("nan"), dtype=torch.float32, device=device)
+    del blob
+
+
+def _run_graphed(backend: BackendFn, batch: AttentionBatch) -> object:
+    """Capture ``backend(batch)`` in a CUDA graph, then replay it once and return the result."""
+    stream = torch.cuda.Stream(batch.device)  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream(batch.device))
+    with torch.cuda.stream(stream):
+        backend(batch)  # warm-up (compilation, workspace allocation) outside the capture
+    torch.cuda.current_stream(batch.device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = backend(batch)
+    graph.replay()
+    torch.cuda.synchronize(batch.device)
+    return result
+
+
+def iter_step_results(
+    backend: BackendFn, workload: Workload, schedule: Schedule, device: torch.device | str,
+) -> Iterator[tuple[Step, AttentionBatch, torch.Tensor, torch.Tensor]]:
+    """Run each step of ``schedule`` and yield ``(step, batch, out, lse)``."""
+    device = torch.device(device)
+    cache: dict[tuple[int, str], torch.Tensor] = {}
+    for step in schedule.steps:
+        batch = materialize(workload, step, schedule.layout, device, cache).validate()
+        if schedule.poison:
+            _poison_allocator(device)
+        raw = _run_graphed(backend, batch) if schedule.graph else backend(batch)
+        result = as_result(raw, batch)
+        yield step, batch, result.out, result.lse
+
+
+def run_schedule(
+    backend: BackendFn, workload: Workload, schedule: Schedule, device: torch.device | str,
+) -> ScheduleOutput:
+    """Run every step of ``schedule`` through ``backend`` and collect per-token rows."""
+    padding = schedule.padding_ids(workload)
+    keys: list[tuple[int, int]] = []
+    outs: list[torch.Tensor] = []
+    lses: list[torch.Tensor] = []
+    for step, _batch, out, lse in iter_step_results(backend, workload, schedule, device):
+        row = 0
+        for c in step.chunks:
+            if c.request_id not in padding and c.q_len:
+                keys.extend((c.request_id, t) for t in range(c.start, c.stop))
+                outs.append(out[row:row + c.q_len].clone())
+                lses.append(lse[row:row + c.q_len].clone())
+            row += c.q_len
+    heads = workload.heads
+    dev = torch.device(device)
+    return ScheduleOutput(
+        keys=keys,
+        out=torch.cat(outs) if outs else torch.empty(
+            0, heads.num_q_heads, heads.head_dim, dtype=workload.dtype, device=dev),
+        lse=torch.cat(lses) if lses else torch.empty(
+            0, heads.num_q_heads, dtype=torch.float32, device=dev),
+    )

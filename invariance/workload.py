@@ -1,0 +1,212 @@
+"""Requests and their token content.
+
+A request's q/k/v content is a pure function of ``(seed, request id, token index, head config,
+dtype)``: it is computed from a counter-based hash of those values, never from a stateful random
+generator, so a token has the same bits whichever batch, step, position or page it lands in. (The
+float32 Box-Muller transform runs on the device the content is made on; CPU and GPU may differ in
+its last bit, so compare schedules on one device.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "DTYPES",
+    "HeadConfig",
+    "Request",
+    "Workload",
+    "parse_dtype",
+    "token_content",
+]
+
+#: The dtypes the toolkit knows, by their public names.
+DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+}
+
+Kind = Literal["q", "k", "v"]
+_KIND_CODE = {"q": 1, "k": 2, "v": 3}
+_MASK32 = 0xFFFFFFFF
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """Return the torch dtype for ``dtype`` (a torch dtype or one of :data:`DTYPES`' names)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(
+                f"dtype: expected one of {sorted(DTYPES)}, got {dtype}"
+            )
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
+    name = aliases.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The public name of ``dtype`` (``"float16"``, ``"bfloat16"``, ``"float32"``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Attention head configuration: ``num_q_heads`` query heads sharing ``num_kv_heads`` KV heads
+    (GQA when they differ), each of size ``head_dim``."""
+
+    num_q_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("num_q_heads", "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"HeadConfig.{name}: expected a positive int, got {value!r}")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(
+                "HeadConfig: expected num_q_heads to be a multiple of num_kv_heads, got "
+                f"num_q_heads={self.num_q_heads}, num_kv_heads={self.num_kv_heads}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> HeadConfig:
+        """Parse ``"Hq:Hkv:D"`` (e.g. ``"32:8:128"``)."""
+        parts = text.split(":")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"heads: expected 'Hq:Hkv:D' with positive integers, got {text!r}")
+        hq, hkv, d = (int(p) for p in parts)
+        return cls(hq, hkv, d)
+
+    def __str__(self) -> str:
+        return f"{self.num_q_heads}:{self.num_kv_heads}:{self.head_dim}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: ``length`` tokens whose content is derived from the workload seed and ``id``.
+
+    Padding requests (dummy requests a server adds to fill a batch or a CUDA graph) are requests
+    too; their outputs are never compared.
+    """
+
+    id: int
+    length: int
+    padding: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, int) or self.id < 0:
+            raise ValueError(f"Request.id: expected a non-negative int, got {self.id!r}")
+        if not isinstance(self.length, int) or self.length < 0:
+            raise ValueError(
+                f"Request.length: expected a non-negative int, got {self.length!r}"
+            )
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xorshift-multiply rounds) on int64 tensors holding uint32 values.
+
+    Multipliers are below 2**31 so products stay below 2**63: exact in int64 on every device.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x297A2D39) & _MASK32
+    return x ^ (x >> 15)
+
+
+def _scalar_mix(x: int) -> int:
+    return int(_mix(torch.tensor([x & _MASK32], dtype=torch.int64))[0])
+
+
+def token_content(
+    seed: int,
+    request_id: int,
+    kind: Kind,
+    start: int,
+    stop: int,
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Content of tokens ``[start, stop)`` of a request, ``[stop - start, num_heads, head_dim]``.
+
+    Values are standard normal (Box-Muller over two hashed uniforms) computed in float32 and
+    rounded to ``dtype``. Element ``(t, h, d)`` depends only on ``(seed, request_id, kind, t, h,
+    d, num_heads, head_dim, dtype)``.
+    """
+    if stop < start:
+        raise ValueError(f"token range: expected start <= stop, got [{start}, {stop})")
+    n = (stop - start) * num_heads * head_dim
+    key = _scalar_mix(
+        _scalar_mix(seed) ^ _scalar_mix(request_id * 4 + _KIND_CODE[kind])
+        ^ _scalar_mix(num_heads * 4096 + head_dim)
+    )
+    idx = torch.arange(n, dtype=torch.int64, device=device) + start * num_heads * head_dim
+    # Two independent 32-bit hashes per element -> two uniforms in (0, 1).
+    h1 = _mix((idx * 2 + key) & _MASK32 ^ (idx >> 31))
+    h2 = _mix((idx * 2 + 1 + key) & _MASK32 ^ (idx >> 31))
+    u1 = ((h1 >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    u2 = ((h2 >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
+    return normal.view(stop - start, num_heads, head_dim).to(dtype)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests of one experiment and what their tokens contain.
+
+    ``requests`` lists every request a schedule may touch (padding requests included). The content
+    of request ``r``'s token ``t`` is :func:`token_content` of ``(seed, r.id, kind, t)``.
+    """
+
+    requests: tuple[Request, ...]
+    heads: HeadConfig = field(default_factory=HeadConfig)
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        ids = [r.id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"Workload.requests: expected unique ids, got {ids}")
+        parse_dtype(self.dtype)
+
+    def request(self, request_id: int) -> Request:
+        """The request with id ``request_id``."""
+        for r in self.requests:
+            if r.id == request_id:
+                return r
+        raise KeyError(f"request {request_id} is not in this workload")
+
+    def content(
+        self, request_id: int, kind: Kind, start: int, stop: int, device: torch.device | str
+    ) -> torch.Tensor:
+        """Tokens ``[start, stop)`` of request ``request_id``: ``[n, H, D]`` in the workload dtype
+        (``H`` = query heads for ``"q"``, KV heads for ``"k"``/``"v"``)."""
+        req = self.request(request_id)
+        if stop > req.length:
+            raise ValueError(
+                f"request {request_id}: token range [{start}, {stop}) exceeds its length "
+                f"{req.length}"
+            )
+        heads = self.heads.num_q_heads if kind == "q" else self.heads.num_kv_heads
+        return token_content(
+            self.seed, request_id, kind, start, stop, heads, self.heads.head_dim, self.dtype,
+            device,
+        )
+
+    @property
+    def sm_scale(self) -> float:
+        """The softmax scale, ``1 / sqrt(head_dim)``."""
+        return 1.0 / math.sqrt(self.heads.head_dim)
