@@ -58,9 +58,9 @@ class Scale:
 
 SCALES: dict[str, Scale] = {
     "small": Scale(
-        name="small", short=(4, 80), long=320, batch_sizes=(1, 2, 3, 5, 8, 13),
+        name="small", short=(4, 96), long=1100, batch_sizes=(1, 2, 3, 5, 8, 13),
         prefill=(2, 24), chunk_sizes=(3, 7, 16), page_sizes=(1, 4, 16), page_size=4,
-        decode_tokens=3, prefill_len=(24, 72),
+        decode_tokens=3, prefill_len=(24, 140),
     ),
     "large": Scale(
         name="large", short=(64, 4096), long=32768,

@@ -239,14 +239,18 @@ def materialize(
     table = torch.full((len(step.chunks), max(max_pages, 1)), pad_page, dtype=torch.int32)
     queries: list[torch.Tensor] = []
     for b, (c, phys) in enumerate(zip(step.chunks, placement, strict=True)):
-        kv = [_full_content(workload, c.request_id, kind, device, content_cache)[:c.stop]
-              for kind in ("k", "v")]
-        for lp, pp in enumerate(phys):
-            lo, hi = lp * P, min((lp + 1) * P, c.stop)
-            k_cache[pp, : hi - lo] = kv[0][lo:hi]
-            v_cache[pp, : hi - lo] = kv[1][lo:hi]
-            table[b, lp] = pp
-        queries.append(workload.content(c.request_id, "q", c.start, c.stop, device))
+        if phys:
+            pages = torch.tensor(phys, dtype=torch.long, device=device)
+            for kind, cache in (("k", k_cache), ("v", v_cache)):
+                kv = _full_content(workload, c.request_id, kind, device, content_cache)[:c.stop]
+                # Whole pages at once; the tail of the last page keeps the layout's fill.
+                padded = torch.full((len(phys) * P, *kv.shape[1:]), fill_value, dtype=dtype,
+                                    device=device)
+                padded[: c.stop] = kv
+                cache[pages] = padded.view(len(phys), P, *kv.shape[1:])
+            table[b, : len(phys)] = torch.tensor(phys, dtype=torch.int32)
+        queries.append(
+            _full_content(workload, c.request_id, "q", device, content_cache)[c.start:c.stop])
     q_lens = [c.q_len for c in step.chunks]
     cu = [0]
     for n in q_lens:
@@ -327,10 +331,13 @@ def _run_graphed(backend: BackendFn, batch: AttentionBatch) -> object:
 
 def iter_step_results(
     backend: BackendFn, workload: Workload, schedule: Schedule, device: torch.device | str,
+    cache: dict[tuple[int, str], torch.Tensor] | None = None,
 ) -> Iterator[tuple[Step, AttentionBatch, torch.Tensor, torch.Tensor]]:
-    """Run each step of ``schedule`` and yield ``(step, batch, out, lse)``."""
+    """Run each step of ``schedule`` and yield ``(step, batch, out, lse)``.
+
+    ``cache`` memoises request content across steps (and across schedules of one workload)."""
     device = torch.device(device)
-    cache: dict[tuple[int, str], torch.Tensor] = {}
+    cache = {} if cache is None else cache
     for step in schedule.steps:
         batch = materialize(workload, step, schedule.layout, device, cache).validate()
         if schedule.poison:
@@ -342,13 +349,16 @@ def iter_step_results(
 
 def run_schedule(
     backend: BackendFn, workload: Workload, schedule: Schedule, device: torch.device | str,
+    cache: dict[tuple[int, str], torch.Tensor] | None = None,
 ) -> ScheduleOutput:
-    """Run every step of ``schedule`` through ``backend`` and collect per-token rows."""
+    """Run every step of ``schedule`` through ``backend`` and collect per-token rows.
+
+    ``cache`` (optional) memoises request content; share one between schedules of a workload."""
     padding = schedule.padding_ids(workload)
     keys: list[tuple[int, int]] = []
     outs: list[torch.Tensor] = []
     lses: list[torch.Tensor] = []
-    for step, _batch, out, lse in iter_step_results(backend, workload, schedule, device):
+    for step, _batch, out, lse in iter_step_results(backend, workload, schedule, device, cache):
         row = 0
         for c in step.chunks:
             if c.request_id not in padding and c.q_len:

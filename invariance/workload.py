@@ -126,7 +126,11 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 
 def _scalar_mix(x: int) -> int:
-    return int(_mix(torch.tensor([x & _MASK32], dtype=torch.int64))[0])
+    """:func:`_mix` of one value, in Python integers (same result, no tensor round trip)."""
+    x &= _MASK32
+    for shift, mult in ((16, 0x7FEB352D), (15, 0x2C1B3C6D), (16, 0x297A2D39)):
+        x = ((x ^ (x >> shift)) * mult) & _MASK32
+    return x ^ (x >> 15)
 
 
 def token_content(

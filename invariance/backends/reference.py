@@ -48,7 +48,7 @@ def reference_rows(
         vv = v[: pos + 1].to(torch.float64)
         qq = q[i].to(torch.float64).view(Hkv, G, D)
         s = (kk[:, :, None, :] * qq[None]).sum(-1) * sm_scale  # [L, Hkv, G]
-        m = s.max(0).values
+        m = s.amax(0)
         p = torch.exp(s - m)
         denom = p.sum(0)
         o = (p[..., None] * vv[:, :, None, :]).sum(0) / denom[..., None]  # [Hkv, G, D]

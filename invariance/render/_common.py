@@ -1,0 +1,223 @@
+"""What every renderer shares: cell verdict words, the perturbation x dtype grid, violation and
+diff rows, accuracy and environment rows. Renderers only lay these out; none of this imports
+rich."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from invariance.compare import TensorDiff
+from invariance.report import AccuracyResult, PerturbationResult, Report, Violation
+
+__all__ = [
+    "FEATURE_ORDER",
+    "MAX_VIOLATIONS_SHOWN",
+    "STATUS_WORD",
+    "DiffRow",
+    "Grid",
+    "accuracy_header",
+    "accuracy_row",
+    "cell_text",
+    "command_of",
+    "diff_rows",
+    "environment_rows",
+    "fmt_float",
+    "grid",
+    "more_violations",
+    "plot_feature",
+    "shown_violations",
+    "verdict",
+    "violation_heading",
+    "violation_lines",
+    "violation_title",
+]
+
+#: Violations shown per cell (the report keeps a few; the rest are only counted).
+MAX_VIOLATIONS_SHOWN = 3
+
+#: How a cell's status reads. Skipped is never shown as a pass.
+STATUS_WORD: dict[str, str] = {
+    "passed": "PASS",
+    "failed": "FAIL",
+    "error": "ERROR",
+    "skipped": "skipped",
+}
+
+#: Case features a figure can put on its x axis, in order of preference.
+FEATURE_ORDER = ("batch_size", "neighbor_len", "chunk_size", "page_size", "position",
+                 "decode_tokens")
+
+
+def verdict(report: Report) -> str:
+    return "PASSED" if report.passed else "FAILED"
+
+
+def fmt_float(x: float) -> str:
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    return f"{x:.3g}"
+
+
+def command_of(report: Report, command: str | None = None) -> str | None:
+    """The command line that produced ``report``: given explicitly, or carried by the report."""
+    if command:
+        return command
+    carried = getattr(report, "command", None)
+    return carried if isinstance(carried, str) and carried else None
+
+
+def cell_text(cell: PerturbationResult) -> str:
+    """One grid cell in words: verdict, violating cases / cases run, worst ULP distance."""
+    word = STATUS_WORD.get(cell.status, cell.status)
+    if cell.status == "passed":
+        return f"{word} · {cell.cases} cases · 0 ULP"
+    if cell.status == "failed":
+        return f"{word} · {cell.num_violations}/{cell.cases} cases · {cell.max_ulp} ULP"
+    if cell.status == "error":
+        return f"{word} · after {cell.cases} cases"
+    return f"{word}" + (f" ({cell.error})" if cell.error else "")
+
+
+@dataclass
+class Grid:
+    """The perturbation x dtype table: ``cells[(perturbation, dtype)]``."""
+
+    perturbations: list[str]
+    dtypes: list[str]
+    cells: dict[tuple[str, str], PerturbationResult]
+    descriptions: dict[str, str]
+
+    def get(self, perturbation: str, dtype: str) -> PerturbationResult | None:
+        return self.cells.get((perturbation, dtype))
+
+
+def grid(report: Report) -> Grid:
+    perts: list[str] = list(report.perturbations)
+    dtypes: list[str] = list(report.dtypes)
+    cells: dict[tuple[str, str], PerturbationResult] = {}
+    descriptions: dict[str, str] = {}
+    for r in report.results:
+        if r.perturbation not in perts:
+            perts.append(r.perturbation)
+        if r.dtype not in dtypes:
+            dtypes.append(r.dtype)
+        cells[(r.perturbation, r.dtype)] = r
+        descriptions.setdefault(r.perturbation, r.description)
+    return Grid(perts, dtypes, cells, descriptions)
+
+
+def violation_title(cell: PerturbationResult) -> str:
+    if cell.status == "error":
+        return f"{cell.perturbation} [{cell.dtype}]: error after {cell.cases} cases"
+    return (f"{cell.perturbation} [{cell.dtype}]: {cell.num_violations} of {cell.cases} cases "
+            f"not bitwise identical (max {cell.max_ulp} ULP)")
+
+
+def violation_heading(v: Violation) -> str:
+    shrunk = ", shrunk" if v.shrunk else ""
+    return (f"case {v.case}, request {v.request_id}: {v.differing_tokens} of "
+            f"{v.compared_tokens} tokens differ{shrunk}")
+
+
+def more_violations(cell: PerturbationResult, shown: int) -> int:
+    """How many of the cell's violations are counted but not shown."""
+    return max(0, cell.num_violations - shown)
+
+
+def shown_violations(cell: PerturbationResult) -> list[Violation]:
+    return cell.violations[:MAX_VIOLATIONS_SHOWN]
+
+
+@dataclass
+class DiffRow:
+    """One tensor's comparison, as text columns."""
+
+    tensor: str
+    differing: str
+    max_abs_diff: str
+    max_ulp: str
+    first_index: str
+    values: str
+
+    HEADER = ("tensor", "differing elements", "max |diff|", "max ULP", "first differing index",
+              "values there (a vs b)")
+
+    def cells(self) -> tuple[str, str, str, str, str, str]:
+        return (self.tensor, self.differing, self.max_abs_diff, self.max_ulp, self.first_index,
+                self.values)
+
+
+def diff_rows(diffs: Sequence[TensorDiff]) -> list[DiffRow]:
+    rows = []
+    for d in diffs:
+        where = (", ".join(f"{k}={v}" for k, v in d.first_index.items())
+                 if d.first_index else "-")
+        values = f"{d.first_values[0]} vs {d.first_values[1]}" if d.first_values else "-"
+        differing = f"{d.num_different} of {d.num_elements}"
+        if d.nan_mismatches:
+            differing += f" ({d.nan_mismatches} NaN)"
+        rows.append(DiffRow(d.name, differing, fmt_float(d.max_abs_diff) if d.num_different
+                            else "0", str(d.max_ulp), where, values))
+    return rows
+
+
+def violation_lines(v: Violation) -> list[str]:
+    """A violation as plain text lines (JUnit failure bodies, plain logs)."""
+    lines = [violation_heading(v), f"  a: {v.schedule_a}", f"  b: {v.schedule_b}"]
+    lines += [f"  {d.summary()}" for d in v.diffs]
+    return lines
+
+
+def accuracy_header() -> tuple[str, ...]:
+    return ("dtype", "rows", "max abs err out", "rel err out", "max abs err lse",
+            "worst / tolerance", "result")
+
+
+def accuracy_row(a: AccuracyResult) -> tuple[str, ...]:
+    result = "PASS" if a.passed else "FAIL"
+    if a.nan_rows:
+        result += f" ({a.nan_rows} NaN rows)"
+    elif a.rows == 0:
+        result += " (no rows)"
+    return (a.dtype, str(a.rows), fmt_float(a.max_abs_err_out), fmt_float(a.rel_err_out),
+            fmt_float(a.max_abs_err_lse), fmt_float(a.worst_ratio), result)
+
+
+def environment_rows(report: Report, command: str | None = None) -> list[tuple[str, str]]:
+    e = report.environment
+    rows = [
+        ("device", f"{e.device} ({e.device_name})"),
+        ("GPUs", str(e.gpu_count)),
+        ("driver", e.driver or "-"),
+        ("CUDA", e.cuda or "-"),
+        ("torch", e.torch),
+        ("triton", e.triton or "-"),
+        ("python", e.python),
+        ("platform", e.platform),
+        ("settings", f"heads {report.heads}, scale {report.scale}, budget {report.budget}, "
+                     f"seed {report.seed}"),
+    ]
+    if report.started_at:
+        rows.append(("started", report.started_at))
+    cmd = command_of(report, command)
+    if cmd:
+        rows.append(("command", cmd))
+    return rows
+
+
+def plot_feature(points: Sequence[dict[str, float]]) -> str | None:
+    """The case feature to plot mismatch rate against: the one with the most distinct values
+    (ties go to :data:`FEATURE_ORDER`'s order); ``None`` when no feature varies or exists."""
+    best: tuple[int, int, str] | None = None
+    names = [k for p in points for k in p if k not in ("mismatch_rate", "max_ulp")]
+    for name in dict.fromkeys(names):
+        distinct = len({p[name] for p in points if name in p})
+        rank = FEATURE_ORDER.index(name) if name in FEATURE_ORDER else len(FEATURE_ORDER)
+        key = (distinct, -rank, name)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    return best[2] if best else None

@@ -1,0 +1,140 @@
+"""The report on a rich console: summary, perturbation x dtype table, violations with
+reproducers, accuracy, environment."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from invariance.render._common import (
+    STATUS_WORD,
+    accuracy_header,
+    accuracy_row,
+    cell_text,
+    environment_rows,
+    grid,
+    more_violations,
+    shown_violations,
+    violation_lines,
+    violation_title,
+)
+from invariance.render.comparison import ReportComparison
+from invariance.report import Report
+
+__all__ = ["STYLES", "print_comparison", "print_report"]
+
+#: rich style per cell status.
+STYLES: dict[str, str] = {
+    "passed": "green",
+    "failed": "bold red",
+    "error": "bold magenta",
+    "skipped": "yellow",
+}
+
+
+def _cell(text: str, status: str) -> Text:
+    return Text(text, style=STYLES.get(status, ""))
+
+
+def print_report(report: Report, console: Console, *, command: str | None = None,
+                 reproducers: bool = True) -> None:
+    """Print ``report`` on ``console``: summary, perturbation × dtype table, the first
+    violations of each failed cell (with the shrunk reproducer), accuracy, environment, and the
+    summary again as the last line. ``command`` is the command line that produced it, when
+    known; ``reproducers=False`` leaves out the reproducer code."""
+    g = grid(report)
+    console.print(Text(report.summary(), style="bold green" if report.passed else "bold red"),
+                  soft_wrap=True)
+    table = Table(title="perturbation × dtype", title_justify="left",
+                  caption="verdict · violating/run cases · worst ULP",
+                  caption_justify="left")
+    table.add_column("perturbation", style="bold", no_wrap=True)
+    for dt in g.dtypes:
+        table.add_column(dt)
+    for p in g.perturbations:
+        row: list[Text] = [Text(p)]
+        for dt in g.dtypes:
+            cell = g.get(p, dt)
+            row.append(_cell(cell_text(cell), cell.status) if cell else Text("-", style="dim"))
+        table.add_row(*row)
+    console.print(table)
+
+    for cell in report.failed_cells():
+        console.print()
+        console.rule(Text(violation_title(cell), style=STYLES[cell.status]), align="left")
+        console.print(Text(cell.description, style="dim"))
+        if cell.status == "error":
+            console.print(Text(cell.error or "the backend raised", style=STYLES["error"]))
+        shown = shown_violations(cell)
+        for i, v in enumerate(shown):
+            lines = violation_lines(v)
+            console.print(Text(lines[0], style="bold"))
+            for line in lines[1:]:
+                console.print(Text(line), overflow="fold")
+            # The first violation of a cell is the shrunk one: its reproducer is the minimal
+            # one. The others' reproducers are in the JSON, Markdown and HTML reports.
+            if reproducers and i == 0:
+                console.print(Text("reproducer (paste into Python):", style="dim"))
+                # soft_wrap: never insert line breaks into code meant for pasting.
+                console.print(Text(v.reproducer), soft_wrap=True)
+        extra = more_violations(cell, len(shown))
+        if extra:
+            console.print(Text(f"... and {extra} more violating cases in this cell",
+                               style="dim"))
+
+    if report.accuracy:
+        console.print()
+        acc = Table(title="accuracy against the float64 reference", title_justify="left")
+        for h in accuracy_header():
+            acc.add_column(h)
+        for a in report.accuracy:
+            cells = accuracy_row(a)
+            acc.add_row(*map(Text, cells[:-1]),
+                        _cell(cells[-1], "passed" if a.passed else "failed"))
+        console.print(acc)
+
+    console.print()
+    env = Table(title="environment", title_justify="left", show_header=False)
+    env.add_column("key", style="dim")
+    env.add_column("value", overflow="fold")
+    for k, val in environment_rows(report, command):
+        env.add_row(Text(k), Text(val))
+    console.print(env)
+    console.print()
+    style = "bold green" if report.passed else "bold red"
+    console.print(Text(report.summary(), style=style), soft_wrap=True)
+
+
+def print_comparison(comparison: ReportComparison, console: Console, *,
+                     all_cells: bool = False) -> None:
+    """Print the cells whose verdict changed (every cell with ``all_cells``)."""
+    a, b = comparison.a, comparison.b
+    console.print(Text(f"A: {a.summary()}"), soft_wrap=True)
+    console.print(Text(f"B: {b.summary()}"), soft_wrap=True)
+    rows = comparison.cells if all_cells else comparison.differences
+    if rows:
+        table = Table(title="cells whose verdict changed" if not all_cells else "all cells",
+                      title_justify="left")
+        for h in ("cell", "A", "B", "change", "max ULP A -> B"):
+            table.add_column(h)
+        for c in rows:
+            style = {"worse": "bold red", "better": "green"}.get(c.change, "yellow")
+            if c.change == "same":
+                style = ""
+            ulp = ("" if c.ulp_before is None and c.ulp_after is None else
+                   f"{'-' if c.ulp_before is None else c.ulp_before} -> "
+                   f"{'-' if c.ulp_after is None else c.ulp_after}")
+            table.add_row(Text(c.name), _status_text(c.before), _status_text(c.after),
+                          Text(c.change, style=style), Text(ulp))
+        console.print(table)
+    else:
+        console.print("no cell changed verdict")
+    style = "bold red" if comparison.regressed else "bold green"
+    console.print(Text(comparison.summary(), style=style))
+
+
+def _status_text(status: str | None) -> Text:
+    if status is None:
+        return Text("absent", style="dim")
+    return _cell(STATUS_WORD.get(status, status), status)
