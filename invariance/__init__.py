@@ -10,6 +10,8 @@ Quick start::
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -81,6 +83,21 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """NOTE: importing the submodule ``invariance.check`` makes Python set the package attribute
+    ``check`` to that module, which would shadow the lazily loaded function ``check``. This
+    module class refuses to let a submodule overwrite a public name of :data:`_LAZY`."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (name in _LAZY and isinstance(value, types.ModuleType)
+                and value.__name__ == f"{__name__}.{name}"):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __version__ = "0.1.0"

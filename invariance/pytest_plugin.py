@@ -278,6 +278,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(DTYPE_ARG, list(dtypes), ids=list(dtypes))
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests that call a check carry the marker, so that ``-m invariance`` selects them.
     for item in items:

@@ -188,6 +188,33 @@ def steps(
     return Step(tuple(chunks))
 
 
+def _plan(draw: st.DrawFn, rid: int, start: int, stop: int, n_steps: int) -> list[
+        tuple[int, Chunk]]:
+    """Cut query tokens ``[start, stop)`` of request ``rid`` into consecutive chunks placed in
+    consecutive steps of ``n_steps``: ``(step index, chunk)`` pairs; shrinks to one chunk in the
+    first step."""
+    if stop <= start:
+        return []
+    pieces = draw(st.integers(1, min(n_steps, stop - start)))
+    cuts = sorted(draw(st.lists(st.integers(start + 1, stop - 1), min_size=pieces - 1,
+                                max_size=pieces - 1, unique=True))) if pieces > 1 else []
+    first = draw(st.integers(0, n_steps - pieces))
+    bounds = [start, *cuts, stop]
+    return [(first + j, Chunk(rid, bounds[j], bounds[j + 1])) for j in range(pieces)]
+
+
+def _assemble(draw: st.DrawFn, n_steps: int, placed: list[tuple[int, Chunk]],
+              layouts: PageLayout | st.SearchStrategy[PageLayout] | None) -> Schedule:
+    """Steps from placed chunks (each step's chunks in a drawn order, empty steps dropped) and
+    a drawn page layout."""
+    slots: list[list[Chunk]] = [[] for _ in range(n_steps)]
+    for i, chunk in placed:
+        slots[i].append(chunk)
+    step_list = [Step(tuple(draw(st.permutations(chunks)))) for chunks in slots if chunks]
+    layout = draw(page_layouts() if layouts is None else _strategy(layouts))
+    return Schedule(tuple(step_list), layout)
+
+
 @st.composite
 def schedules(
     draw: st.DrawFn,
@@ -211,20 +238,9 @@ def schedules(
     """
     todo = _compute(workload) if compute is None else dict(compute)
     n_steps = draw(st.integers(1, max(1, max_steps)))
-    slots: list[list[Chunk]] = [[] for _ in range(n_steps)]
-    for rid, (start, stop) in todo.items():
-        if stop <= start:
-            continue
-        pieces = draw(st.integers(1, min(n_steps, stop - start)))
-        cuts = sorted(draw(st.lists(st.integers(start + 1, stop - 1), min_size=pieces - 1,
-                                    max_size=pieces - 1, unique=True))) if pieces > 1 else []
-        first = draw(st.integers(0, n_steps - pieces))
-        bounds = [start, *cuts, stop]
-        for j in range(pieces):
-            slots[first + j].append(Chunk(rid, bounds[j], bounds[j + 1]))
-    step_list = [Step(tuple(draw(st.permutations(chunks)))) for chunks in slots if chunks]
-    layout = draw(page_layouts() if layouts is None else _strategy(layouts))
-    return Schedule(tuple(step_list), layout)
+    placed = [p for rid, (start, stop) in todo.items()
+              for p in _plan(draw, rid, start, stop, n_steps)]
+    return _assemble(draw, n_steps, placed, layouts)
 
 
 _default_workloads = workloads  # ``schedule_pairs``' argument of the same name shadows it
@@ -247,36 +263,81 @@ class SchedulePair:
         return f"a: {self.a.describe()}\nb: {self.b.describe()}"
 
 
+@dataclass(frozen=True)
+class _RequestPlan:
+    length: int
+    start: int
+    a: list[tuple[int, int, int]]  # (step, start, stop) in schedule a
+    b: list[tuple[int, int, int]]
+
+
 @st.composite
 def schedule_pairs(
     draw: st.DrawFn,
     workloads: Workload | st.SearchStrategy[Workload] | None = None,
     *,
+    max_requests: int = 4,
+    min_length: int = 1,
+    max_length: int = 64,
+    heads: HeadConfig | st.SearchStrategy[HeadConfig] | None = None,
+    dtypes: Sequence[torch.dtype | str] = ("float32",),
     max_steps: int = 3,
     layouts: PageLayout | st.SearchStrategy[PageLayout] | None = None,
     decode_only: bool = False,
 ) -> SchedulePair:
-    """A :class:`SchedulePair`: a workload (default :func:`workloads`) and two different
-    schedules (:func:`schedules`) over the same query tokens.
+    """A :class:`SchedulePair`: a workload and two different schedules (as :func:`schedules`
+    draws them) over the same query tokens.
 
     Each request computes its tokens ``[start, length)`` for a drawn ``start`` (shrinks to 0, a
     whole prefill; ``decode_only`` computes only the last token). The two schedules differ in
-    batch composition, order, chunking and page layout; when the draws happen to coincide,
-    ``b`` gets a page size one larger, so the pair is never the same schedule twice.
+    batch composition, order, chunking over ``1..max_steps`` steps and page layout; when the
+    draws happen to coincide, ``b`` gets a page size one larger, so the pair is never the same
+    schedule twice.
 
-    >>> @given(pair=schedule_pairs(max_steps=2))  # doctest: +SKIP
+    By default the workload has ``1..max_requests`` requests of ``min_length..max_length``
+    tokens, heads from ``heads`` (default :func:`head_configs`) and a dtype from ``dtypes``;
+    everything about one request is drawn together, so that hypothesis can drop a request
+    whole and failures shrink to the fewest, shortest requests. A ``workloads`` strategy (or
+    workload) replaces that default (shrinking is then coarser).
+
+    >>> @settings(max_examples=25, deadline=None)  # doctest: +SKIP
+    ... @given(pair=schedule_pairs(max_requests=3, heads=HeadConfig(8, 2, 128)))
     ... def test_backend(pair):
     ...     pair.replay(my_backend, device="cpu")
     """
-    wl = draw(_default_workloads() if workloads is None else _strategy(workloads))
-    compute: dict[int, tuple[int, int]] = {}
-    for r in wl.requests:
-        if r.padding or r.length == 0:
-            continue
-        start = r.length - 1 if decode_only else draw(st.integers(0, r.length - 1))
-        compute[r.id] = (start, r.length)
-    a = draw(schedules(wl, compute=compute, max_steps=max_steps, layouts=layouts))
-    b = draw(schedules(wl, compute=compute, max_steps=max_steps, layouts=layouts))
+    if workloads is not None:
+        wl = draw(_strategy(workloads))
+        compute: dict[int, tuple[int, int]] = {}
+        for r in wl.requests:
+            if r.padding or r.length == 0:
+                continue
+            first = r.length - 1 if decode_only else draw(st.integers(0, r.length - 1))
+            compute[r.id] = (first, r.length)
+        a = draw(schedules(wl, compute=compute, max_steps=max_steps, layouts=layouts))
+        b = draw(schedules(wl, compute=compute, max_steps=max_steps, layouts=layouts))
+    else:
+        head_cfg = draw(head_configs() if heads is None else _strategy(heads))
+        dtype = parse_dtype(draw(st.sampled_from(list(dtypes))))
+        seed = draw(_SEEDS)
+        steps_a = draw(st.integers(1, max(1, max_steps)))
+        steps_b = draw(st.integers(1, max(1, max_steps)))
+
+        @st.composite
+        def plan(d: st.DrawFn) -> _RequestPlan:
+            length = d(st.integers(max(1, min_length), max(1, min_length, max_length)))
+            first = length - 1 if decode_only else d(st.integers(0, length - 1))
+            pa = _plan(d, 0, first, length, steps_a)
+            pb = _plan(d, 0, first, length, steps_b)
+            return _RequestPlan(length, first, [(i, c.start, c.stop) for i, c in pa],
+                                [(i, c.start, c.stop) for i, c in pb])
+
+        plans = draw(st.lists(plan(), min_size=1, max_size=max(1, max_requests)))
+        wl = Workload(tuple(Request(i, p.length) for i, p in enumerate(plans)), head_cfg, dtype,
+                      seed)
+        a = _assemble(draw, steps_a, [(s, Chunk(i, lo, hi)) for i, p in enumerate(plans)
+                                      for s, lo, hi in p.a], layouts)
+        b = _assemble(draw, steps_b, [(s, Chunk(i, lo, hi)) for i, p in enumerate(plans)
+                                      for s, lo, hi in p.b], layouts)
     if a == b:
         b = replace(b, layout=replace(b.layout, page_size=b.layout.page_size + 1))
     return SchedulePair(wl, a, b)

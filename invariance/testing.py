@@ -37,6 +37,7 @@ def assert_bitwise_equal(actual: _Pair, expected: _Pair, *, msg: str | None = No
     and the first differing index with both values and their bits. ``+0.0`` vs ``-0.0`` and NaNs
     with different payloads count as differences (see :mod:`invariance.compare`).
     """
+    __tracebackhide__ = True  # pytest shows the caller's line and this message, not our source
     a_parts = _tensors(actual, "actual")
     e_parts = _tensors(expected, "expected")
     if len(a_parts) != len(e_parts):

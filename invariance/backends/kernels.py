@@ -2,11 +2,14 @@
 
 ``kernels`` is imported lazily, inside the call, so the harness works where Triton is absent.
 On a CPU tensor the kernels run under the Triton interpreter, which must be switched on with
-``TRITON_INTERPRET=1`` before Triton is first imported.
+``TRITON_INTERPRET=1`` before Triton is first imported; the adapter does so when it can.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,24 +20,37 @@ __all__ = ["KernelsBackend", "fused", "heuristic", "invariant", "split"]
 _DEFAULT: Literal["default"] = "default"
 
 
+def _enable_interpreter_on_cpu(batch: AttentionBatch) -> None:
+    """CPU tensors need the Triton interpreter, which must be on before triton is imported."""
+    if batch.device.type == "cpu" and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 @dataclass(frozen=True)
 class KernelsBackend:
     """``kernels.unified_attention`` with a fixed ``split_size`` (``"default"`` =
     ``kernels.DEFAULT_SPLIT_SIZE``; ``None`` = the batch-variant control heuristic) and ``plan``.
+
+    ``block_m`` / ``num_warps`` are for experiments only: they override the tile configuration
+    that ``kernels.tile_config`` fixes per (dtype, head_dim), to measure whether it changes bits;
+    a callable ``block_m`` picks it per batch, as a non-invariant library would.
     """
 
     split_size: int | Literal["default"] | None = _DEFAULT
     plan: Literal["auto", "fused", "split"] = "auto"
+    block_m: int | Callable[[AttentionBatch], int] | None = None
+    num_warps: int | None = None
 
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
+        _enable_interpreter_on_cpu(batch)
         import kernels
 
-        split: int | None = (
-            kernels.DEFAULT_SPLIT_SIZE if self.split_size == _DEFAULT else self.split_size  # type: ignore[assignment]
-        )
+        split = kernels.DEFAULT_SPLIT_SIZE if self.split_size == _DEFAULT else self.split_size
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, split_size=split, plan=self.plan,
+            _block_m=self.block_m(batch) if callable(self.block_m) else self.block_m,
+            _num_warps=self.num_warps,
         )
         return AttentionResult(out, lse)
 

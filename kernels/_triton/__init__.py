@@ -1,0 +1,1 @@
+"""Triton ``@triton.jit`` code. Launchers and validation live one level up (``kernels/*.py``)."""

@@ -1,0 +1,374 @@
+# mypy: disable-error-code="no-untyped-def"
+"""Unified paged attention: jit code for the fused plan, the split plan and its merge kernel.
+
+Tile rows are (query token, query head) pairs: the ``G = Hq // Hkv`` query heads that share one KV
+head are packed into the M dimension (row ``r`` is token ``r // G``, head ``r % G`` of the group),
+so one K/V tile load serves the whole group and decode still fills the tensor cores.
+
+Numerics contract (``kernels/README.md``): the reduction order of every row is a function of its
+absolute position alone. KV tiles sit at absolute positions ``[j * BLOCK_N, (j + 1) * BLOCK_N)``,
+splits at ``[s * S, (s + 1) * S)``; each split runs a fresh online softmax over its tiles in
+increasing order (:func:`_attend_split`), and splits are folded left to right with
+:func:`state_merge`. Tiles and splits a row does not reach leave its state bit-identical.
+"""
+
+import triton
+import triton.language as tl
+
+from kernels._triton.merge_kernels import state_merge, state_normalize
+
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _dot(a, b, acc, IS_INTERPRET: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + a @ b with fp32 accumulation. a: [M, K], b: [K, N], acc: [M, N] fp32."""
+    if IS_INTERPRET:
+        # NOTE: the interpreter's tl.dot is numpy.matmul (OpenBLAS), whose result for a row
+        # depends on the row's index inside the tile, and it multiplies raw bits for bfloat16.
+        # Emulate instead: upcast (products of fp16/bf16 values are exact in fp32) and sum over K
+        # in a fixed order that is the same for every element.
+        prod = a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
+        return acc + tl.sum(prod, 1)
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q: tl.constexpr):
+    """Request ``b`` owning query-block slot ``i_qb``: request b owns the slots
+    ``[cu[b] // BLOCK_Q + b, cu[b + 1] // BLOCK_Q + b + 1)`` (an upper bound on its blocks)."""
+    lo = 0
+    hi = B
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        if start <= i_qb:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_Q: tl.constexpr):
+    """Rows of query-block slot ``i_qb``.
+
+    Returns (i_b, q_start, q_len, kv_len, i_qblk, tok [BM] token index in the request,
+    g [BM] head in group, m_row [BM] valid rows, pos [BM] absolute position (-1 on invalid rows),
+    max_pos scalar = largest position in the block).
+    """
+    i_b = _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q_ptr + i_b)
+    q_len = tl.load(cu_seqlens_q_ptr + i_b + 1) - q_start
+    kv_len = tl.load(kv_lens_ptr + i_b)
+    i_qblk = i_qb - (q_start // BLOCK_Q + i_b)
+    o_m = tl.arange(0, BLOCK_M)
+    tok = i_qblk * BLOCK_Q + o_m // G
+    g = o_m % G
+    # NOTE: when G is not a power of two, BLOCK_Q * G < BLOCK_M and the last rows are padding.
+    m_row = (o_m // G < BLOCK_Q) & (tok < q_len)
+    ctx = kv_len - q_len
+    pos = tl.where(m_row, ctx + tok, -1)
+    max_pos = ctx + tl.minimum((i_qblk + 1) * BLOCK_Q, q_len) - 1
+    return i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos
+
+
+@triton.jit
+def _attend_split(
+    b_q,  # [BM, D] q tile
+    pos,  # [BM] int32 absolute position of each row, -1 for padding rows
+    max_pos,  # scalar, largest position of the block
+    kv_len,
+    i_split,
+    split_tiles,  # tiles per split (S // BLOCK_N)
+    i_kvh,
+    k_ptr,  # [P, PS, Hkv, D]
+    v_ptr,  # [P, PS, Hkv, D]
+    p_bt,  # [max_pages] pointer to this request's block-table row
+    qk_scale,  # sm_scale * log2(e)
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax over the tiles of split ``i_split``, from a fresh state, in increasing order.
+
+    Returns the normalized state (o [BM, D] fp32, lse2 [BM] fp32 in log2 units).
+    """
+    o_d = tl.arange(0, HEAD_DIM)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    j_lo = i_split * split_tiles
+    # Tiles past the block's last position are masked for every row: skip them.
+    j_hi = tl.minimum(j_lo + split_tiles, max_pos // BLOCK_N + 1)
+    kv_off_h = i_kvh.to(tl.int64)
+    for j in range(j_lo, j_hi):
+        o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_n = o_n < kv_len
+        if IS_PAGE_PER_TILE:
+            # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
+            i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
+            i_slot = (o_n % PAGE_SIZE).to(tl.int64)
+            off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
+            off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
+        else:
+            # NOTE: gather the page of every key; unused block-table columns are never read.
+            i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=m_n, other=0).to(tl.int64)
+            i_slot = (o_n % PAGE_SIZE).to(tl.int64)
+            off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
+            off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
+        # [D, BN]
+        b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
+        # [BN, D]
+        b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
+        # [BM, BN]
+        b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        b_s = _dot(b_q, b_k, b_s, IS_INTERPRET, DOT_PRECISION) * qk_scale
+        m_causal = o_n[None, :] <= pos[:, None]
+        b_s = tl.where(m_causal, b_s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        # NOTE: a row masked on this whole tile keeps m_new == m_i, so alpha is exactly 1 and every
+        # p is exactly exp2(-inf) = 0: the state is left bit-identical. m_safe guards -inf - -inf.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
+        b_p = tl.exp2(b_s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        acc = acc * alpha[:, None]
+        acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
+        m_i = m_new
+    return state_normalize(acc, l_i, m_i)
+
+
+@triton.jit
+def _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh,
+            G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    o_d = tl.arange(0, HEAD_DIM)
+    i_t = (q_start + tok).to(tl.int64)
+    i_h = (i_kvh * G + g).to(tl.int64)
+    # [BM, D]
+    p_q = q_ptr + i_t[:, None] * stride_qt + i_h[:, None] * stride_qh + o_d[None, :]
+    return tl.load(p_q, mask=m_row[:, None], other=0.0)
+
+
+@triton.jit
+def _store_out(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, i_kvh, Hq,
+               G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    o_d = tl.arange(0, HEAD_DIM)
+    i_row = (q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)
+    p_o = out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :]
+    tl.store(p_o, b_o.to(out_ptr.dtype.element_ty), mask=m_row[:, None])
+    tl.store(lse_ptr + i_row, b_lse2 * LN2, mask=m_row)
+
+
+@triton.jit
+def _unified_attention_fused_kernel(
+    # Inputs
+    q_ptr,  # [T, Hq, D]
+    k_ptr,  # [P, PS, Hkv, D]
+    v_ptr,  # [P, PS, Hkv, D]
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    # Outputs
+    out_ptr,  # [T, Hq, D] contiguous
+    lse_ptr,  # [T, Hq] fp32 contiguous
+    # Scalars
+    qk_scale,
+    split_tiles,
+    B,
+    Hq,
+    stride_qt: tl.int64,
+    stride_qh: tl.int64,
+    stride_kp: tl.int64,
+    stride_ks: tl.int64,
+    stride_kh: tl.int64,
+    stride_vp: tl.int64,
+    stride_vs: tl.int64,
+    stride_vh: tl.int64,
+    stride_bt: tl.int64,
+    # Constexprs
+    G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fused plan: one program per (query-block slot, kv head) walks all splits of its block."""
+    i_qb = tl.program_id(0)
+    i_kvh = tl.program_id(1)
+    i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos = _block_rows(
+        cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G, BLOCK_M, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
+    p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
+    b_o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    b_lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    n_splits = max_pos // (split_tiles * BLOCK_N) + 1
+    for i_split in range(0, n_splits):
+        b_os, b_ls = _attend_split(
+            b_q, pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
+        b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
+    _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
+
+
+@triton.jit
+def _unified_attention_split_kernel(
+    # Inputs
+    q_ptr,  # [T, Hq, D]
+    k_ptr,  # [P, PS, Hkv, D]
+    v_ptr,  # [P, PS, Hkv, D]
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    # Outputs
+    ws_o_ptr,  # [T, Hq, NS, D] fp32 partial outputs
+    ws_lse_ptr,  # [T, Hq, NS] fp32 partial lse (log2 units)
+    # Scalars
+    qk_scale,
+    split_tiles,
+    B,
+    Hq,
+    NS,
+    stride_qt: tl.int64,
+    stride_qh: tl.int64,
+    stride_kp: tl.int64,
+    stride_ks: tl.int64,
+    stride_kh: tl.int64,
+    stride_vp: tl.int64,
+    stride_vs: tl.int64,
+    stride_vh: tl.int64,
+    stride_bt: tl.int64,
+    # Constexprs
+    G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial."""
+    i_qb = tl.program_id(0)
+    i_kvh = tl.program_id(1)
+    i_split = tl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos = _block_rows(
+        cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G, BLOCK_M, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    # Splits past the block's last position are read by no row: nothing to write.
+    if i_split * split_tiles * BLOCK_N > max_pos:
+        return
+    b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
+    p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
+    b_os, b_ls = _attend_split(
+        b_q, pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt, qk_scale,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
+    o_d = tl.arange(0, HEAD_DIM)
+    i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * NS + i_split
+    tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], b_os, mask=m_row[:, None])
+    tl.store(ws_lse_ptr + i_ws, b_ls, mask=m_row)
+
+
+@triton.jit
+def _take_2d(x, o_c, c):
+    """Row ``c`` of ``x`` [CH, BG] fp32, exactly: an integer sum of one value and zeros keeps
+    every bit (-0.0 and NaN included), which a float sum or max would not."""
+    x_bits = x.to(tl.int32, bitcast=True)
+    row = tl.sum(tl.where(o_c[:, None] == c, x_bits, 0), 0)
+    return row.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _take_3d(x, o_c, c):
+    """Row ``c`` of ``x`` [CH, BG, D] fp32, exactly (see :func:`_take_2d`)."""
+    x_bits = x.to(tl.int32, bitcast=True)
+    row = tl.sum(tl.where(o_c[:, None, None] == c, x_bits, 0), 0)
+    return row.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    # Inputs
+    ws_o_ptr,  # [T, Hq, NS, D] fp32
+    ws_lse_ptr,  # [T, Hq, NS] fp32 (log2 units)
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    # Outputs
+    out_ptr,  # [T, Hq, D]
+    lse_ptr,  # [T, Hq] fp32
+    # Scalars
+    split_size,
+    B,
+    Hq,
+    NS,
+    # Constexprs
+    G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Split plan, phase 2: one program per (query token, kv head) folds the partials of the
+    group's heads in increasing split order. Loads CHUNK splits at once (latency), then merges
+    them one by one (order)."""
+    i_t = tl.program_id(0)
+    i_kvh = tl.program_id(1)
+    # Request of token i_t: the last b with cu[b] <= i_t (empty requests own no token).
+    lo = 0
+    hi = B
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_seqlens_q_ptr + mid) <= i_t:
+            lo = mid + 1
+        else:
+            hi = mid
+    i_b = lo - 1
+    q_start = tl.load(cu_seqlens_q_ptr + i_b)
+    q_len = tl.load(cu_seqlens_q_ptr + i_b + 1) - q_start
+    pos = tl.load(kv_lens_ptr + i_b) - q_len + (i_t - q_start)
+    n_splits = pos // split_size + 1
+    o_g = tl.arange(0, BLOCK_G)
+    o_c = tl.arange(0, CHUNK)
+    o_d = tl.arange(0, HEAD_DIM)
+    m_g = o_g < G
+    i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * NS  # [BG]
+    b_o = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    b_lse = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    for i_s0 in range(0, n_splits, CHUNK):
+        # NOTE: splits past the row's position are loaded as empty (lse = -inf): exact no-ops.
+        m_cg = ((i_s0 + o_c) < n_splits)[:, None] & m_g[None, :]
+        i_cg = i_ws[None, :] + (i_s0 + o_c)[:, None]  # [CH, BG]
+        # [CH, BG]
+        b_lc = tl.load(ws_lse_ptr + i_cg, mask=m_cg, other=float("-inf"))
+        # [CH, BG, D]
+        b_oc = tl.load(ws_o_ptr + i_cg[:, :, None] * HEAD_DIM + o_d[None, None, :],
+                       mask=m_cg[:, :, None], other=0.0)
+        for c in tl.static_range(CHUNK):
+            b_ls = _take_2d(b_lc, o_c, c)
+            b_os = _take_3d(b_oc, o_c, c)
+            b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
+    i_row = i_t.to(tl.int64) * Hq + i_kvh * G + o_g
+    tl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
+             b_o.to(out_ptr.dtype.element_ty), mask=m_g[:, None])
+    tl.store(lse_ptr + i_row, b_lse * LN2, mask=m_g)

@@ -1,0 +1,108 @@
+# mypy: disable-error-code="no-untyped-def"
+"""Attention-state helpers and the fixed-order merge kernel.
+
+A *state* is a normalized partial attention result over some set of keys:
+``o`` ``[BM, D]`` float32 (already divided by its softmax denominator) and ``lse`` ``[BM]`` float32,
+the log-sum-exp of its scores. An empty state (no keys) has ``lse = -inf``; its ``o`` is
+meaningless and is never read.
+
+Every merge of states in this package goes through :func:`state_merge`. The fused and the
+split-parallel attention plans both call it, with the same arguments in the same order, which is
+what makes their results bit-identical.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def state_normalize(acc, l_i, m_i):
+    """Turn an online-softmax accumulator into a state (log2 domain).
+
+    acc: [BM, D] fp32 un-normalized sum p @ v; l_i: [BM] fp32 sum of p; m_i: [BM] fp32 running max
+    of the scores in log2 units. Returns (o [BM, D] fp32, lse2 [BM] fp32), lse2 in log2 units.
+    """
+    # NOTE: l_i == 0 exactly iff every key of the row was masked (the row's max key contributes
+    # exp2(0) = 1). Such a state is empty: lse = -inf and o = 0, never 0/0.
+    is_empty = l_i == 0.0
+    l_safe = tl.where(is_empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    o = tl.where(is_empty[:, None], 0.0, o)
+    lse2 = tl.where(is_empty, float("-inf"), m_i + tl.log2(l_safe))
+    return o, lse2
+
+
+@triton.jit
+def state_merge(o_a, lse_a, o_b, lse_b, IS_NATURAL: tl.constexpr):
+    """Merge state b into state a (FlashInfer-style ``state_merge``), a then b.
+
+    o_a, o_b: [BM, D] fp32; lse_a, lse_b: [BM] fp32, natural log if IS_NATURAL else log2 units.
+    Returns (o [BM, D] fp32, lse [BM] fp32).
+    """
+    a_empty = lse_a == float("-inf")
+    b_empty = lse_b == float("-inf")
+    m = tl.maximum(lse_a, lse_b)
+    # NOTE: guard exp(-inf - -inf) = NaN when both are empty.
+    m_safe = tl.where(a_empty & b_empty, 0.0, m)
+    if IS_NATURAL:
+        w_a = tl.exp(lse_a - m_safe)
+        w_b = tl.exp(lse_b - m_safe)
+    else:
+        w_a = tl.exp2(lse_a - m_safe)
+        w_b = tl.exp2(lse_b - m_safe)
+    w = w_a + w_b
+    w_safe = tl.where(w == 0.0, 1.0, w)
+    c_a = w_a / w_safe
+    c_b = w_b / w_safe
+    # NOTE: an explicit fma leaves the compiler no contraction choice, so this expression rounds the
+    # same way whether o_b was just computed in registers (fused plan) or loaded (split plan).
+    o = tl.fma(o_a, c_a[:, None], o_b * c_b[:, None])
+    lse = m_safe + tl.log(w_safe) if IS_NATURAL else m_safe + tl.log2(w_safe)
+    # NOTE: merging an empty state must be an exact no-op. Select instead of relying on 0 * o: the
+    # o of an empty state may be garbage (NaN), and exp/log round-trips are not exact.
+    o = tl.where(b_empty[:, None], o_a, tl.where(a_empty[:, None], o_b, o))
+    lse = tl.where(b_empty, lse_a, tl.where(a_empty, lse_b, lse))
+    return o, lse
+
+
+@triton.jit
+def _merge_states_kernel(
+    # Inputs
+    o_ptr,  # [N, S, H, D] any float, last dim contiguous
+    lse_ptr,  # [N, S, H] fp32 natural log
+    # Outputs
+    out_ptr,  # [N, H, D] fp32
+    out_lse_ptr,  # [N, H] fp32
+    # Scalars
+    H,
+    S,
+    D,
+    stride_on: tl.int64,
+    stride_os: tl.int64,
+    stride_oh: tl.int64,
+    stride_ln: tl.int64,
+    stride_ls: tl.int64,
+    stride_lh: tl.int64,
+    # Constexprs
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    o_d = tl.arange(0, BLOCK_D)
+    m_h = o_h < H
+    m_hd = m_h[:, None] & (o_d[None, :] < D)
+    b_o = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    b_lse = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for i_s in range(0, S):
+        # [BH, D]
+        p_o = o_ptr + i_n * stride_on + i_s * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
+        b_os = tl.load(p_o, mask=m_hd, other=0.0).to(tl.float32)
+        # [BH]
+        p_l = lse_ptr + i_n * stride_ln + i_s * stride_ls + o_h * stride_lh
+        b_ls = tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32)
+        b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, True)
+    p_out = out_ptr + (i_n * H + o_h[:, None]) * D + o_d[None, :]
+    tl.store(p_out, b_o, mask=m_hd)
+    tl.store(out_lse_ptr + i_n * H + o_h, b_lse, mask=m_h)

@@ -1,0 +1,128 @@
+"""Tile configurations and launch heuristics (pure functions, no tensors touched).
+
+Everything that can change a row's bits (BLOCK_N, BLOCK_M, warps, stages) comes from
+:func:`tile_config`, a pure function of (dtype, head_dim). The plan choice and the control mode's
+split count are the only things computed from the batch; the plan does not change bits, the control
+mode does (on purpose).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "DEFAULT_SPLIT_SIZE",
+    "NOMINAL_NUM_SMS",
+    "SUPPORTED_DTYPES",
+    "SUPPORTED_HEAD_DIMS",
+    "TileConfig",
+    "control_num_splits",
+    "tile_config",
+]
+
+# KV tokens per split. A multiple of every BLOCK_N below. Decode at batch 1 with 32k context gets
+# 32768 / 512 = 64 splits per KV head (512 programs with Hkv = 8); the fused plan pays one
+# normalize + merge per split, i.e. every 8 tiles of 64 keys.
+DEFAULT_SPLIT_SIZE: int = 512
+
+# SM count used when the tensors are not on a CUDA device (the interpreter); the H100 SXM value.
+NOMINAL_NUM_SMS: int = 132
+
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile shape and launch settings of the attention kernels for one (dtype, head_dim).
+
+    ``block_m`` is the number of tile rows, i.e. (query token, query head) pairs; the launcher
+    raises it to the next power of two of the GQA group size when a group is larger.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
+    """Tile configuration for (dtype, head_dim). Pure: never looks at a batch.
+
+    Raises ValueError for unsupported dtypes or head dims.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype: expected one of {SUPPORTED_DTYPES}, got {dtype}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if dtype in (torch.float16, torch.bfloat16):
+        if head_dim <= 64:
+            return TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+        if head_dim <= 128:
+            return TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
+        return TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+    # float32: exact IEEE dots (FMA, no tensor cores), so smaller tiles.
+    if head_dim <= 128:
+        return TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=2)
+    return TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2)
+
+
+def rows_per_block(block_m: int, group_size: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_Q): tile rows and query tokens per tile for a GQA group of ``group_size``."""
+    m = max(block_m, 1 << (group_size - 1).bit_length())
+    return m, m // group_size
+
+
+def control_num_splits(
+    batch_nheads_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int = 128
+) -> int:
+    """FA2's split-KV heuristic (``num_splits_heuristic``): the CONTROL mode, batch dependent.
+
+    Picks the smallest split count whose wave efficiency is within 85% of the best one.
+    """
+    if batch_nheads_mblocks >= 0.8 * num_sms:
+        return 1
+    max_splits = max(1, min(max_splits, num_sms, num_n_blocks))
+
+    def eligible(n: int) -> bool:
+        return n == 1 or math.ceil(num_n_blocks / n) != math.ceil(num_n_blocks / (n - 1))
+
+    efficiency = []
+    for n in range(1, max_splits + 1):
+        if not eligible(n):
+            efficiency.append(0.0)
+            continue
+        waves = batch_nheads_mblocks * n / num_sms
+        efficiency.append(waves / math.ceil(waves))
+    best = max(efficiency)
+    for n in range(1, max_splits + 1):
+        if eligible(n) and efficiency[n - 1] >= 0.85 * best:
+            return n
+    return 1
+
+
+def choose_plan(
+    num_programs: int,
+    num_sms: int,
+    max_kv_len: int,
+    split_size: int,
+    longest_tiles: int | None = None,
+    total_tiles: int | None = None,
+) -> str:
+    """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
+
+    Split when the fused grid (``num_programs`` = query blocks x Hkv) leaves SMs idle and rows span
+    several splits, or (with host statistics) when one long block would be a tail longer than
+    twice the average work per SM.
+    """
+    if max_kv_len <= split_size:
+        return "fused"
+    if num_programs < num_sms:
+        return "split"
+    if (longest_tiles is not None and total_tiles is not None
+            and longest_tiles * num_sms > 2 * total_tiles):
+        return "split"
+    return "fused"

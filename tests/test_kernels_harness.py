@@ -1,0 +1,55 @@
+"""The Triton kernels through the harness (``invariance.check``), on CPU in the interpreter.
+
+The small CPU scale has requests of 4-96 tokens and a 1100-token neighbour, so the tests use a
+64-token split (several splits per row, exercising the partial/merge path) next to the default
+split size. GPU evidence at production shapes lives in ``reports/``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import invariance
+from invariance.backends.kernels import KernelsBackend
+
+# A split of 64 tokens is a multiple of every tile config's BLOCK_N and gives rows of the small
+# scale up to 18 splits.
+SPLIT = 64
+
+PLANS = [
+    pytest.param(KernelsBackend(split_size=SPLIT, plan="fused"), id="fused-split64"),
+    pytest.param(KernelsBackend(split_size=SPLIT, plan="split"), id="split-split64"),
+]
+
+
+@pytest.mark.parametrize("backend", PLANS)
+def test_invariant_plans_pass_every_perturbation(backend: KernelsBackend,
+                                                 dtype: torch.dtype) -> None:
+    report = invariance.check(backend, dtype=dtype, device="cpu")
+    assert report.passed, _why(report)
+    assert report.accuracy[0].rows > 100
+
+
+def test_registered_backends_pass_with_the_default_split(dtype: torch.dtype) -> None:
+    for name in ("kernels", "kernels-fused", "kernels-split"):
+        report = invariance.check(name, dtype=dtype, device="cpu",
+                                  perturbations=["neighbors", "mixed", "prefill_vs_decode"])
+        assert report.passed, _why(report)
+
+
+def test_heuristic_control_is_caught(dtype: torch.dtype) -> None:
+    report = invariance.check("kernels-heuristic", dtype=dtype, device="cpu",
+                              perturbations=["batch_size", "neighbors"])
+    assert report.accurate, _why(report)
+    failed = {r.perturbation for r in report.failed_cells()}
+    assert failed & {"batch_size", "neighbors"}, _why(report)
+
+
+def _why(report: invariance.Report) -> str:
+    lines = [report.summary()]
+    for r in report.failed_cells():
+        lines.append(f"{r.perturbation}: {r.error or ''}")
+        lines += [f"  {d.summary()}" for v in r.violations[:1] for d in v.diffs]
+    lines += [str(a) for a in report.accuracy if not a.passed]
+    return "\n".join(lines)

@@ -1,0 +1,445 @@
+"""The pytest plugin, driven through ``pytester`` on throwaway projects.
+
+Checks in the throwaway projects stay tiny: CPU, budget 1, one or two cheap perturbations
+(``mixed`` is the quickest one on which the batch-variant control fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+# pytester's in-process runs forget the modules a run imported; native extensions (torch, triton)
+# abort when imported twice in one process, so everything the runs use is imported here first.
+import invariance.backends.reference
+import invariance.backends.torch_backends
+import invariance.check  # noqa: F401
+from invariance.pytest_plugin import CUDA_SKIP_REASON, Settings, add_options
+from invariance.report import Environment, Report
+
+Environment.capture("cpu")  # imports triton, when installed
+
+pytest_plugins = ["pytester"]
+
+# The user's functions under test: the reference backend (invariant by construction) and the
+# batch-variant control (its KV chunk size follows the batch size), each wrapped as a user would.
+BACKENDS = """
+from invariance.backends.reference import reference_backend
+from invariance.backends.torch_backends import batch_variant_backend
+
+def my_invariant_attention(batch):
+    return reference_backend(batch)
+
+def my_batch_variant_attention(batch):
+    return batch_variant_backend(batch)
+"""
+
+CHEAP = '["mixed", "order"]'
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(my_backends=BACKENDS)
+    pytester.syspathinsert()
+    return pytester
+
+
+def test_invariant_function_passes(project: pytest.Pytester) -> None:
+    project.makepyfile(f"""
+        from my_backends import my_invariant_attention
+
+        def test_it(invariance_check):
+            report = invariance_check(my_invariant_attention, perturbations={CHEAP},
+                                      device="cpu", budget=1)
+            assert report.passed
+            assert report.perturbations == ["mixed", "order"]
+    """)
+    result = project.runpytest_inprocess()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*- invariance -*",
+        "1 check(s): 1 passed, 0 failed (seed 0)",
+        "PASSED test_invariant_function_passes.py::test_it: backend "
+        "my_backends:my_invariant_attention on cpu [[]float32[]]",
+    ])
+
+
+def test_batch_variant_function_fails_naming_the_perturbation(project: pytest.Pytester) -> None:
+    project.makepyfile(f"""
+        from my_backends import my_batch_variant_attention
+
+        def test_it(invariance_check):
+            invariance_check(my_batch_variant_attention, perturbations={CHEAP}, device="cpu")
+    """)
+    result = project.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "invariance: FAILED: backend my_backends:my_batch_variant_attention on cpu (float32)*",
+        "  mixed [[]float32[]]: * of 4 case(s) differ, max * ULP, max |diff| *",
+        "    a: request * in a *",
+        "    b: request * in a batch of *",
+        "    request *: * of * token(s) differ",
+        "    *: * of * elements differ (max |diff| *, max * ULP); first at request=*",
+        "minimal reproducer (shrunk mixed [[]float32[]]; raises with the diff):",
+        "    import invariance",
+        "    workload = Workload(requests=(Request(*",
+        "    invariance.replay('my_backends:my_batch_variant_attention', workload, a, b, *",
+        "*- invariance -*",
+        "FAILED test_*::test_it: * not invariant under mixed[[]float32[]]",
+    ])
+    out = result.stdout.str()
+    assert "order [float32]" not in out  # passed cells are not listed
+    # pytest.fail(pytrace=False): the message, not a traceback through the plugin.
+    assert "pytest_plugin.py" not in out
+    assert "def test_it" not in out
+
+
+def test_report_option_writes_the_cli_schema(project: pytest.Pytester) -> None:
+    project.makepyfile(f"""
+        import pytest
+        from my_backends import my_batch_variant_attention, my_invariant_attention
+
+        @pytest.mark.parametrize("fn", [my_invariant_attention, my_batch_variant_attention])
+        def test_it(invariance_check, fn):
+            invariance_check(fn, perturbations={CHEAP}, device="cpu")
+    """)
+    path = project.path / "out" / "invariance.json"
+    path.parent.mkdir()
+    result = project.runpytest_inprocess(f"--invariance-report={path}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([f"report written to {path}"])
+    report = Report.from_json(path)
+    assert report.backend == ("my_backends:my_invariant_attention, "
+                              "my_backends:my_batch_variant_attention")
+    assert len(report.results) == 4
+    assert not report.passed
+    assert [c.perturbation for c in report.failed_cells()] == ["mixed"]
+    assert json.loads(path.read_text())["schema"] == "invariance.report"
+
+
+def test_report_renders_with_the_cli(
+        project: pytest.Pytester, capsys: pytest.CaptureFixture[str]) -> None:
+    cli = pytest.importorskip("invariance.cli")
+    project.makepyfile(f"""
+        def test_it(invariance_check):
+            invariance_check("reference", perturbations={CHEAP}, device="cpu")
+    """)
+    path = project.path / "invariance.json"
+    project.runpytest_inprocess(f"--invariance-report={path}").assert_outcomes(passed=1)
+    capsys.readouterr()
+    assert cli.main(["report", str(path)]) == 0
+    assert "reference" in capsys.readouterr().out
+
+
+def test_no_report_file_without_a_check(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_plain(): pass")
+    path = pytester.path / "invariance.json"
+    result = pytester.runpytest_inprocess(f"--invariance-report={path}")
+    result.assert_outcomes(passed=1)
+    assert not path.exists()
+    result.stdout.fnmatch_lines([f"no invariance check ran; no report written to {path}"])
+
+
+# ------------------------------------------------------------------------------------------
+# Sessions that do not use the plugin
+# ------------------------------------------------------------------------------------------
+
+def _normalise(output: str) -> list[str]:
+    """pytest's output without what differs between any two runs (timings, plugin list)."""
+    return [re.sub(r"in [\d.]+s", "in Xs", line) for line in output.splitlines()
+            if not line.startswith(("plugins:", "rootdir:"))]
+
+
+def test_unused_plugin_adds_no_output(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.parametrize("x", [1, 2])
+        def test_ok(x): pass
+
+        def test_fails(): assert 1 == 2
+    """)
+    with_plugin = pytester.runpytest_subprocess("-rA")
+    without = pytester.runpytest_subprocess("-rA", "-p", "no:invariance")
+    with_plugin.assert_outcomes(passed=2, failed=1)
+    assert _normalise(with_plugin.stdout.str()) == _normalise(without.stdout.str())
+    assert "invariance" not in "\n".join(_normalise(with_plugin.stdout.str()))
+
+
+def test_unused_plugin_does_not_import_torch(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import sys
+
+        def test_light(pytestconfig):
+            assert pytestconfig.pluginmanager.has_plugin("invariance")
+            heavy = sorted(m for m in sys.modules
+                           if m.split(".")[0] == "torch" or m.startswith("invariance."))
+            assert heavy == ["invariance.pytest_plugin"]
+    """)
+    pytester.runpytest_subprocess().assert_outcomes(passed=1)
+
+
+def test_plugin_module_imports_nothing_heavy() -> None:
+    """``python -X importtime``: loading the plugin imports pytest and nothing of torch or the
+    invariance core."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import invariance.pytest_plugin"],
+        capture_output=True, text=True, check=True)
+    modules = {line.split("|")[-1].strip() for line in proc.stderr.splitlines()
+               if line.startswith("import time:")}
+    assert "invariance.pytest_plugin" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("torch", "triton", "numpy", "rich")}
+    assert {m for m in modules if m.startswith("invariance")} == {
+        "invariance", "invariance.pytest_plugin"}
+
+
+# ------------------------------------------------------------------------------------------
+# Options, ini settings, marker, parametrisation
+# ------------------------------------------------------------------------------------------
+
+def test_options_are_shared_with_argparse() -> None:
+    parser = argparse.ArgumentParser()
+    add_options(parser.add_argument, prefix="")
+    ns = parser.parse_args(["--dtype", "float16", "--dtype", "bf16", "--budget", "3",
+                            "--seed", "9", "--device", "cpu", "--report", "r.json"])
+    assert (ns.dtype, ns.budget, ns.seed, ns.device, ns.report) == (
+        ["float16", "bf16"], "3", "9", "cpu", "r.json")
+
+
+def test_options_set_the_fixture_defaults(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(f"""
+        def test_it(invariance_check):
+            report = invariance_check("reference", perturbations={CHEAP})
+            assert report.dtypes == ["float16", "bfloat16"]
+            assert (report.budget, report.seed, report.device) == (2, 11, "cpu")
+    """)
+    result = pytester.runpytest_inprocess(
+        "--invariance-dtype=fp16", "--invariance-dtype=bfloat16", "--invariance-budget=2",
+        "--invariance-seed=11", "--invariance-device=cpu")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "invariance: dtypes float16, bfloat16, budget 2, seed 11, device cpu",
+        "1 check(s): 1 passed, 0 failed (seed 11)",
+    ])
+
+
+def test_ini_settings_and_marker_defaults(pytester: pytest.Pytester) -> None:
+    pytester.makeini("""
+        [pytest]
+        invariance_dtype =
+            float32
+            bfloat16
+        invariance_seed = 5
+        invariance_device = cpu
+    """)
+    pytester.makepyfile(f"""
+        import pytest
+
+        pytestmark = pytest.mark.invariance(backend="reference", perturbations=["order"])
+
+        def test_module_marker(invariance_check):
+            report = invariance_check()
+            assert report.perturbations == ["order"]
+            assert report.dtypes == ["float32", "bfloat16"] and report.seed == 5
+
+        @pytest.mark.invariance(perturbations={CHEAP}, seed=1)
+        def test_closest_marker_wins_and_call_wins_over_marker(invariance_check):
+            assert invariance_check().perturbations == ["mixed", "order"]
+            assert invariance_check().seed == 1
+            assert invariance_check(seed=2, dtype="float32").seed == 2
+    """)
+    result = pytester.runpytest_inprocess("--invariance-seed=5")  # option and ini agree
+    result.assert_outcomes(passed=2)
+
+
+def test_marker_parametrises_over_dtypes_and_selects(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.invariance(backend="reference", perturbations=["order"], device="cpu")
+        def test_per_dtype(invariance_check, invariance_dtype):
+            assert invariance_check().dtypes == [invariance_dtype]
+
+        @pytest.mark.invariance(dtype=["float32"])
+        def test_marker_dtype(invariance_dtype):
+            assert invariance_dtype == "float32"
+
+        def test_uses_fixture_unmarked(invariance_check):
+            pass
+
+        def test_plain():
+            pass
+    """)
+    result = pytester.runpytest_inprocess(
+        "-v", "-m", "invariance", "--invariance-dtype=float16", "--invariance-dtype=bfloat16")
+    result.assert_outcomes(passed=4, deselected=1)
+    result.stdout.fnmatch_lines([
+        "*::test_per_dtype[[]float16[]] PASSED*",
+        "*::test_per_dtype[[]bfloat16[]] PASSED*",
+        "*::test_marker_dtype[[]float32[]] PASSED*",
+        "*::test_uses_fixture_unmarked PASSED*",
+    ])
+    result = pytester.runpytest_inprocess("-m", "not invariance")  # default dtype: float32
+    result.assert_outcomes(passed=1, deselected=3)
+
+
+def test_marker_is_registered(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess("--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.invariance(**defaults): *"])
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("--invariance-budget=0", "invariance budget: expected an int >= 1, got '0'"),
+    ("--invariance-seed=x", "invariance seed: expected an int >= 0, got 'x'"),
+    ("--invariance-dtype=float8", "invariance dtype: expected one of float16, bfloat16, "
+                                  "float32, got 'float8'"),
+])
+def test_bad_options_are_usage_errors(pytester: pytest.Pytester, option: str,
+                                      message: str) -> None:
+    result = pytester.runpytest_inprocess(option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_settings_default_to_check_defaults(pytester: pytest.Pytester) -> None:
+    config = pytester.parseconfig()
+    assert Settings.from_config(config) == Settings()
+
+
+def test_missing_backend_fails_readably(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        def test_it(invariance_check):
+            invariance_check(device="cpu")
+    """)
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["invariance_check: no backend given; *"])
+
+
+def test_inaccurate_backend_fails(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import torch
+
+        def zeros(batch):  # perfectly invariant and wrong
+            return torch.zeros_like(batch.q), torch.zeros(batch.q.shape[:2])
+
+        def test_it(invariance_check):
+            invariance_check(zeros, perturbations=["order"], device="cpu")
+    """)
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "invariance: FAILED: *; INACCURATE; *",
+        "  accuracy [[]float32[]] vs float64 reference: max |err| *",
+        "FAILED *::test_it: * inaccurate at float32",
+    ])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip on a machine without CUDA")
+def test_cuda_requested_without_cuda_skips(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        def test_option(invariance_check):
+            invariance_check("reference")
+
+        @pytest.mark.invariance(device="cuda")
+        def test_marker(invariance_check):
+            invariance_check("reference")
+    """)
+    result = pytester.runpytest_inprocess("-rs", "--invariance-device=cuda")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines([f"SKIPPED [[]2[]] *{CUDA_SKIP_REASON}"])
+    assert "- invariance -" not in result.stdout.str()
+
+
+def test_assert_bitwise_equal_reads_well_in_pytest(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import torch
+        from invariance import assert_bitwise_equal
+
+        def test_it():
+            a = torch.zeros(2, 3, 4)
+            b = a.clone()
+            b[1, 2, 3] = 1e-7
+            assert_bitwise_equal(a, b, msg="decode vs prefill")
+    """)
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        ">*assert_bitwise_equal(a, b, msg=\"decode vs prefill\")",
+        "E * AssertionError: decode vs prefill",
+        "E * tensors are not bitwise equal:",
+        "E *   tensor: 1 of 24 elements differ (max |diff| 1e-07, max * ULP); first at dim0=1, "
+        "dim1=2, dim2=3: 0.0 (0x00000000) vs 1.0000000116860974e-07 (0x33d6bf95)",
+    ])
+    assert "def assert_bitwise_equal" not in result.stdout.str()  # no library source
+
+
+# ------------------------------------------------------------------------------------------
+# The README's "Use it in your CI" example, verified as written
+# ------------------------------------------------------------------------------------------
+
+README_EXAMPLE = textwrap.dedent('''
+    """Batch-invariance tests for my attention kernel (run: pytest --invariance-report=inv.json)."""
+
+    import pytest
+    import torch
+    from hypothesis import given, settings
+
+    from invariance import assert_bitwise_equal, run_schedule
+    from invariance.backends.reference import reference_backend
+    from invariance.strategies import schedule_pairs
+
+    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+    def my_attention(batch):
+        """Your kernel: AttentionBatch -> AttentionResult or (out, lse)."""
+        return reference_backend(batch)  # replace with your kernel
+
+
+    # Runs once per --invariance-dtype (default float32); fails with the violations, the worst
+    # difference, both schedules in words and a minimal reproducer.
+    @pytest.mark.invariance(perturbations=["batch_size", "order", "paging"])
+    def test_batch_invariant(invariance_check, invariance_dtype):
+        invariance_check(my_attention)
+
+
+    # Any two schedules of the same tokens agree, bit for bit; failures shrink to small batches.
+    @settings(max_examples=10, deadline=None)
+    @given(pair=schedule_pairs(max_requests=3, max_length=32))
+    def test_any_two_schedules_agree(pair):
+        pair.replay(my_attention, device=DEVICE)
+
+
+    # Run-to-run determinism with a readable bitwise diff.
+    @settings(max_examples=5, deadline=None)
+    @given(pair=schedule_pairs(max_requests=2, max_length=16))
+    def test_deterministic(pair):
+        first = run_schedule(my_attention, pair.workload, pair.a, DEVICE)
+        again = run_schedule(my_attention, pair.workload, pair.a, DEVICE)
+        assert_bitwise_equal((first.out, first.lse), (again.out, again.lse))
+''')
+
+
+def test_readme_example(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_attention_invariance=README_EXAMPLE)
+    path = pytester.path / "inv.json"
+    result = pytester.runpytest_inprocess(
+        "-v", "--invariance-dtype=float32", "--invariance-dtype=bfloat16",
+        "--invariance-device=cpu", f"--invariance-report={path}")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines([
+        "*::test_batch_invariant[[]float32[]] PASSED*",
+        "*::test_batch_invariant[[]bfloat16[]] PASSED*",
+        "2 check(s): 2 passed, 0 failed (seed 0)",
+    ])
+    assert Report.from_json(path).passed
