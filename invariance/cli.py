@@ -131,18 +131,10 @@ def _command_line(argv: Sequence[str]) -> str:
     return shlex.join([PROG, *argv])
 
 
-def _load(path: Path) -> tuple[Report, str | None]:
-    """A saved report and the command line stored beside it (``"command"`` key), if any."""
-    import json
-
+def _load(path: Path) -> Report:
     from invariance.report import Report
 
-    report = Report.from_json(path)
-    try:
-        command = json.loads(path.read_text(encoding="utf-8")).get("command")
-    except (OSError, ValueError, AttributeError):
-        command = None
-    return report, command if isinstance(command, str) else None
+    return Report.from_json(path)
 
 
 def _write(path: Path, text: str) -> None:
@@ -152,22 +144,17 @@ def _write(path: Path, text: str) -> None:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def _write_outputs(report: Report, args: argparse.Namespace, command: str | None) -> None:
+def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     from invariance.render import to_html, to_junit, to_markdown
 
     if getattr(args, "json", None) is not None:
-        import json
-
-        data: dict[str, Any] = report.to_dict()
-        if command:
-            data["command"] = command
-        _write(args.json, json.dumps(data, indent=2, allow_nan=False) + "\n")
+        _write(args.json, report.to_json() + "\n")
     if args.markdown is not None:
-        _write(args.markdown, to_markdown(report, command=command))
+        _write(args.markdown, to_markdown(report))
     if args.html is not None:
-        _write(args.html, to_html(report, command=command))
+        _write(args.html, to_html(report))
     if args.junit is not None:
-        _write(args.junit, to_junit(report, command=command))
+        _write(args.junit, to_junit(report))
 
 
 def _needs_interpreter(backend: str, device: str) -> bool:
@@ -247,25 +234,26 @@ def cmd_check(args: argparse.Namespace, argv: Sequence[str], out: Console,
             progress=progress)
     from invariance.render import print_report
 
-    print_report(report, out, command=command)
-    _write_outputs(report, args, command)
+    report.command = command
+    print_report(report, out)
+    _write_outputs(report, args)
     return 0 if report.passed else 1
 
 
 def cmd_report(args: argparse.Namespace, out: Console) -> int:
     from invariance.render import print_report
 
-    report, command = _load(args.path)
-    print_report(report, out, command=command)
-    _write_outputs(report, args, command)
+    report = _load(args.path)
+    print_report(report, out)
+    _write_outputs(report, args)
     return 0 if report.passed else 1
 
 
 def cmd_compare(args: argparse.Namespace, out: Console) -> int:
     from invariance.render import compare_reports, comparison_to_markdown, print_comparison
 
-    a, _ = _load(args.a)
-    b, _ = _load(args.b)
+    a = _load(args.a)
+    b = _load(args.b)
     comparison = compare_reports(a, b)
     print_comparison(comparison, out, all_cells=args.all)
     if args.markdown is not None:

@@ -267,6 +267,11 @@ def _marker_kwargs(node: Any) -> dict[str, Any]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if DTYPE_ARG not in metafunc.fixturenames:
         return
+    for mark in metafunc.definition.iter_markers("parametrize"):  # the test's own values win
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        if DTYPE_ARG in ([n.strip() for n in names.split(",")] if isinstance(names, str)
+                         else list(names)):
+            return
     settings = _session(metafunc.config).settings
     marked = _marker_kwargs(metafunc.definition).get("dtype")
     if marked is None:
@@ -293,7 +298,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     _session(session.config).write_report()
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
     state = _session(config)
     if not state.checks:
         if state.settings.report and state.settings.configured:

@@ -3,7 +3,7 @@
 JSON schema (``"schema": "invariance.report"``, ``"version": 1``)::
 
     {schema, version, backend, device, dtypes[], heads, scale, budget, seed, perturbations[],
-     started_at, seconds, passed, environment{...},
+     started_at, seconds, command, passed, environment{...},
      results[ {backend, perturbation, dtype, description, status, cases, compared_tokens,
                num_violations, max_ulp, seconds, error, points[{...}], violations[{...}]} ],
      accuracy[ {backend, dtype, rows, max_abs_err_out, rel_err_out, max_abs_err_lse,
@@ -221,6 +221,8 @@ class Report:
     accuracy: list[AccuracyResult] = field(default_factory=list)
     started_at: str = ""
     seconds: float = 0.0
+    #: The command line that produced the report, when a face (CLI, pytest) knows it.
+    command: str = ""
 
     # --- verdicts ------------------------------------------------------------------------
     @property
@@ -280,6 +282,7 @@ class Report:
             "perturbations": self.perturbations,
             "started_at": self.started_at,
             "seconds": self.seconds,
+            "command": self.command,
             "passed": self.passed,
             "environment": asdict(self.environment),
             "results": [r.to_dict() for r in self.results],
@@ -315,6 +318,7 @@ class Report:
             accuracy=[AccuracyResult.from_dict(a) for a in d["accuracy"]],
             started_at=d.get("started_at", ""),
             seconds=d.get("seconds", 0.0),
+            command=d.get("command", ""),
         )
 
     @classmethod

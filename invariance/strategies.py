@@ -188,29 +188,38 @@ def steps(
     return Step(tuple(chunks))
 
 
-def _plan(draw: st.DrawFn, rid: int, start: int, stop: int, n_steps: int) -> list[
-        tuple[int, Chunk]]:
+#: ``(step index, order key, chunk)``: where a chunk goes; a step sorts its chunks by
+#: ``(key, request id)``.
+_Placed = tuple[int, int, Chunk]
+
+
+def _plan(draw: st.DrawFn, rid: int, start: int, stop: int, n_steps: int) -> list[_Placed]:
     """Cut query tokens ``[start, stop)`` of request ``rid`` into consecutive chunks placed in
-    consecutive steps of ``n_steps``: ``(step index, chunk)`` pairs; shrinks to one chunk in the
-    first step."""
+    consecutive steps of ``n_steps``, with one order key for the request's place in its steps.
+
+    Everything about the request is drawn here, in one block, so that hypothesis can delete a
+    request whole while shrinking; it shrinks to one chunk in the first step, key 0.
+    """
     if stop <= start:
         return []
     pieces = draw(st.integers(1, min(n_steps, stop - start)))
     cuts = sorted(draw(st.lists(st.integers(start + 1, stop - 1), min_size=pieces - 1,
                                 max_size=pieces - 1, unique=True))) if pieces > 1 else []
     first = draw(st.integers(0, n_steps - pieces))
+    key = draw(st.integers(0, 255))
     bounds = [start, *cuts, stop]
-    return [(first + j, Chunk(rid, bounds[j], bounds[j + 1])) for j in range(pieces)]
+    return [(first + j, key, Chunk(rid, bounds[j], bounds[j + 1])) for j in range(pieces)]
 
 
-def _assemble(draw: st.DrawFn, n_steps: int, placed: list[tuple[int, Chunk]],
+def _assemble(draw: st.DrawFn, placed: list[_Placed],
               layouts: PageLayout | st.SearchStrategy[PageLayout] | None) -> Schedule:
-    """Steps from placed chunks (each step's chunks in a drawn order, empty steps dropped) and
-    a drawn page layout."""
-    slots: list[list[Chunk]] = [[] for _ in range(n_steps)]
-    for i, chunk in placed:
-        slots[i].append(chunk)
-    step_list = [Step(tuple(draw(st.permutations(chunks)))) for chunks in slots if chunks]
+    """Steps from placed chunks (empty steps dropped) and a drawn page layout."""
+    slots: dict[int, list[tuple[int, Chunk]]] = {}
+    for i, key, chunk in placed:
+        slots.setdefault(i, []).append((key, chunk))
+    step_list = [Step(tuple(c for _, c in sorted(slots[i], key=lambda kc: (kc[0],
+                                                                           kc[1].request_id))))
+                 for i in sorted(slots)]
     layout = draw(page_layouts() if layouts is None else _strategy(layouts))
     return Schedule(tuple(step_list), layout)
 
@@ -240,7 +249,7 @@ def schedules(
     n_steps = draw(st.integers(1, max(1, max_steps)))
     placed = [p for rid, (start, stop) in todo.items()
               for p in _plan(draw, rid, start, stop, n_steps)]
-    return _assemble(draw, n_steps, placed, layouts)
+    return _assemble(draw, placed, layouts)
 
 
 _default_workloads = workloads  # ``schedule_pairs``' argument of the same name shadows it
@@ -267,8 +276,8 @@ class SchedulePair:
 class _RequestPlan:
     length: int
     start: int
-    a: list[tuple[int, int, int]]  # (step, start, stop) in schedule a
-    b: list[tuple[int, int, int]]
+    a: list[_Placed]  # chunks of request 0, renumbered when the workload is assembled
+    b: list[_Placed]
 
 
 @st.composite
@@ -326,18 +335,16 @@ def schedule_pairs(
         def plan(d: st.DrawFn) -> _RequestPlan:
             length = d(st.integers(max(1, min_length), max(1, min_length, max_length)))
             first = length - 1 if decode_only else d(st.integers(0, length - 1))
-            pa = _plan(d, 0, first, length, steps_a)
-            pb = _plan(d, 0, first, length, steps_b)
-            return _RequestPlan(length, first, [(i, c.start, c.stop) for i, c in pa],
-                                [(i, c.start, c.stop) for i, c in pb])
+            return _RequestPlan(length, first, _plan(d, 0, first, length, steps_a),
+                                _plan(d, 0, first, length, steps_b))
 
         plans = draw(st.lists(plan(), min_size=1, max_size=max(1, max_requests)))
         wl = Workload(tuple(Request(i, p.length) for i, p in enumerate(plans)), head_cfg, dtype,
                       seed)
-        a = _assemble(draw, steps_a, [(s, Chunk(i, lo, hi)) for i, p in enumerate(plans)
-                                      for s, lo, hi in p.a], layouts)
-        b = _assemble(draw, steps_b, [(s, Chunk(i, lo, hi)) for i, p in enumerate(plans)
-                                      for s, lo, hi in p.b], layouts)
+        a = _assemble(draw, [(s, k, replace(c, request_id=i)) for i, p in enumerate(plans)
+                             for s, k, c in p.a], layouts)
+        b = _assemble(draw, [(s, k, replace(c, request_id=i)) for i, p in enumerate(plans)
+                             for s, k, c in p.b], layouts)
     if a == b:
         b = replace(b, layout=replace(b.layout, page_size=b.layout.page_size + 1))
     return SchedulePair(wl, a, b)

@@ -57,7 +57,8 @@ def mixed(variant: Report) -> Report:
 
 def render_console(report: Report, width: int = 120) -> str:
     console = Console(width=width, color_system=None, record=True, file=io.StringIO())
-    print_report(report, console, command="invariance check --backend x")
+    report.command = "invariance check --backend x"
+    print_report(report, console)
     return console.export_text()
 
 
@@ -165,7 +166,8 @@ def test_html_escapes_everything(variant: Report) -> None:
 
 
 def test_junit(mixed: Report) -> None:
-    root = ET.fromstring(to_junit(mixed, command="invariance check"))
+    mixed.command = "invariance check"
+    root = ET.fromstring(to_junit(mixed))
     suite = root.find("testsuite")
     assert suite is not None
     cases = suite.findall("testcase")

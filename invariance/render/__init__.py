@@ -2,7 +2,7 @@
 comparison of two reports.
 
 The core never imports this package; it imports the core. Each renderer takes a
-:class:`invariance.Report` (and optionally the command line that produced it)::
+:class:`invariance.Report`::
 
     from rich.console import Console
     from invariance.render import print_report, to_html

@@ -20,7 +20,6 @@ __all__ = [
     "accuracy_header",
     "accuracy_row",
     "cell_text",
-    "command_of",
     "diff_rows",
     "environment_rows",
     "fmt_float",
@@ -62,12 +61,6 @@ def fmt_float(x: float) -> str:
     return f"{x:.3g}"
 
 
-def command_of(report: Report, command: str | None = None) -> str | None:
-    """The command line that produced ``report``: given explicitly, or carried by the report."""
-    if command:
-        return command
-    carried = getattr(report, "command", None)
-    return carried if isinstance(carried, str) and carried else None
 
 
 def cell_text(cell: PerturbationResult) -> str:
@@ -187,7 +180,7 @@ def accuracy_row(a: AccuracyResult) -> tuple[str, ...]:
             fmt_float(a.max_abs_err_lse), fmt_float(a.worst_ratio), result)
 
 
-def environment_rows(report: Report, command: str | None = None) -> list[tuple[str, str]]:
+def environment_rows(report: Report) -> list[tuple[str, str]]:
     e = report.environment
     rows = [
         ("device", f"{e.device} ({e.device_name})"),
@@ -203,7 +196,7 @@ def environment_rows(report: Report, command: str | None = None) -> list[tuple[s
     ]
     if report.started_at:
         rows.append(("started", report.started_at))
-    cmd = command_of(report, command)
+    cmd = report.command
     if cmd:
         rows.append(("command", cmd))
     return rows

@@ -37,12 +37,10 @@ def _cell(text: str, status: str) -> Text:
     return Text(text, style=STYLES.get(status, ""))
 
 
-def print_report(report: Report, console: Console, *, command: str | None = None,
-                 reproducers: bool = True) -> None:
+def print_report(report: Report, console: Console, *, reproducers: bool = True) -> None:
     """Print ``report`` on ``console``: summary, perturbation × dtype table, the first
     violations of each failed cell (with the shrunk reproducer), accuracy, environment, and the
-    summary again as the last line. ``command`` is the command line that produced it, when
-    known; ``reproducers=False`` leaves out the reproducer code."""
+    summary again as the last line. ``reproducers=False`` leaves out the reproducer code."""
     g = grid(report)
     console.print(Text(report.summary(), style="bold green" if report.passed else "bold red"),
                   soft_wrap=True)
@@ -98,7 +96,7 @@ def print_report(report: Report, console: Console, *, command: str | None = None
     env = Table(title="environment", title_justify="left", show_header=False)
     env.add_column("key", style="dim")
     env.add_column("value", overflow="fold")
-    for k, val in environment_rows(report, command):
+    for k, val in environment_rows(report):
         env.add_row(Text(k), Text(val))
     console.print(env)
     console.print()

@@ -218,7 +218,7 @@ def _violations(report: Report) -> str:
     return "".join(out)
 
 
-def to_html(report: Report, *, command: str | None = None) -> str:
+def to_html(report: Report) -> str:
     """``report`` as a self-contained HTML page."""
     g = grid(report)
     v = verdict(report)
@@ -242,7 +242,7 @@ def to_html(report: Report, *, command: str | None = None) -> str:
         parts.append("<h2>Accuracy against the float64 reference</h2>")
         parts.append(_table(accuracy_header(), [accuracy_row(a) for a in report.accuracy]))
     parts.append("<h2>Environment</h2>")
-    parts.append(_table(("", ""), environment_rows(report, command)))
+    parts.append(_table(("", ""), environment_rows(report)))
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p) + "\n"
 

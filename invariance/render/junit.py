@@ -7,7 +7,6 @@ import xml.etree.ElementTree as ET
 
 from invariance.render._common import (
     accuracy_row,
-    command_of,
     fmt_float,
     more_violations,
     shown_violations,
@@ -56,7 +55,7 @@ def _accuracy_case(parent: ET.Element, classname: str, a: AccuracyResult) -> Non
             f"{a.lse_atol:g})\n")
 
 
-def to_junit(report: Report, *, command: str | None = None) -> str:
+def to_junit(report: Report) -> str:
     """``report`` as JUnit XML text (``<testsuites>`` holding one ``<testsuite>``)."""
     classname = f"invariance.{report.backend}"
     counts = report.counts()
@@ -84,7 +83,7 @@ def to_junit(report: Report, *, command: str | None = None) -> str:
         "cuda": env.cuda or "", "torch": env.torch, "triton": env.triton or "",
         "python": env.python, "platform": env.platform,
     }
-    cmd = command_of(report, command)
+    cmd = report.command
     if cmd:
         values["command"] = cmd
     for name, value in values.items():

@@ -47,7 +47,7 @@ def _fence(code: str, lang: str = "") -> list[str]:
     return [f"{ticks}{lang}", code, ticks]
 
 
-def to_markdown(report: Report, *, command: str | None = None) -> str:
+def to_markdown(report: Report) -> str:
     """``report`` as Markdown: summary, perturbation x dtype table, violations with
     reproducers, accuracy, environment."""
     g = grid(report)
@@ -89,7 +89,7 @@ def to_markdown(report: Report, *, command: str | None = None) -> str:
         out += _table(accuracy_header(), [accuracy_row(a) for a in report.accuracy])
 
     out += ["", "## Environment", ""]
-    out += _table(["", ""], [(k, v) for k, v in environment_rows(report, command)])
+    out += _table(["", ""], [(k, v) for k, v in environment_rows(report)])
     return "\n".join(out).rstrip() + "\n"
 
 
