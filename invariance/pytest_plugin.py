@@ -202,13 +202,17 @@ class InvarianceSession:
             verdict = "PASSED" if r.passed else "FAILED"
             line = (f"{verdict} {c.nodeid}: backend {r.backend} on {r.device} "
                     f"[{', '.join(r.dtypes)}]")
-            failed = [f"{cell.perturbation}[{cell.dtype}]" for cell in r.failed_cells()]
+            cells = r.failed_cells()
+            failed = [f"{c.perturbation}[{c.dtype}]" for c in cells if c.status == "failed"]
+            errors = [f"{c.perturbation}[{c.dtype}]" for c in cells if c.status == "error"]
             if failed:
                 line += f"; not invariant under {', '.join(failed)}"
+            if errors:
+                line += f"; backend raised in {', '.join(errors)}"
             inaccurate = [a.dtype for a in r.accuracy if not a.passed]
             if inaccurate:
                 line += f"; inaccurate at {', '.join(inaccurate)}"
-            if r.passed or failed or inaccurate:
+            if r.passed or cells or inaccurate:
                 yield line
             else:
                 yield line + "; no perturbation ran"

@@ -26,8 +26,6 @@ from invariance.report import Environment, Report
 
 Environment.capture("cpu")  # imports triton, when installed
 
-pytest_plugins = ["pytester"]
-
 # The user's functions under test: the reference backend (invariant by construction) and the
 # batch-variant control (its KV chunk size follows the batch size), each wrapped as a user would.
 BACKENDS = """
@@ -274,20 +272,25 @@ def test_marker_parametrises_over_dtypes_and_selects(pytester: pytest.Pytester) 
         def test_uses_fixture_unmarked(invariance_check):
             pass
 
+        @pytest.mark.parametrize("invariance_dtype", ["float32"], ids=["own"])
+        def test_own_parametrisation(invariance_dtype):
+            assert invariance_dtype == "float32"
+
         def test_plain():
             pass
     """)
     result = pytester.runpytest_inprocess(
         "-v", "-m", "invariance", "--invariance-dtype=float16", "--invariance-dtype=bfloat16")
-    result.assert_outcomes(passed=4, deselected=1)
+    result.assert_outcomes(passed=5, deselected=1)
     result.stdout.fnmatch_lines([
         "*::test_per_dtype[[]float16[]] PASSED*",
         "*::test_per_dtype[[]bfloat16[]] PASSED*",
         "*::test_marker_dtype[[]float32[]] PASSED*",
         "*::test_uses_fixture_unmarked PASSED*",
+        "*::test_own_parametrisation[[]own[]] PASSED*",
     ])
     result = pytester.runpytest_inprocess("-m", "not invariance")  # default dtype: float32
-    result.assert_outcomes(passed=1, deselected=3)
+    result.assert_outcomes(passed=1, deselected=4)
 
 
 def test_marker_is_registered(pytester: pytest.Pytester) -> None:
