@@ -42,6 +42,20 @@ from kernels.testing import (
 )
 
 RESULTS: dict[str, Any] = {}
+# Tile-config overrides (``--tile``) applied to every fp16/bf16 call: test a candidate config.
+EXTRA: dict[str, int] = {}
+
+
+def ua(*args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """unified_attention with the --tile overrides (explicit keyword arguments win)."""
+    extra = EXTRA if args[0].dtype in (torch.float16, torch.bfloat16) else {}
+    return unified_attention(*args, **{**extra, **kw})
+
+
+def block_n(dtype: torch.dtype, D: int) -> int:
+    if EXTRA and dtype in (torch.float16, torch.bfloat16):
+        return EXTRA["_block_n"]
+    return tile_config(dtype, D).block_n
 
 
 def record(name: str, ok: bool, detail: Any = None) -> None:
@@ -79,9 +93,9 @@ def check_accuracy_and_plans(dtype: torch.dtype, Hq: int, Hkv: int, D: int, page
     tag = f"{str(dtype).split('.')[-1]}-Hq{Hq}-Hkv{Hkv}-D{D}-page{page}"
     batch = build_batch(mixed_items(dtype, Hq, Hkv, D, seed=1), page, seed=3, extra_columns=3)
     ref_o, ref_l = reference_attention(*batch.args(), out_dtype=torch.float64)
-    bn = tile_config(dtype, D).block_n
+    bn = block_n(dtype, D)
     for split in sorted({bn, 4 * bn, 512}):
-        res = {p: unified_attention(*batch.args(), split_size=split, plan=p)
+        res = {p: ua(*batch.args(), split_size=split, plan=p)
                for p in ("fused", "split", "auto")}
         o, lse = res["fused"]
         err_o = (o.double() - ref_o).abs().max().item()
@@ -102,13 +116,13 @@ def check_invariance(dtype: torch.dtype, Hq: int = 32, Hkv: int = 8, D: int = 12
     L = 1500
     target = make_request(4242, L, Hq, Hkv, D, dtype, "cuda")
     split = 256
-    full = unified_attention(*build_batch([(target, 0, L)], 16, seed=0).args(), split_size=split)
+    full = ua(*build_batch([(target, 0, L)], 16, seed=0).args(), split_size=split)
     # Decode at several positions, batched together with neighbours.
     positions = [0, 63, 64, 255, 256, 777, L - 1]
     others = mixed_items(dtype, Hq, Hkv, D, seed=9, n=9)
     items = [(target, p, p + 1) for p in positions] + others
     batch = build_batch(items, 16, seed=5)
-    res = unified_attention(*batch.args(), split_size=split)
+    res = ua(*batch.args(), split_size=split)
     bad = [p for i, p in enumerate(positions)
            if same(rows(full, slice(p, p + 1)), rows(res, batch.row_slices[i]))]
     record(f"invariance/{tag}/prefill-vs-batched-decode", not bad, {"bad_positions": bad})
@@ -117,22 +131,22 @@ def check_invariance(dtype: torch.dtype, Hq: int = 32, Hkv: int = 8, D: int = 12
     items = [(target, a, b) for a, b in itertools.pairwise(cuts)] + others[:4]
     for page in (1, 16, 64):
         batch = build_batch(items, page, seed=6 + page)
-        res = unified_attention(*batch.args(), split_size=split)
+        res = ua(*batch.args(), split_size=split)
         bad = [(a, b) for i, (a, b) in enumerate(itertools.pairwise(cuts))
                if same(rows(full, slice(a, b)), rows(res, batch.row_slices[i]))]
         record(f"invariance/{tag}/chunked-prefill-page{page}", not bad, {"bad_chunks": bad})
     # Negative control: split_size=None, decode row alone vs in a batch of 16 / 64 decodes.
     item = (target, L - 1, L)
-    alone = unified_attention(*build_batch([item], 16).args(), split_size=None)
+    alone = ua(*build_batch([item], 16).args(), split_size=None)
     diffs = {}
     for n in (16, 64):
         nb = [(make_request(77 + i, 300 + 37 * i, Hq, Hkv, D, dtype, "cuda"),
                299 + 37 * i, 300 + 37 * i) for i in range(n - 1)]
         batch = build_batch([item, *nb], 16, seed=n)
-        res = unified_attention(*batch.args(), split_size=None)
+        res = ua(*batch.args(), split_size=None)
         diffs[n] = same(alone, rows(res, batch.row_slices[0]))
-        inv = same(unified_attention(*build_batch([item], 16).args()),
-                   rows(unified_attention(*batch.args()), batch.row_slices[0]))
+        inv = same(ua(*build_batch([item], 16).args()),
+                   rows(ua(*batch.args()), batch.row_slices[0]))
         record(f"invariance/{tag}/default-split-alone-vs-batch{n}", inv is None, inv)
     record(f"control/{tag}/split_size=None-differs", any(v is not None for v in diffs.values()),
            diffs)
@@ -141,13 +155,12 @@ def check_invariance(dtype: torch.dtype, Hq: int = 32, Hkv: int = 8, D: int = 12
 def check_tile_overrides(dtype: torch.dtype, Hq: int = 32, Hkv: int = 8, D: int = 128) -> None:
     tag = str(dtype).split(".")[-1]
     batch = build_batch(mixed_items(dtype, Hq, Hkv, D, seed=2, n=9, max_kv=1200), 16, seed=1)
-    base = unified_attention(*batch.args(), split_size=256, plan="fused")
+    base = ua(*batch.args(), split_size=256, plan="fused")
     cfg = tile_config(dtype, D)
     out: dict[str, Any] = {"default": {"block_m": cfg.block_m, "num_warps": cfg.num_warps}}
     for bm, nw in [(16, 4), (32, 4), (64, 8), (128, 4), (128, 8), (64, 4), (16, 1), (32, 2)]:
         try:
-            r = unified_attention(*batch.args(), split_size=256, plan="fused", _block_m=bm,
-                                  _num_warps=nw)
+            r = ua(*batch.args(), split_size=256, plan="fused", _block_m=bm, _num_warps=nw)
             out[f"bm{bm}-w{nw}"] = same(base, r) or "identical"
         except Exception as exc:
             out[f"bm{bm}-w{nw}"] = f"error {type(exc).__name__}: {str(exc)[:200]}"
@@ -157,10 +170,10 @@ def check_tile_overrides(dtype: torch.dtype, Hq: int = 32, Hkv: int = 8, D: int 
 def check_graph_and_workspace(dtype: torch.dtype) -> None:
     tag = str(dtype).split(".")[-1]
     batch = build_batch(mixed_items(dtype, 32, 8, 128, seed=3, n=6, max_kv=3000), 16, seed=2)
-    eager = unified_attention(*batch.args(), plan="split")
+    eager = ua(*batch.args(), plan="split")
     junk = torch.full((1 << 28,), float("nan"), device="cuda")
     del junk
-    again = unified_attention(*batch.args(), plan="split")
+    again = ua(*batch.args(), plan="split")
     record(f"uninitialised-workspace/{tag}", same(eager, again) is None, same(eager, again))
     for plan in ("fused", "split"):
         try:
@@ -168,11 +181,11 @@ def check_graph_and_workspace(dtype: torch.dtype) -> None:
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
                 for _ in range(2):
-                    unified_attention(*batch.args(), plan=plan)
+                    ua(*batch.args(), plan=plan)
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                captured = unified_attention(*batch.args(), plan=plan)
+                captured = ua(*batch.args(), plan=plan)
             g.replay()
             torch.cuda.synchronize()
             m = same(eager, captured)
@@ -184,7 +197,12 @@ def check_graph_and_workspace(dtype: torch.dtype) -> None:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--tile", default="", help="BLOCK_N,BLOCK_M,num_warps,num_stages overrides")
+    p.add_argument("--quick", action="store_true", help="bf16 accuracy/plans + invariance only")
     args = p.parse_args()
+    if args.tile:
+        bn, bm, nw, ns = (int(x) for x in args.tile.split(","))
+        EXTRA.update(_block_n=bn, _block_m=bm, _num_warps=nw, _num_stages=ns)
     if not torch.cuda.is_available():
         raise SystemExit("gpu_checks.py needs CUDA")
     os.makedirs(args.out, exist_ok=True)
@@ -202,13 +220,16 @@ def main() -> int:
         lambda: check_tile_overrides(torch.float16),
         lambda: check_graph_and_workspace(torch.bfloat16),
     ]
+    if args.quick:
+        steps = [steps[0], steps[6], steps[10]]
     for i, step in enumerate(steps):
         try:
             step()
         except Exception:
             record(f"step{i}-crashed", False, traceback.format_exc()[-2000:])
     RESULTS["_elapsed_s"] = {"ok": True, "detail": time.time() - t0}
-    with open(os.path.join(args.out, "gpu_checks.json"), "w") as f:
+    suffix = "-" + args.tile.replace(",", "_") if args.tile else ""
+    with open(os.path.join(args.out, f"gpu_checks{suffix}.json"), "w") as f:
         json.dump(RESULTS, f, indent=2, default=str)
     fails = [k for k, v in RESULTS.items() if not v["ok"]]
     print(f"{len(RESULTS)} checks, {len(fails)} failed: {fails}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+import traceback
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -348,6 +350,12 @@ def check(
     return report
 
 
+def _where(exc: BaseException) -> str:
+    """The innermost frames of ``exc``'s traceback, as ``file:line in function`` (for reports)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames))
+
+
 def _skip_reason(p: Perturbation, dev: torch.device) -> str | None:
     if p.requires_cuda and dev.type != "cuda":
         return "needs a CUDA device"
@@ -376,9 +384,9 @@ def _run_cell(
             out_b = run_schedule(fn, case.workload, case.b, dev, cache)
             cmp = compare_outputs(out_a, out_b)
             _accuracy(acc, case.workload, out_a, accuracy_rows, tol)
-        except Exception as exc:
+        except Exception as exc:  # a crashing backend is a result, not a crash of the check
             cell.status = "error"
-            cell.error = f"case {i}: {type(exc).__name__}: {exc}"
+            cell.error = f"case {i}: {type(exc).__name__}: {exc} [{_where(exc)}]"
             cell.cases = n
             break
         cell.cases = n

@@ -307,9 +307,12 @@ def _poison_allocator(device: torch.device) -> None:
     it never wrote sees NaN instead of stale valid data."""
     if device.type != "cuda":
         return
+    # NOTE: release the cached segments first: they may be many and fragmented, and one blob the
+    # size of all of them cannot be carved from them (it would ask the driver for that much
+    # again). The freed blob stays cached, so the next allocations are carved from NaN.
+    torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    reserved_free = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    nbytes = max(reserved_free, min(free // 4, 1 << 30))
+    nbytes = min(free // 4, 1 << 30)
     blob = torch.full((nbytes // 4,), float("nan"), dtype=torch.float32, device=device)
     del blob
 

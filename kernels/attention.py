@@ -212,6 +212,8 @@ def unified_attention(
     validate: bool = True,
     _block_m: int | None = None,
     _num_warps: int | None = None,
+    _block_n: int | None = None,
+    _num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of a varlen batch of requests over a paged KV cache.
 
@@ -229,12 +231,14 @@ def unified_attention(
             ``None`` is the CONTROL mode: the split count comes from the batch (FA2 heuristic),
             which is deliberately not batch-invariant.
         plan: ``"fused"``, ``"split"`` or ``"auto"``. All plans give identical bits for a given
-            split size; ``"auto"`` picks the faster one for the batch.
+            split size; ``"auto"`` picks the faster one for the batch (from the lengths when
+            ``validate`` read them back, else from shapes only: see ``config.choose_plan``).
         validate: check values (lengths, page ids). This costs a device-to-host copy of
             ``cu_seqlens_q``, ``kv_lens`` and ``block_table`` and a sync; it is skipped
             automatically while a CUDA graph is being captured. Shape/dtype checks always run.
-        _block_m, _num_warps: TESTING ONLY overrides of the tile config, for experiments that
-            measure whether a row's bits depend on them.
+        _block_m, _num_warps, _block_n, _num_stages: TESTING ONLY overrides of the tile config,
+            for experiments that measure whether a row's bits (or the speed) depend on them.
+            ``_block_n`` changes the tile grid, hence the bits, by definition.
 
     Returns:
         ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``; lse is the natural log of
@@ -251,8 +255,11 @@ def unified_attention(
     if _num_warps is not None and _num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"_num_warps: expected one of 1, 2, 4, 8, 16, got {_num_warps}")
     BLOCK_M, BLOCK_Q = rows_per_block(_block_m if _block_m is not None else cfg.block_m, G)
-    BLOCK_N = cfg.block_n
+    if _block_n is not None and (_block_n < 16 or _block_n & (_block_n - 1)):
+        raise ValueError(f"_block_n: expected a power of two >= 16, got {_block_n}")
+    BLOCK_N = _block_n if _block_n is not None else cfg.block_n
     num_warps = _num_warps if _num_warps is not None else cfg.num_warps
+    num_stages = _num_stages if _num_stages is not None else cfg.num_stages
     if split_size is not None and (
             isinstance(split_size, bool) or not isinstance(split_size, int) or split_size <= 0
             or split_size % BLOCK_N):
@@ -273,9 +280,9 @@ def unified_attention(
     kv_lens = kv_lens.contiguous()
     capturing = _capturing(q.device)
     stats: _HostStats | None = None
-    if not capturing and (validate or split_size is None):
+    if validate and not capturing:
         stats = _host_stats(q, k_cache, cu_seqlens_q, kv_lens, block_table, BLOCK_Q, BLOCK_N,
-                            check=validate)
+                            check=True)
     # Without host statistics, bound from shapes (no sync): every KV length fits the block table.
     max_kv = stats.max_kv_len if stats is not None else block_table.shape[1] * page_size
     num_q_blocks = stats.num_q_blocks if stats is not None else T // BLOCK_Q + B
@@ -307,7 +314,7 @@ def unified_attention(
         # NOTE: fp32 must not silently run in tf32: "ieee" is exact fp32 FMA.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=num_stages,
     )
     strides = dict(
         stride_qt=q.stride(0),

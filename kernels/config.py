@@ -23,10 +23,11 @@ __all__ = [
     "tile_config",
 ]
 
-# KV tokens per split. A multiple of every BLOCK_N below. Decode at batch 1 with 32k context gets
-# 32768 / 512 = 64 splits per KV head (512 programs with Hkv = 8); the fused plan pays one
-# normalize + merge per split, i.e. every 8 tiles of 64 keys.
-DEFAULT_SPLIT_SIZE: int = 512
+# KV tokens per split, a multiple of every BLOCK_N below. Measured on an H100 (kernels/NOTES.md):
+# 1024 beats 512 and 256 on long contexts (decode b1/b8 at 8k-32k: 113 vs 163 vs 261 us at b1-32k;
+# fewer partials to write and fold) and on prefill (fewer merges), and loses ~8 us on 1k contexts.
+# Decode at batch 1 with 32k context gets 32 splits per KV head (256 programs with Hkv = 8).
+DEFAULT_SPLIT_SIZE: int = 1024
 
 # SM count used when the tensors are not on a CUDA device (the interpreter); the H100 SXM value.
 NOMINAL_NUM_SMS: int = 132
@@ -115,14 +116,15 @@ def choose_plan(
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
     Split when the fused grid (``num_programs`` = query blocks x Hkv) leaves SMs idle and rows span
-    several splits, or (with host statistics) when one long block would be a tail longer than
-    twice the average work per SM.
+    several splits, or (with host statistics: KV tiles of the longest request and over all
+    programs) when the longest program would run longer than a third of the average work per SM
+    (a few programs share an SM, so a long one is a tail). Tuned on an H100 (kernels/NOTES.md).
     """
     if max_kv_len <= split_size:
         return "fused"
     if num_programs < num_sms:
         return "split"
     if (longest_tiles is not None and total_tiles is not None
-            and longest_tiles * num_sms > 2 * total_tiles):
+            and 3 * longest_tiles * num_sms > total_tiles):
         return "split"
     return "fused"

@@ -76,10 +76,62 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G: tl.constexpr, BLOCK_M
 
 
 @triton.jit
+def _attend_tile(
+    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
+
+    NOTE: every tile takes the same, masked, path. A mask-free fast path for tiles that every row
+    of the block sees entirely was tried and broke invariance on an H100: without the select
+    between ``s * qk_scale`` and ``s - m`` the compiler contracts them into an FMA (one rounding
+    instead of two), so a row's bits depended on whether its block's first row had reached the
+    tile (prefill vs decode, chunking). Keep the select on every tile.
+    """
+    o_d = tl.arange(0, HEAD_DIM)
+    o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < kv_len
+    if IS_PAGE_PER_TILE:
+        # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
+        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
+    else:
+        # NOTE: gather the page of every key; unused block-table columns are never read.
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=m_n, other=0).to(tl.int64)
+    i_slot = (o_n % PAGE_SIZE).to(tl.int64)
+    off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
+    off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
+    # [D, BN]
+    b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
+    # [BN, D]
+    b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
+    # [BM, BN]
+    b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b_s = _dot(b_q, b_k, b_s, IS_INTERPRET, DOT_PRECISION) * qk_scale
+    b_s = tl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    # NOTE: a row masked on this whole tile keeps m_new == m_i, so alpha is exactly 1 and every
+    # p is exactly exp2(-inf) = 0: the state is left bit-identical. m_safe guards -inf - -inf.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
+    b_p = tl.exp2(b_s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(b_p, 1)
+    acc = acc * alpha[:, None]
+    acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_split(
     b_q,  # [BM, D] q tile
     pos,  # [BM] int32 absolute position of each row, -1 for padding rows
-    max_pos,  # scalar, largest position of the block
+    max_pos,  # scalar, largest position of the block's rows
     kv_len,
     i_split,
     split_tiles,  # tiles per split (S // BLOCK_N)
@@ -106,7 +158,6 @@ def _attend_split(
 
     Returns the normalized state (o [BM, D] fp32, lse2 [BM] fp32 in log2 units).
     """
-    o_d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -115,40 +166,23 @@ def _attend_split(
     j_hi = tl.minimum(j_lo + split_tiles, max_pos // BLOCK_N + 1)
     kv_off_h = i_kvh.to(tl.int64)
     for j in range(j_lo, j_hi):
-        o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_n = o_n < kv_len
-        if IS_PAGE_PER_TILE:
-            # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
-            i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
-            i_slot = (o_n % PAGE_SIZE).to(tl.int64)
-            off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
-            off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
-        else:
-            # NOTE: gather the page of every key; unused block-table columns are never read.
-            i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=m_n, other=0).to(tl.int64)
-            i_slot = (o_n % PAGE_SIZE).to(tl.int64)
-            off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
-            off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
-        # [D, BN]
-        b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
-        # [BN, D]
-        b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
-        # [BM, BN]
-        b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        b_s = _dot(b_q, b_k, b_s, IS_INTERPRET, DOT_PRECISION) * qk_scale
-        m_causal = o_n[None, :] <= pos[:, None]
-        b_s = tl.where(m_causal, b_s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        # NOTE: a row masked on this whole tile keeps m_new == m_i, so alpha is exactly 1 and every
-        # p is exactly exp2(-inf) = 0: the state is left bit-identical. m_safe guards -inf - -inf.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
-        b_p = tl.exp2(b_s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = acc * alpha[:, None]
-        acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
     return state_normalize(acc, l_i, m_i)
+
+
+@triton.jit
+def _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """End of a split in the fused plan: merge its normalized state into (b_o, b_lse) and return
+    a fresh online-softmax state."""
+    b_os, b_ls = state_normalize(acc, l_i, m_i)
+    b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    return b_o, b_lse, m_i, l_i, acc
 
 
 @triton.jit
@@ -209,8 +243,10 @@ def _unified_attention_fused_kernel(
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Fused plan: one program per (query-block slot, kv head) walks all splits of its block."""
-    i_qb = tl.program_id(0)
+    """Fused plan: one program per (query-block slot, kv head) walks all splits of its block,
+    merging each into a register state as soon as it ends."""
+    # Last slots first: within a request the last query blocks see the most keys.
+    i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G, BLOCK_M, BLOCK_Q)
@@ -218,15 +254,26 @@ def _unified_attention_fused_kernel(
         return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
+    kv_off_h = i_kvh.to(tl.int64)
     b_o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     b_lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    n_splits = max_pos // (split_tiles * BLOCK_N) + 1
-    for i_split in range(0, n_splits):
-        b_os, b_ls = _attend_split(
-            b_q, pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt, qk_scale,
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # One flat loop over the tiles (long loops pipeline well); at every split boundary the split's
+    # state is normalized, merged and reset: the same operations, in the same order, as
+    # _attend_split + state_merge in the split plan.
+    j_end = max_pos // BLOCK_N + 1
+    for j in range(0, j_end):
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
-        b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
+        if (j + 1) % split_tiles == 0:
+            b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
+    if j_end % split_tiles != 0:
+        # The last split ends inside the block's range.
+        b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 
 
@@ -269,7 +316,7 @@ def _unified_attention_split_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial."""
-    i_qb = tl.program_id(0)
+    i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_split = tl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos = _block_rows(
@@ -282,7 +329,8 @@ def _unified_attention_split_kernel(
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     b_os, b_ls = _attend_split(
-        b_q, pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt, qk_scale,
+        b_q, pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
+        qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
     o_d = tl.arange(0, HEAD_DIM)

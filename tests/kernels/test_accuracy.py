@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import tile_config, unified_attention
+from kernels import DEFAULT_SPLIT_SIZE, tile_config, unified_attention
 from kernels.reference import reference_attention
 from kernels.testing import LSE_TOLERANCE, OUT_TOLERANCE, build_batch, make_request
 
@@ -54,9 +54,10 @@ def test_matches_reference(dtype: torch.dtype, device: torch.device, Hq: int, Hk
 
 
 def test_default_split_and_custom_scale(dtype: torch.dtype, device: torch.device) -> None:
-    # Rows longer than DEFAULT_SPLIT_SIZE (512) so that the default split count is > 1.
-    req = make_request(5, 600, 4, 2, 64, dtype, device)
-    batch = build_batch([(req, 596, 600), (req, 0, 3)], 16, seed=1)
+    # Rows longer than DEFAULT_SPLIT_SIZE so that the default split count is > 1.
+    n = DEFAULT_SPLIT_SIZE + 100
+    req = make_request(5, n, 4, 2, 64, dtype, device)
+    batch = build_batch([(req, n - 3, n), (req, 0, 3)], 16, seed=1)
     out, lse = unified_attention(*batch.args(), sm_scale=0.3)
     ref_out, ref_lse = reference_attention(*batch.args(), sm_scale=0.3, out_dtype=torch.float64)
     _check(out, lse, ref_out, ref_lse, dtype)
