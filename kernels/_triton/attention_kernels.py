@@ -57,7 +57,7 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G: tl.constexpr, BLOCK_M
 
     Returns (i_b, q_start, q_len, kv_len, i_qblk, tok [BM] token index in the request,
     g [BM] head in group, m_row [BM] valid rows, pos [BM] absolute position (-1 on invalid rows),
-    max_pos scalar = largest position in the block).
+    min_pos / max_pos scalars = smallest / largest position in the block).
     """
     i_b = _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + i_b)
@@ -71,8 +71,9 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G: tl.constexpr, BLOCK_M
     m_row = (o_m // G < BLOCK_Q) & (tok < q_len)
     ctx = kv_len - q_len
     pos = tl.where(m_row, ctx + tok, -1)
+    min_pos = ctx + i_qblk * BLOCK_Q
     max_pos = ctx + tl.minimum((i_qblk + 1) * BLOCK_Q, q_len) - 1
-    return i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos
+    return i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos
 
 
 @triton.jit
@@ -83,44 +84,57 @@ def _attend_tile(
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    IS_MASKED: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
 
-    NOTE: every tile takes the same, masked, path. A mask-free fast path for tiles that every row
-    of the block sees entirely was tried and broke invariance on an H100: without the select
-    between ``s * qk_scale`` and ``s - m`` the compiler contracts them into an FMA (one rounding
-    instead of two), so a row's bits depended on whether its block's first row had reached the
-    tile (prefill vs decode, chunking). Keep the select on every tile.
+    ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
+    keys at or before the block's first position, hence < kv_len): no load masks, no select.
+
+    NOTE: both paths must round identically. A first fast path wrote ``s * qk_scale`` and
+    ``s - m`` separately; without the select between them the compiler contracted them into an
+    FMA on the unmasked path only, and a row's bits depended on whether its block's first row had
+    reached the tile (prefill vs decode, chunking; seen on an H100). Here the scores stay raw
+    (the mask selects on raw scores), the row max is scaled after the max (exact: rounding is
+    monotonic and qk_scale > 0), and the exponent is one explicit ``tl.fma``: the same single
+    rounding on both paths, leaving the compiler no choice to make.
     """
     o_d = tl.arange(0, HEAD_DIM)
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < kv_len
     if IS_PAGE_PER_TILE:
         # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
         i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
-    else:
+    elif IS_MASKED:
         # NOTE: gather the page of every key; unused block-table columns are never read.
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=m_n, other=0).to(tl.int64)
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
+    else:
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE).to(tl.int64)
     i_slot = (o_n % PAGE_SIZE).to(tl.int64)
     off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
     off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
-    # [D, BN]
-    b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
-    # [BN, D]
-    b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
-    # [BM, BN]
+    if IS_MASKED:
+        m_n = o_n < kv_len
+        # [D, BN]
+        b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
+        # [BN, D]
+        b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
+    else:
+        b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None])
+        b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :])
+    # [BM, BN] raw scores q.k (unscaled)
     b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b_s = _dot(b_q, b_k, b_s, IS_INTERPRET, DOT_PRECISION) * qk_scale
-    b_s = tl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    b_s = _dot(b_q, b_k, b_s, IS_INTERPRET, DOT_PRECISION)
+    if IS_MASKED:
+        b_s = tl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(b_s, 1) * qk_scale)
     # NOTE: a row masked on this whole tile keeps m_new == m_i, so alpha is exactly 1 and every
     # p is exactly exp2(-inf) = 0: the state is left bit-identical. m_safe guards -inf - -inf.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
-    b_p = tl.exp2(b_s - m_safe[:, None])
+    b_p = tl.exp2(tl.fma(b_s, qk_scale, -m_safe[:, None]))
     l_i = l_i * alpha + tl.sum(b_p, 1)
     acc = acc * alpha[:, None]
     acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
@@ -131,6 +145,7 @@ def _attend_tile(
 def _attend_split(
     b_q,  # [BM, D] q tile
     pos,  # [BM] int32 absolute position of each row, -1 for padding rows
+    min_pos,  # scalar, smallest position of the block's rows
     max_pos,  # scalar, largest position of the block's rows
     kv_len,
     i_split,
@@ -164,12 +179,21 @@ def _attend_split(
     j_lo = i_split * split_tiles
     # Tiles past the block's last position are masked for every row: skip them.
     j_hi = tl.minimum(j_lo + split_tiles, max_pos // BLOCK_N + 1)
+    # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
+    j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
     kv_off_h = i_kvh.to(tl.int64)
-    for j in range(j_lo, j_hi):
+    for j in range(j_lo, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
+    for j in range(j_mid, j_hi):
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
     return state_normalize(acc, l_i, m_i)
 
 
@@ -248,7 +272,7 @@ def _unified_attention_fused_kernel(
     # Last slots first: within a request the last query blocks see the most keys.
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
-    i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos = _block_rows(
+    i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
@@ -264,11 +288,22 @@ def _unified_attention_fused_kernel(
     # state is normalized, merged and reset: the same operations, in the same order, as
     # _attend_split + state_merge in the split plan.
     j_end = max_pos // BLOCK_N + 1
-    for j in range(0, j_end):
+    # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
+    j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
+    for j in range(0, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
+        if (j + 1) % split_tiles == 0:
+            b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
+    for j in range(j_mid, j_end):
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
@@ -319,7 +354,7 @@ def _unified_attention_split_kernel(
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_split = tl.program_id(2)
-    i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, max_pos = _block_rows(
+    i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
@@ -329,7 +364,7 @@ def _unified_attention_split_kernel(
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     b_os, b_ls = _attend_split(
-        b_q, pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
+        b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
         qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
