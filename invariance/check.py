@@ -12,9 +12,9 @@ from __future__ import annotations
 import datetime as _dt
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 

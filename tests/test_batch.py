@@ -8,8 +8,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from invariance import AttentionBatch, AttentionResult, Chunk, HeadConfig, PageLayout, Request
-from invariance import Step, Workload, materialize
+from invariance import (
+    AttentionBatch,
+    AttentionResult,
+    Chunk,
+    HeadConfig,
+    PageLayout,
+    Request,
+    Step,
+    Workload,
+    materialize,
+)
 from invariance.batch import as_result
 
 
@@ -89,9 +98,9 @@ def test_result_validation() -> None:
     assert isinstance(as_result(good, b), AttentionResult)
     with pytest.raises(ValueError, match=r"result.out.shape: expected \[4, 4, 64\]"):
         as_result((torch.zeros(3, 4, 64), torch.zeros(4, 4)), b)
-    with pytest.raises(ValueError, match="result.lse.dtype: expected torch.float32"):
+    with pytest.raises(ValueError, match=r"result\.lse\.dtype: expected torch\.float32"):
         as_result((torch.zeros_like(b.q), torch.zeros(4, 4, dtype=torch.float64)), b)
-    with pytest.raises(ValueError, match="result.out.dtype"):
+    with pytest.raises(ValueError, match=r"result\.out\.dtype"):
         as_result((torch.zeros_like(b.q).half(), torch.zeros(4, 4)), b)
     with pytest.raises(TypeError, match="AttentionResult or an"):
         as_result(torch.zeros(1), b)

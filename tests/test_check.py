@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import invariance
-from invariance import AttentionBatch, PERTURBATIONS, Report
+from invariance import PERTURBATIONS, AttentionBatch, Report
 from invariance.backends.reference import reference_backend
 from invariance.backends.torch_backends import batch_variant_backend
 

@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from invariance import Chunk, HeadConfig, PageLayout, Request, Schedule, Step, Workload
-from invariance import materialize, run_schedule
+from invariance import (
+    Chunk,
+    HeadConfig,
+    PageLayout,
+    Request,
+    Schedule,
+    Step,
+    Workload,
+    materialize,
+    run_schedule,
+)
 from invariance.backends.reference import gather_kv, reference_backend
 
 LAYOUTS = [

@@ -61,7 +61,7 @@ def test_head_config_parse() -> None:
 def test_workload_rejects_duplicate_ids_and_bad_requests() -> None:
     with pytest.raises(ValueError, match="unique ids"):
         Workload((Request(0, 3), Request(0, 4)))
-    with pytest.raises(ValueError, match="Request.length"):
+    with pytest.raises(ValueError, match=r"Request\.length"):
         Request(0, -1)
 
 
