@@ -157,10 +157,6 @@ def _write_outputs(report: Report, args: argparse.Namespace) -> None:
         _write(args.junit, to_junit(report))
 
 
-def _needs_interpreter(backend: str, device: str) -> bool:
-    return device == "cpu" and backend.split(":")[0].startswith("kernels")
-
-
 def _default_device() -> str:
     import torch
 
@@ -201,17 +197,11 @@ def cmd_check(args: argparse.Namespace, argv: Sequence[str], out: Console,
     if args.budget < 1:
         raise UsageError(f"--budget must be >= 1, got {args.budget}")
 
-    # The kernels run on CPU only under the Triton interpreter, which must be switched on
-    # before anything imports triton (torch does not import it).
-    device = args.device
-    if device == "cpu" and _needs_interpreter(args.backend, device):
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    # NOTE: on CPU the kernels need the Triton interpreter; the kernels adapter switches it on
+    # before triton is first imported (nothing here imports triton).
     import invariance
 
-    if device is None:
-        device = _default_device()
-        if _needs_interpreter(args.backend, device) and "TRITON_INTERPRET" not in os.environ:
-            os.environ["TRITON_INTERPRET"] = "1"
+    device = args.device or _default_device()
     if device == "cuda":
         import torch
 

@@ -15,6 +15,7 @@ perturbation needs something absent here, e.g. CUDA; never counted as passed).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 import sys
@@ -58,11 +59,11 @@ class Environment:
     def capture(cls, device: str = "cpu") -> Environment:
         import torch
 
+        # NOTE: the version from the package metadata, not ``import triton``: importing triton
+        # here would fix its interpreter mode (TRITON_INTERPRET) before a backend can set it.
         try:
-            import triton
-
-            triton_version: str | None = triton.__version__
-        except ImportError:
+            triton_version: str | None = importlib.metadata.version("triton")
+        except importlib.metadata.PackageNotFoundError:
             triton_version = None
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         name = platform.processor() or platform.machine()

@@ -271,6 +271,10 @@ def unified_attention(
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
 
+    if q.device.type == "cpu" and not _interpreting():
+        raise ValueError(
+            "q: CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before triton is "
+            f"first imported (got device {q.device}, TRITON_INTERPRET unset)")
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
     if T == 0:

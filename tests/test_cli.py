@@ -192,13 +192,14 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_cpu_kernels_switch_on_the_triton_interpreter(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    # An unknown kernels* name fails after the switch, before anything runs.
-    assert main(["check", "--backend", "kernels-nope", "--device", "cpu"]) == 2
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    capsys.readouterr()
+def test_cpu_kernels_run_without_triton_interpret_set() -> None:
+    # A fresh process: triton fixes its interpreter mode when first imported.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "invariance.cli", "check", "--backend", "kernels", "--device",
+         "cpu", "--perturb", "repeat"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.startswith("PASSED")
 
 
 def test_list_shows_backends_and_perturbations(capsys: pytest.CaptureFixture[str]) -> None:

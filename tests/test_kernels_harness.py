@@ -7,6 +7,10 @@ split size. GPU evidence at production shapes lives in ``reports/``.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -44,6 +48,24 @@ def test_heuristic_control_is_caught(dtype: torch.dtype) -> None:
     assert report.accurate, _why(report)
     failed = {r.perturbation for r in report.failed_cells()}
     assert failed & {"batch_size", "neighbors"}, _why(report)
+
+
+def test_cpu_interpreter_switches_on_by_itself() -> None:
+    """Without TRITON_INTERPRET, listing backends and checking the kernels on CPU still works
+    (nothing imports triton before the adapter switches the interpreter on); a fresh process,
+    since the interpreter mode is fixed when triton is first imported."""
+    code = (
+        "import sys, invariance\n"
+        "invariance.available_backends()\n"
+        "r = invariance.check('kernels', device='cpu', perturbations=['repeat'])\n"
+        "assert 'triton' in sys.modules\n"
+        "print(r.summary())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("PASSED"), done.stdout
 
 
 def _why(report: invariance.Report) -> str:

@@ -8,6 +8,7 @@ registered by another package under the ``invariance.backends`` entry-point grou
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -139,8 +140,11 @@ def _importable(target: str) -> tuple[bool, str]:
     module_name = target.partition(":")[0]
     needs = {"invariance.backends.kernels": ("kernels", "triton")}.get(module_name, ())
     try:
+        # NOTE: find the dependencies without importing them: importing triton here would fix
+        # its interpreter mode before the kernels adapter can switch it on for CPU tensors.
         for dep in needs:
-            importlib.import_module(dep)
+            if importlib.util.find_spec(dep) is None:
+                raise ImportError(f"No module named {dep!r}")
         _load(target)
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
