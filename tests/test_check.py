@@ -121,3 +121,10 @@ def test_argument_errors() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA was requested"):
             invariance.check("reference", device="cuda")
+
+
+def test_nothing_run_is_neither_passed_nor_inaccurate() -> None:
+    # On CPU the only requested perturbation needs CUDA: it is skipped, nothing runs.
+    report = invariance.check("reference", device="cpu", perturbations=["cuda_graph"])
+    assert report.results[0].status == "skipped"
+    assert report.accuracy == [] and not report.passed
