@@ -1,58 +1,61 @@
-"""nox sessions: the test suite at each dtype, lint, typecheck; GPU tests and benchmarks on demand.
+"""nox sessions. ``nox`` runs the default ones: ``tests`` (the whole suite once, the dtype matrix
+inside it where a test depends on the dtype), ``mutations`` (the planted-defect sweep at two
+seeds), ``lint`` and ``typecheck``. ``nox -l`` lists all of them.
 
-``nox -l`` lists them. The dtype under test reaches the suite through ``INVARIANCE_DTYPE``.
+Every session runs in the environment nox itself runs in (``venv_backend="none"``): install the
+project once with README's first command, and no session builds another multi-GB environment.
+Versions CI uses are pinned in ``constraints.txt``; the dtypes come from ``_invariance_options``.
 """
 
 from __future__ import annotations
 
-import os
-
 import nox
 
-nox.options.sessions = ["tests", "lint", "typecheck"]
-nox.options.reuse_existing_virtualenvs = True
+from _invariance_options import DTYPE_NAMES
 
-DTYPES = ["float16", "bfloat16", "float32"]
-# On a CPU-only machine pin the CPU build of torch (a plain `torch` pulls a multi-GB CUDA build).
-TORCH = os.environ.get("INVARIANCE_TORCH_SPEC", "torch==2.13.0")
+nox.options.sessions = ["tests", "mutations", "lint", "typecheck"]
+nox.options.default_venv_backend = "none"
 
-
-def _install(session: nox.Session) -> None:
-    session.install(TORCH)
-    session.install("-e", ".[dev]")
+#: Seeds of the mutation sweep: the quick default and what CI runs.
+QUICK_SEEDS, CI_SEEDS = 2, 20
 
 
 @nox.session
-@nox.parametrize("dtype", DTYPES, ids=DTYPES)
-def tests(session: nox.Session, dtype: str) -> None:
-    """Run the test suite (CPU, Triton interpreter) at one dtype."""
-    _install(session)
-    session.run("pytest", *session.posargs, env={"INVARIANCE_DTYPE": dtype})
+def tests(session: nox.Session) -> None:
+    """The test suite on CPU (kernels in the Triton interpreter), every dtype, two workers."""
+    session.run("python", "-m", "pytest", "-n", "2", *session.posargs)
+
+
+@nox.session
+def mutations(session: nox.Session) -> None:
+    """Planted batch-variant defects must all be caught, invariant variants must all pass
+    (``nox -s mutations -- 20`` sweeps 20 seeds, as CI does)."""
+    seeds = session.posargs[0] if session.posargs else str(QUICK_SEEDS)
+    session.run("python", "-m", "pytest", "-n", "2", "-m", "mutation", "--mutation-seeds", seeds,
+                "tests/test_mutations.py")
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
-    session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy, strict for the invariance and kernels packages."""
-    _install(session)
     session.run("mypy")
 
 
-@nox.session(default=False, venv_backend="none")
-def gpu(session: nox.Session) -> None:
-    """GPU tests and the large-scale invariance suite (needs CUDA; uses the current Python)."""
-    for dtype in ("float16", "bfloat16"):
-        session.run("python", "-m", "pytest", "-m", "gpu", *session.posargs,
-                    env={"INVARIANCE_DTYPE": dtype})
+@nox.session(default=False)
+@nox.parametrize("dtype", DTYPE_NAMES, ids=list(DTYPE_NAMES))
+def gpu(session: nox.Session, dtype: str) -> None:
+    """GPU tests at one dtype (needs CUDA)."""
+    session.run("python", "-m", "pytest", "-m", "gpu", *session.posargs,
+                env={"INVARIANCE_DTYPE": dtype})
 
 
-@nox.session(default=False, venv_backend="none")
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Attention benchmarks on the GPU (writes Markdown + JSON under reports/)."""
     session.run("python", "benchmarks/attention.py", "--out", "reports", *session.posargs)

@@ -1,9 +1,14 @@
-"""The ``invariance`` command: check a backend, re-render or compare saved reports, list
-backends and perturbations, show the environment.
+"""The ``invariance`` command: a thin face over :func:`invariance.check` and the renderers.
 
-Exit status: 0 invariant and accurate (``compare``: no cell got worse), 1 a violation, an
-accuracy failure or a backend error inside a cell (``compare``: a cell went from passed to
-failed), 2 a usage or runtime error (one line on stderr; ``--debug`` shows the traceback).
+``check`` (run a check), ``report`` (re-render a saved report), ``compare`` (two saved reports),
+``replay`` (a saved case or a report's violation), ``list`` (backends, perturbations), ``env``.
+The check settings are declared once in ``_invariance_options`` (shared with the pytest plugin)
+and validated once by :class:`invariance.CheckSpec`; this module parses and renders.
+
+Exit status: 0 invariant and accurate (``compare``: nothing got worse); 1 a violation, an
+accuracy failure, a backend error inside a cell or an incomplete run (``compare``: something got
+worse); 2 a usage or runtime error (one line on stderr; ``--debug`` shows the traceback);
+130 interrupted (the partial report is still written, marked incomplete).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
+
+from _invariance_options import OPTIONS, OptionError, add_options, collect
 
 if TYPE_CHECKING:
     from invariance.report import Report
@@ -28,7 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 PROG = "invariance"
-DTYPE_CHOICES = ("float16", "bfloat16", "float32")
+DEFAULT_BACKEND = "kernels"
+_OUTPUTS = (("json", "JSON (written after every cell; marked incomplete until the end)"),
+            ("markdown", "Markdown"), ("html", "a self-contained HTML page"),
+            ("junit", "JUnit XML"))
 
 
 class UsageError(Exception):
@@ -39,31 +48,23 @@ class UsageError(Exception):
 # Argument parsing
 # --------------------------------------------------------------------------------------------
 
-def _split(values: Sequence[str] | None) -> list[str]:
-    """Flatten repeated options that may also hold comma lists."""
-    return [v.strip() for item in values or () for v in item.split(",") if v.strip()]
-
-
-def _outputs(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("outputs")
-    g.add_argument("--json", metavar="PATH", type=Path, help="write the report as JSON")
-    g.add_argument("--markdown", metavar="PATH", type=Path, help="write the report as Markdown")
-    g.add_argument("--html", metavar="PATH", type=Path,
-                   help="write the report as a self-contained HTML page")
-    g.add_argument("--junit", metavar="PATH", type=Path, help="write the report as JUnit XML")
+def _add_outputs(p: argparse.ArgumentParser, formats: Sequence[str]) -> None:
+    g = p.add_argument_group("outputs (checked before the run, written atomically)")
+    for name, what in _OUTPUTS:
+        if name in formats:
+            g.add_argument(f"--{name}", metavar="PATH", type=Path,
+                           help=f"write the report as {what}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true",
                         help="show the full traceback of runtime errors")
-
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Prove attention kernels deterministic and batch-invariant, bit for bit.",
-        epilog="exit status: 0 invariant and accurate, 1 violations or accuracy failures, "
-               "2 usage or runtime errors",
-    )
+        epilog="exit status: 0 invariant and accurate, 1 violations, accuracy failures or an "
+               "incomplete run, 2 usage or runtime errors, 130 interrupted")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -71,97 +72,101 @@ def build_parser() -> argparse.ArgumentParser:
         "check", parents=[common], help="check a backend over every (dtype, perturbation)",
         description="Run every perturbation's schedule pairs through a backend at each dtype, "
                     "compare the bits, check accuracy against the float64 reference, and "
-                    "print the report.")
-    c.add_argument("--backend", default="kernels", metavar="NAME|module:attr",
-                   help="a backend name (see 'invariance list') or 'module:attr' "
-                        "(default: kernels)")
-    c.add_argument("--dtype", action="append", metavar="DTYPE",
-                   help=f"{'|'.join(DTYPE_CHOICES)}; repeatable or comma-separated "
-                        "(default: float32)")
-    c.add_argument("--perturb", action="append", metavar="NAME",
-                   help="a perturbation name or 'all'; repeatable or comma-separated "
-                        "(default: all)")
-    c.add_argument("--budget", type=int, default=1, metavar="N",
-                   help="multiplies the number of cases per perturbation (default: 1)")
-    c.add_argument("--seed", type=int, default=0, metavar="N", help="seed (default: 0)")
-    c.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default: cuda when available, else cpu")
-    c.add_argument("--heads", metavar="Hq:Hkv:D",
-                   help="query heads, KV heads, head dim (default: 4:2:64 small, "
-                        "32:8:128 large)")
-    c.add_argument("--scale", choices=("small", "large"),
-                   help="case sizes (default: small on cpu, large on cuda)")
+                    f"print the report. The backend defaults to {DEFAULT_BACKEND}.")
+    add_options(c.add_argument)
     c.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    _outputs(c)
+    c.add_argument("--cases", metavar="DIR", type=Path,
+                   help="save each shown violation as a case file (replay it with "
+                        "'invariance replay')")
+    _add_outputs(c, ("json", "markdown", "html", "junit"))
 
     r = sub.add_parser("report", parents=[common], help="re-render a saved JSON report",
                        description="Print a saved report and write it in other formats.")
     r.add_argument("path", metavar="PATH.json", type=Path)
-    for flag, what in (("--markdown", "Markdown"), ("--html", "a self-contained HTML page"),
-                       ("--junit", "JUnit XML")):
-        r.add_argument(flag, metavar="PATH", type=Path, help=f"write the report as {what}")
+    _add_outputs(r, ("markdown", "html", "junit"))
+
+    cmp = sub.add_parser("compare", parents=[common],
+                         help="what changed between two saved reports",
+                         description="Compare two saved reports (before/after a change, two "
+                                     "GPUs). Exit 1 when anything got worse: a cell passed -> "
+                                     "failed/error/skipped, a lost cell or dtype, accuracy, an "
+                                     "incomplete run.")
+    cmp.add_argument("a", metavar="A.json", type=Path)
+    cmp.add_argument("b", metavar="B.json", type=Path)
+    cmp.add_argument("--all", action="store_true", help="show unchanged cells too")
+    _add_outputs(cmp, ("markdown",))
+
+    rp = sub.add_parser("replay", parents=[common], help="replay a saved case in this process",
+                        description="Run the two schedules of a case file (check --cases) or "
+                                    "of a report's violation and compare their bits. Exit 1 "
+                                    "when they still differ.")
+    rp.add_argument("path", metavar="CASE.json|REPORT.json", type=Path)
+    rp.add_argument("--backend", metavar="NAME|module:attr",
+                    help="default: the backend the case failed on")
+    rp.add_argument("--device", choices=("cpu", "cuda"), help="default: the case's device")
+    rp.add_argument("--index", type=int, default=0, metavar="N",
+                    help="which violation of a report (default: 0, the first)")
 
     sub.add_parser("list", parents=[common], help="list backends and perturbations")
     e = sub.add_parser("env", parents=[common],
                        help="show GPU, driver, CUDA, torch, triton, Python, platform")
     e.add_argument("--device", choices=("cpu", "cuda"),
                    help="default: cuda when available, else cpu")
-
-    cmp = sub.add_parser("compare", parents=[common],
-                         help="which cells changed verdict between two saved reports",
-                         description="Compare two saved reports (before/after a change, two "
-                                     "GPUs). Exit 1 when a cell went from passed to failed.")
-    cmp.add_argument("a", metavar="A.json", type=Path)
-    cmp.add_argument("b", metavar="B.json", type=Path)
-    cmp.add_argument("--all", action="store_true", help="show unchanged cells too")
-    cmp.add_argument("--markdown", metavar="PATH", type=Path,
-                     help="write the comparison as Markdown")
     return parser
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------------
+
+def _outputs(args: argparse.Namespace) -> dict[str, Path | None]:
+    return {f"--{name}": getattr(args, name, None) for name, _ in _OUTPUTS}
+
+
+def _check_outputs(args: argparse.Namespace, inputs: Sequence[Path] = ()) -> None:
+    from invariance.outputs import check_outputs
+
+    paths: dict[str, Path | None] = _outputs(args)
+    cases = getattr(args, "cases", None)
+    if cases is not None and cases.exists() and not cases.is_dir():
+        raise UsageError(f"--cases: expected a directory, got the file {cases}")
+    check_outputs(paths, inputs)
+
+
+def _write_outputs(report: Report, args: argparse.Namespace) -> list[str]:
+    """Write every requested format; returns the paths written."""
+    from invariance.outputs import write_atomic
+    from invariance.render import to_html, to_junit, to_markdown
+
+    render: dict[str, Callable[[Report], str]] = {
+        "--json": lambda r: r.to_json() + "\n", "--markdown": to_markdown, "--html": to_html,
+        "--junit": to_junit}
+    written = []
+    for flag, path in _outputs(args).items():
+        if path is not None:
+            write_atomic(path, render[flag](report))
+            written.append(str(path))
+    return written
+
+
+def _write_cases(report: Report, directory: Path) -> list[str]:
+    import json
+
+    from invariance.outputs import write_atomic
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, v in enumerate(report.violations):
+        if v.case_data:
+            path = directory / f"case-{i:02d}-{v.perturbation}-{v.dtype}.json"
+            write_atomic(path, json.dumps(v.case_data, indent=1) + "\n")
+            written.append(str(path))
+    return written
 
 
 # --------------------------------------------------------------------------------------------
 # Commands
 # --------------------------------------------------------------------------------------------
-
-def _consoles() -> tuple[Console, Console]:
-    return Console(highlight=False), Console(stderr=True, highlight=False)
-
-
-def _command_line(argv: Sequence[str]) -> str:
-    return shlex.join([PROG, *argv])
-
-
-def _load(path: Path) -> Report:
-    from invariance.report import Report
-
-    return Report.from_json(path)
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from exc
-
-
-def _write_outputs(report: Report, args: argparse.Namespace) -> None:
-    from invariance.render import to_html, to_junit, to_markdown
-
-    if getattr(args, "json", None) is not None:
-        _write(args.json, report.to_json() + "\n")
-    if args.markdown is not None:
-        _write(args.markdown, to_markdown(report))
-    if args.html is not None:
-        _write(args.html, to_html(report))
-    if args.junit is not None:
-        _write(args.junit, to_junit(report))
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
 
 def _progress(err: Console, enabled: bool) -> tuple[
         AbstractContextManager[Any], Callable[[int, int, str], None] | None]:
@@ -174,10 +179,12 @@ def _progress(err: Console, enabled: bool) -> tuple[
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err, transient=True)
+    bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
+                   TimeRemainingColumn(), console=err, transient=True)
     task = bar.add_task("starting", total=None)
 
     def update(done: int, total: int, label: str) -> None:
@@ -186,53 +193,68 @@ def _progress(err: Console, enabled: bool) -> tuple[
     return bar, update
 
 
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        kwargs = collect({o.name: getattr(args, o.name) for o in OPTIONS})
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
+    kwargs.setdefault("backend", DEFAULT_BACKEND)
+    return kwargs
+
+
 def cmd_check(args: argparse.Namespace, argv: Sequence[str], out: Console,
               err: Console) -> int:
-    dtypes = _split(args.dtype) or ["float32"]
-    perturbs = _split(args.perturb) or ["all"]
-    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
-    for d in dtypes:
-        if aliases.get(d, d) not in DTYPE_CHOICES:
-            raise UsageError(f"unknown dtype {d!r}; expected one of {', '.join(DTYPE_CHOICES)}")
-    if args.budget < 1:
-        raise UsageError(f"--budget must be >= 1, got {args.budget}")
-
-    # NOTE: on CPU the kernels need the Triton interpreter; the kernels adapter switches it on
-    # before triton is first imported (nothing here imports triton).
-    import invariance
-
-    device = args.device or _default_device()
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda was requested but torch sees no CUDA GPU here")
-    unknown = [p for p in perturbs if p != "all" and p not in invariance.PERTURBATIONS]
-    if unknown:
-        raise UsageError(f"unknown perturbation {unknown[0]!r}; expected 'all' or one of "
-                         f"{', '.join(invariance.PERTURBATIONS)}")
-    if args.heads is not None:
-        invariance.HeadConfig.parse(args.heads)  # ValueError -> one line, exit 2
-    backend = invariance.resolve_backend(args.backend)  # fail fast on an unknown backend
-
-    command = _command_line(argv)
-    bar, progress = _progress(err, not args.no_progress)
-    with bar:
-        report = invariance.check(
-            backend, dtype=dtypes, heads=args.heads, perturbations=perturbs,
-            budget=args.budget, seed=args.seed, device=device, scale=args.scale,
-            progress=progress)
+    kwargs = _settings(args)
+    _check_outputs(args)
     from invariance.render import print_report
+    from invariance.runner import CheckInterrupted, run_spec
+    from invariance.spec import CheckSpec
 
+    spec = CheckSpec.build(kwargs.pop("backend"), **kwargs)  # ValueError -> one line, exit 2
+    if spec.scale.name == "large" and spec.device.type == "cpu":
+        err.print(Text(f"{PROG}: warning: --scale large on cpu runs production shapes "
+                       f"({spec.total_cases()} cases) on the CPU; expect a long run",
+                       style="yellow"))
+    command = shlex.join([PROG, *argv])
+
+    def save_partial(partial: Report) -> None:
+        if args.json is not None:
+            partial.command = command
+            partial.incomplete = (f"running: {len(partial.results)} of "
+                                  f"{len(spec.dtypes) * len(spec.perturbations)} cells done")
+            from invariance.outputs import write_atomic
+
+            write_atomic(args.json, partial.to_json() + "\n")
+            partial.incomplete = None
+
+    bar, progress = _progress(err, not args.no_progress)
+    status = 0
+    try:
+        with bar:
+            report = run_spec(spec, progress=progress, on_cell=save_partial)
+    except CheckInterrupted as exc:
+        report, status = exc.report, 130
     report.command = command
     print_report(report, out)
-    _write_outputs(report, args)
+    for path in _write_outputs(report, args) + (
+            _write_cases(report, args.cases) if args.cases is not None else []):
+        err.print(Text(f"wrote {path}", style="dim"))
+    if status:
+        err.print(f"{PROG}: interrupted; the partial report is marked incomplete")
+        return status
     return 0 if report.passed else 1
+
+
+def _load(path: Path) -> Report:
+    from invariance.report import Report
+
+    return Report.from_json(path)
 
 
 def cmd_report(args: argparse.Namespace, out: Console) -> int:
     from invariance.render import print_report
 
+    _check_outputs(args, [args.path])
     report = _load(args.path)
     print_report(report, out)
     _write_outputs(report, args)
@@ -240,72 +262,90 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, out: Console) -> int:
+    from invariance.outputs import write_atomic
     from invariance.render import compare_reports, comparison_to_markdown, print_comparison
 
-    a = _load(args.a)
-    b = _load(args.b)
-    comparison = compare_reports(a, b)
+    _check_outputs(args, [args.a, args.b])
+    comparison = compare_reports(_load(args.a), _load(args.b))
     print_comparison(comparison, out, all_cells=args.all)
     if args.markdown is not None:
-        _write(args.markdown, comparison_to_markdown(comparison))
+        write_atomic(args.markdown, comparison_to_markdown(comparison))
     return 1 if comparison.regressed else 0
+
+
+def cmd_replay(args: argparse.Namespace, out: Console) -> int:
+    import json
+
+    import invariance
+    from invariance.report import SCHEMA
+
+    try:
+        data = json.loads(args.path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{args.path}: cannot read: {exc}") from None
+    if isinstance(data, dict) and data.get("schema") == SCHEMA:
+        violations = _load(args.path).violations
+        if not violations:
+            raise UsageError(f"{args.path}: the report holds no violation to replay")
+        if not 0 <= args.index < len(violations) or not violations[args.index].case_data:
+            raise UsageError(f"--index: expected 0..{len(violations) - 1} (a violation with a "
+                             f"saved case), got {args.index}")
+        data = violations[args.index].case_data
+    case = invariance.case_from_dict(data, source=str(args.path))
+    backend = args.backend or data.get("backend") or ""
+    if not backend:
+        raise UsageError("--backend: the case names no backend; give one")
+    device = args.device or data.get("device") or "cpu"
+    out.print(Text(f"replaying {case.perturbation or 'case'} on {backend} ({device})"))
+    out.print(Text(f"  a: {case.a.describe()}\n  b: {case.b.describe()}"))
+    try:
+        cmp = invariance.replay(backend, case.workload, case.a, case.b, device=device)
+    except AssertionError as exc:
+        out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"))
+        return 1
+    out.print(Text(f"identical: {len(cmp.keys)} shared tokens agree bit for bit",
+                   style="bold green"))
+    return 0
 
 
 def cmd_list(out: Console) -> int:
     import invariance
+    from invariance.render import print_listing
 
-    backends = Table(title="backends", title_justify="left")
-    for col in ("name", "importable", "source", "description"):
-        backends.add_column(col, no_wrap=col == "name", overflow="fold")
-    for b in invariance.available_backends():
-        ok = Text("yes", style="green") if b.importable else Text(f"no: {b.reason}",
-                                                                     style="red")
-        backends.add_row(Text(b.name), ok, Text(b.source), Text(b.description))
-    out.print(backends)
-    out.print(Text("any callable 'module:attr' (AttentionBatch -> AttentionResult | (out, lse)) "
-                   "works too", style="dim"))
-    out.print()
-    perts = Table(title="perturbations", title_justify="left")
-    perts.add_column("name", no_wrap=True)
-    perts.add_column("what changes between the two schedules", overflow="fold")
-    perts.add_column("cases/budget", justify="right")
-    perts.add_column("needs")
-    for p in invariance.PERTURBATIONS.values():
-        perts.add_row(Text(p.name), Text(p.description), Text(str(p.cases_per_budget)),
-                      Text("CUDA" if p.requires_cuda else ""))
-    out.print(perts)
+    print_listing(invariance.available_backends(), list(invariance.PERTURBATIONS.values()), out)
     return 0
 
 
 def cmd_env(args: argparse.Namespace, out: Console) -> int:
     import invariance
+    from invariance.render import print_environment
     from invariance.report import Environment
+    from invariance.spec import CheckSpec
 
-    device = args.device or _default_device()
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda was requested but torch sees no CUDA GPU here")
-    e = Environment.capture(device)
-    table = Table(title="environment", title_justify="left", show_header=False)
-    table.add_column("key", style="dim")
-    table.add_column("value", overflow="fold")
-    for key, value in (
-        ("device", f"{e.device} ({e.device_name})"), ("GPUs", str(e.gpu_count)),
-        ("driver", e.driver or "-"), ("CUDA", e.cuda or "-"), ("torch", e.torch),
-        ("triton", e.triton or "not installed"), ("python", e.python),
-        ("platform", e.platform), ("invariance", invariance.__version__),
-        ("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "unset")),
-    ):
-        table.add_row(Text(key), Text(value))
-    out.print(table)
+    device = str(CheckSpec.build("reference", device=args.device).device)
+    print_environment(Environment.capture(device), [
+        ("invariance", invariance.__version__),
+        ("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "unset"))], out)
     return 0
 
 
 # --------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------
+
+def _run(args: argparse.Namespace, argv: Sequence[str], out: Console, err: Console) -> int:
+    if args.command == "check":
+        return cmd_check(args, argv, out, err)
+    if args.command == "report":
+        return cmd_report(args, out)
+    if args.command == "compare":
+        return cmd_compare(args, out)
+    if args.command == "replay":
+        return cmd_replay(args, out)
+    if args.command == "list":
+        return cmd_list(out)
+    return cmd_env(args, out)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``invariance`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit
@@ -316,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
-    out, err = _consoles()
+    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
     if args.version:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -329,17 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        if args.command == "check":
-            return cmd_check(args, argv, out, err)
-        if args.command == "report":
-            return cmd_report(args, out)
-        if args.command == "compare":
-            return cmd_compare(args, out)
-        if args.command == "list":
-            return cmd_list(out)
-        if args.command == "env":
-            return cmd_env(args, out)
-        raise UsageError(f"unknown command {args.command!r}")  # pragma: no cover
+        return _run(args, argv, out, err)
     except KeyboardInterrupt:
         err.print(f"{PROG}: interrupted")
         return 130

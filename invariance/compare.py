@@ -16,11 +16,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["TensorDiff", "bits", "compare_bits", "ulp_distance"]
+if TYPE_CHECKING:
+    from invariance.schedule import ScheduleOutput
+
+__all__ = [
+    "CaseComparison",
+    "TensorDiff",
+    "bits",
+    "compare_bits",
+    "compare_outputs",
+    "ulp_distance",
+]
 
 _INT_VIEW = {
     torch.float16: torch.int16,
@@ -195,3 +205,47 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
         out.append(flat % size)
         flat //= size
     return list(reversed(out))
+
+
+@dataclass
+class CaseComparison:
+    """Bitwise comparison of the (request, token) rows two schedules both computed.
+
+    ``keys[i]`` labels row ``i``; ``differing_rows`` are the indices into ``keys`` whose output
+    row or LSE differs in any bit."""
+
+    keys: list[tuple[int, int]]
+    out: TensorDiff
+    lse: TensorDiff
+    differing_rows: list[int]
+
+    @property
+    def equal(self) -> bool:
+        return self.out.equal and self.lse.equal
+
+    def differing_keys(self, request_id: int | None = None) -> list[tuple[int, int]]:
+        """The differing (request, token) keys, of one request when given."""
+        return [self.keys[i] for i in self.differing_rows
+                if request_id is None or self.keys[i][0] == request_id]
+
+
+def compare_outputs(a: ScheduleOutput, b: ScheduleOutput) -> CaseComparison:
+    """Compare every (request, token) computed by both ``a`` and ``b``, in ``a``'s order."""
+    b_index = b.index()
+    rows_a = [i for i, k in enumerate(a.keys) if k in b_index]
+    keys = [a.keys[i] for i in rows_a]
+    dev = a.out.device
+    ia = torch.tensor(rows_a, dtype=torch.long, device=dev)
+    ib = torch.tensor([b_index[k] for k in keys], dtype=torch.long, device=b.out.device)
+    out_a, out_b = a.out[ia], b.out[ib].to(dev)
+    lse_a, lse_b = a.lse[ia], b.lse[ib].to(dev)
+    out = compare_bits(out_a, out_b, name="out", dims=("request", "token", "head", "dim"),
+                       row_labels=keys)
+    lse = compare_bits(lse_a, lse_b, name="lse", dims=("request", "token", "head"),
+                       row_labels=keys)
+    differing: list[int] = []
+    if not (out.equal and lse.equal):
+        row_diff = (bits(out_a) != bits(out_b)).flatten(1).any(1) | (
+            bits(lse_a) != bits(lse_b)).any(1)
+        differing = torch.nonzero(row_diff).flatten().tolist()
+    return CaseComparison(keys, out, lse, differing)

@@ -266,7 +266,8 @@ def _mixed(ctx: _Ctx) -> Case:
             "mixed", ctx.workload(),
             _one_step(chunks, layout, f"{_words(target)} in a decode-only batch of {n}"),
             _one_step(mixed, layout, f"{_words(target)} in a batch of {n} decodes and "
-                                     f"{len(prefills)} prefill chunks"),
+                                     f"{len(prefills)} prefill chunk"
+                                     f"{'s' if len(prefills) > 1 else ''}"),
             (target.request_id,), {"batch_size": float(len(mixed))},
         )
     target = ctx.prefill_chunk()

@@ -1,29 +1,46 @@
-"""The result of :func:`invariance.check`: a ``Report`` and its versioned JSON form.
+"""The result of :func:`invariance.check`: a ``Report`` and its versioned, validated JSON form.
 
-JSON schema (``"schema": "invariance.report"``, ``"version": 1``)::
+JSON schema ``"schema": "invariance.report"``, ``"version": "1.1"`` (``"MAJOR.MINOR"``)::
 
     {schema, version, backend, device, dtypes[], heads, scale, budget, seed, perturbations[],
-     started_at, seconds, command, passed, environment{...},
+     started_at, seconds, command, incomplete, passed, environment{...},
      results[ {backend, perturbation, dtype, description, status, cases, compared_tokens,
-               num_violations, max_ulp, seconds, error, points[{...}], violations[{...}]} ],
+               num_violations, max_ulp, seconds, error, points[{...}], coverage{...},
+               violations[ {perturbation, dtype, case, schedule_a, schedule_b, request_id,
+                            differing_tokens, compared_tokens, reproducer, shrunk,
+                            classification, note, case_data{...},
+                            diffs[{...}]} ]} ],
      accuracy[ {backend, dtype, rows, max_abs_err_out, rel_err_out, max_abs_err_lse,
-                atol, rtol, lse_atol, nan_rows, passed} ]}
+                worst_ratio, atol, rtol, lse_atol, nan_rows, passed} ]}
 
 ``status`` is one of ``passed``, ``failed``, ``error`` (the backend raised) or ``skipped`` (the
-perturbation needs something absent here, e.g. CUDA; never counted as passed).
+perturbation needs something absent here, e.g. CUDA; never counted as passed). ``incomplete`` is
+``null`` when the run finished, else why it stopped. Non-finite floats are written as the strings
+``"nan"``, ``"inf"``, ``"-inf"``.
+
+Versions: a MINOR version only adds fields. Reading checks every field's presence and type and
+raises :class:`ReportError` naming the file, the field path (``results[3].violations[0].diffs[1]
+.max_ulp``), what was expected and what was found. A file of a newer MINOR version loads: fields
+this version does not know are kept in each object's ``extra`` and written back on save. A newer
+MAJOR version is refused. Version 1.0 files (``"version": 1``) load as before: a field with a
+default may be absent.
 """
 
 from __future__ import annotations
 
+import codecs
 import importlib.metadata
 import json
 import platform
+import re
 import sys
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, NoReturn, TypeVar, cast
 
 from invariance.compare import TensorDiff
+from invariance.outputs import write_atomic
 
 __all__ = [
     "SCHEMA",
@@ -32,13 +49,59 @@ __all__ = [
     "Environment",
     "PerturbationResult",
     "Report",
+    "ReportError",
     "Violation",
 ]
 
 SCHEMA = "invariance.report"
-SCHEMA_VERSION = 1
+#: The schema version written ("MAJOR.MINOR"); this version reads every 1.x.
+SCHEMA_VERSION = "1.1"
+_VERSION = (1, 1)
 
 Status = Literal["passed", "failed", "error", "skipped"]
+_STATUSES: tuple[str, ...] = ("passed", "failed", "error", "skipped")
+
+
+class ReportError(ValueError):
+    """A saved report that cannot be read: which file, which field, what was expected, what
+    was found.
+
+    ``str(error)`` reads ``report FILE: FIELD: expected EXPECTED, got ACTUAL`` (or ``report
+    FILE: PROBLEM`` for a file-level problem such as invalid JSON); ``file`` is ``None`` when the
+    report did not come from a file, ``field`` is ``""`` for the whole document.
+    """
+
+    def __init__(self, problem: str = "", *, file: str | None = None, field: str = "",
+                 expected: str = "", actual: str = "") -> None:
+        self.problem = problem
+        self.file = file
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        parts = [f"report {self.file}" if self.file else "report"]
+        if self.field:
+            parts.append(self.field)
+        parts.append(f"expected {self.expected}, got {self.actual}" if self.expected
+                     else self.problem)
+        return ": ".join(parts)
+
+    def in_file(self, file: str | Path) -> ReportError:
+        """The same error, naming ``file``."""
+        return ReportError(self.problem, file=str(file), field=self.field,
+                           expected=self.expected, actual=self.actual)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_report_error, (self.problem, self.file, self.field, self.expected,
+                                self.actual))
+
+
+def _report_error(problem: str, file: str | None, field: str, expected: str,
+                  actual: str) -> ReportError:
+    return ReportError(problem, file=file, field=field, expected=expected, actual=actual)
 
 
 @dataclass
@@ -54,6 +117,11 @@ class Environment:
     triton: str | None
     python: str
     platform: str
+    #: Fields of a newer schema this version does not know: kept, and written back on save.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _with_extra(_plain(self), self.extra)
 
     @classmethod
     def capture(cls, device: str = "cpu") -> Environment:
@@ -99,6 +167,7 @@ def _driver_version() -> str | None:
     return out.strip().splitlines()[0] if out.strip() else None
 
 
+
 @dataclass
 class Violation:
     """Two schedules that disagree on the bits of some (request, token)."""
@@ -114,21 +183,35 @@ class Violation:
     diffs: list[TensorDiff]
     reproducer: str
     shrunk: bool = False
+    #: What kind of disagreement this is (e.g. ``"nondeterministic"``); ``""`` when unclassified.
+    classification: str = ""
+    #: A remark on how the violation was found (e.g. why shrinking stopped); ``""`` when none.
+    note: str = ""
+    #: The failing case as JSON data (``invariance.replay.case_to_dict``), for ``invariance
+    #: replay``; ``{}`` when not recorded.
+    case_data: dict[str, Any] = field(default_factory=dict)
+    #: Unknown fields of a newer schema: kept, written back on save.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Unknown fields of each of ``diffs`` (same order), kept likewise.
+    diffs_extra: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
     def max_ulp(self) -> int:
         return max((d.max_ulp for d in self.diffs), default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["diffs"] = [x.to_dict() for x in self.diffs]
-        return d
+        d = _plain(self)
+        d["diffs"] = [
+            _with_extra(_jsonable(x.to_dict()),
+                        self.diffs_extra[i] if i < len(self.diffs_extra) else {})
+            for i, x in enumerate(self.diffs)
+        ]
+        return _with_extra(d, self.extra)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Violation:
-        d = dict(d)
-        d["diffs"] = [TensorDiff.from_dict(x) for x in d["diffs"]]
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, Any]) -> Violation:
+        """Read one violation (missing defaulted fields are filled, as in schema 1.0)."""
+        return _Reader((1, 0)).violation(d, "")
 
 
 @dataclass
@@ -151,21 +234,24 @@ class PerturbationResult:
     points: list[dict[str, float]] = field(default_factory=list)
     #: The first violations found (at most ``max_violations``); ``num_violations`` counts all.
     violations: list[Violation] = field(default_factory=list)
+    #: What the cell's cases covered (JSON-serialisable; filled by the check).
+    coverage: dict[str, Any] = field(default_factory=dict)
+    #: Unknown fields of a newer schema: kept, written back on save.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = _plain(self)
         d["violations"] = [v.to_dict() for v in self.violations]
-        return d
+        return _with_extra(d, self.extra)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PerturbationResult:
-        d = dict(d)
-        d["violations"] = [Violation.from_dict(v) for v in d.get("violations", [])]
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, Any]) -> PerturbationResult:
+        """Read one cell (missing defaulted fields are filled, as in schema 1.0)."""
+        return _Reader((1, 0)).result(d, "")
 
 
 @dataclass
@@ -188,21 +274,47 @@ class AccuracyResult:
     lse_atol: float = 0.0
     nan_rows: int = 0
     passed: bool = True
+    #: Unknown fields of a newer schema: kept, written back on save.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (_json_float(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        return _with_extra(_plain(self), self.extra)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AccuracyResult:
-        fields: dict[str, Any] = {
-            k: (float(v) if isinstance(v, str) and k not in ("backend", "dtype") else v)
-            for k, v in d.items()
-        }
-        return cls(**fields)
+    def from_dict(cls, d: Mapping[str, Any]) -> AccuracyResult:
+        """Read one accuracy row (missing defaulted fields are filled, as in schema 1.0)."""
+        return _Reader((1, 0)).accuracy(d, "")
 
 
 def _json_float(x: float) -> float | str:
     return x if x == x and abs(x) != float("inf") else str(x)
+
+
+def _jsonable(x: Any) -> Any:
+    """``x`` as plain JSON data: new containers, tuples as lists, non-finite floats as strings."""
+    if isinstance(x, float):
+        return _json_float(x)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+_NOT_SAVED = ("extra", "diffs_extra")
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A dataclass's saved fields as JSON data (nested dataclasses are the caller's job)."""
+    return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)
+            if f.name not in _NOT_SAVED}
+
+
+def _with_extra(d: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for k, v in extra.items():
+        if k not in d:
+            d[k] = _jsonable(v)
+    return d
 
 
 @dataclass
@@ -224,6 +336,11 @@ class Report:
     seconds: float = 0.0
     #: The command line that produced the report, when a face (CLI, pytest) knows it.
     command: str = ""
+    #: ``None`` when the run finished; otherwise why it stopped (e.g. ``"interrupted
+    #: (KeyboardInterrupt) after 5 of 12 cells"``). An incomplete report never passes.
+    incomplete: str | None = None
+    #: Unknown top-level fields of a newer schema: kept, written back on save.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # --- verdicts ------------------------------------------------------------------------
     @property
@@ -236,10 +353,14 @@ class Report:
         return all(a.passed for a in self.accuracy)
 
     @property
+    def complete(self) -> bool:
+        return self.incomplete is None
+
+    @property
     def passed(self) -> bool:
-        """Invariant, accurate, and at least one cell actually ran."""
+        """Complete, invariant, accurate, and at least one cell actually ran."""
         ran = any(r.status != "skipped" for r in self.results)
-        return ran and self.invariant and self.accurate
+        return ran and self.complete and self.invariant and self.accurate
 
     @property
     def violations(self) -> list[Violation]:
@@ -260,88 +381,98 @@ class Report:
                 return r
         raise KeyError(f"no result for perturbation {perturbation!r} at dtype {dtype!r}")
 
+    def verdict(self) -> str:
+        """``PASSED``, ``FAILED``, ``INCOMPLETE`` (stopped early, nothing failed so far) or
+        ``FAILED, INCOMPLETE``."""
+        if self.passed:
+            return "PASSED"
+        if self.complete:
+            return "FAILED"
+        failing = bool(self.failed_cells()) or not self.accurate
+        return "FAILED, INCOMPLETE" if failing else "INCOMPLETE"
+
     def summary(self) -> str:
         c = self.counts()
-        verdict = "PASSED" if self.passed else "FAILED"
-        acc = "accurate" if self.accurate else "INACCURATE"
-        return (f"{verdict}: backend {self.backend} on {self.device} "
+        # No accuracy word when no accuracy row ran: nothing was measured either way.
+        acc = ("" if not self.accuracy else
+               "accurate; " if self.accurate else "INACCURATE; ")
+        errors = f"{c['error']} error{'' if c['error'] == 1 else 's'}"
+        text = (f"{self.verdict()}: backend {self.backend} on {self.device} "
                 f"({', '.join(self.dtypes)}): {c['passed']} passed, {c['failed']} failed, "
-                f"{c['error']} errors, {c['skipped']} skipped; {acc}; {self.seconds:.1f}s")
+                f"{errors}, {c['skipped']} skipped; {acc}{self.seconds:.1f}s")
+        if self.incomplete is not None:
+            text += f"; stopped early: {self.incomplete}"
+        return text
 
     # --- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
             "backend": self.backend,
             "device": self.device,
-            "dtypes": self.dtypes,
+            "dtypes": list(self.dtypes),
             "heads": self.heads,
             "scale": self.scale,
             "budget": self.budget,
             "seed": self.seed,
-            "perturbations": self.perturbations,
+            "perturbations": list(self.perturbations),
             "started_at": self.started_at,
-            "seconds": self.seconds,
+            "seconds": _json_float(self.seconds),
             "command": self.command,
+            "incomplete": self.incomplete,
             "passed": self.passed,
-            "environment": asdict(self.environment),
+            "environment": self.environment.to_dict(),
             "results": [r.to_dict() for r in self.results],
             "accuracy": [a.to_dict() for a in self.accuracy],
         }
+        return _with_extra(d, self.extra)
 
     def to_json(self, path: str | Path | None = None, *, indent: int = 2) -> str:
-        """The report as JSON text; also written to ``path`` when given."""
+        """The report as JSON text; also written to ``path`` when given, atomically (see
+        :func:`invariance.outputs.write_atomic`; failures raise ``OutputError``)."""
         text = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
         if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
+            write_atomic(Path(path), text + "\n")
         return text
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Report:
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"report: expected schema {SCHEMA!r}, got {d.get('schema')!r}")
-        if d.get("version") != SCHEMA_VERSION:
-            raise ValueError(
-                f"report: expected schema version {SCHEMA_VERSION}, got {d.get('version')!r}"
-            )
-        return cls(
-            backend=d["backend"],
-            device=d["device"],
-            dtypes=list(d["dtypes"]),
-            heads=d["heads"],
-            scale=d["scale"],
-            budget=d["budget"],
-            seed=d["seed"],
-            perturbations=list(d["perturbations"]),
-            environment=Environment(**d["environment"]),
-            results=[PerturbationResult.from_dict(r) for r in d["results"]],
-            accuracy=[AccuracyResult.from_dict(a) for a in d["accuracy"]],
-            started_at=d.get("started_at", ""),
-            seconds=d.get("seconds", 0.0),
-            command=d.get("command", ""),
-        )
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        """Validate and read a report's JSON data; :class:`ReportError` on any problem."""
+        if not isinstance(d, Mapping):
+            raise ReportError(expected="a JSON object", actual=_describe(d))
+        version = _read_version(d)
+        try:
+            return _Reader(version).report(d)
+        except RecursionError:
+            raise ReportError("nested too deeply") from None
 
     @classmethod
-    def from_json(cls, source: str | Path) -> Report:
-        """Read a report from JSON text or from a path to a JSON file."""
-        text = str(source)
-        if isinstance(source, Path) or not text.lstrip().startswith("{"):
-            try:
-                text = Path(source).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ValueError(f"report: cannot read {source}: {exc}") from exc
+    def from_json(cls, source: str | bytes | Path) -> Report:
+        """Read a report from JSON text (``str`` starting with ``{``, or ``bytes``) or from a
+        path to a JSON file. Raises :class:`ReportError`, naming the file, on an unreadable
+        file, invalid UTF-8, invalid JSON or an invalid report."""
+        file: str | None = None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"report: not valid JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ValueError("report: expected a JSON object")
-        return cls.from_dict(data)
+            if isinstance(source, bytes):
+                text = _decode(source)
+            elif isinstance(source, Path) or not source.lstrip().startswith(("{", "[")):
+                file = str(source)
+                try:
+                    raw = Path(source).read_bytes()
+                except OSError as exc:
+                    raise ReportError(f"cannot read it: {exc.strerror or exc}") from None
+                text = _decode(raw)
+            else:
+                text = source
+            return cls.from_dict(_parse(text))
+        except ReportError as exc:
+            raise (exc.in_file(file) if file else exc) from None
 
     @classmethod
     def combine(cls, reports: list[Report]) -> Report:
-        """One report holding the cells of several (e.g. a pytest session's checks)."""
+        """One report holding the cells of several (e.g. a pytest session's checks); incomplete
+        when any of them is."""
         if not reports:
             raise ValueError("combine: expected at least one report")
         first = reports[0]
@@ -349,6 +480,7 @@ class Report:
         def union(values: list[str]) -> list[str]:
             return list(dict.fromkeys(values))
 
+        stopped = [r.incomplete for r in reports if r.incomplete is not None]
         return cls(
             backend=", ".join(union([r.backend for r in reports])),
             device=", ".join(union([r.device for r in reports])),
@@ -363,4 +495,336 @@ class Report:
             accuracy=[a for r in reports for a in r.accuracy],
             started_at=first.started_at,
             seconds=sum(r.seconds for r in reports),
+            incomplete="; ".join(union(stopped)) if stopped else None,
         )
+
+
+# --- reading and validation ---------------------------------------------------------------
+
+def _decode(raw: bytes) -> str:
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start:exc.start + 1].hex()
+        raise ReportError(f"not valid UTF-8 (byte 0x{bad} at offset {exc.start})") from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ReportError(f"not valid JSON: field {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                          ) from None
+    except RecursionError:
+        raise ReportError("not valid JSON: nested too deeply") from None
+    except ReportError:
+        raise
+    except ValueError as exc:  # e.g. an integer too long to convert
+        raise ReportError(f"not valid JSON: {exc}") from None
+
+
+_VERSION_RE = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})")
+
+
+def _read_version(d: Mapping[str, Any]) -> tuple[int, int]:
+    """Check ``schema`` and ``version``; return the file's (MAJOR, MINOR)."""
+    if "schema" not in d:
+        raise ReportError(field="schema", expected=repr(SCHEMA),
+                          actual="nothing (field missing; is this an invariance report?)")
+    if d["schema"] != SCHEMA:
+        raise ReportError(field="schema", expected=repr(SCHEMA), actual=_describe(d["schema"]))
+    expected = f"a string 'MAJOR.MINOR' (this invariance writes {SCHEMA_VERSION!r})"
+    if "version" not in d:
+        raise ReportError(field="version", expected=expected, actual="nothing (field missing)")
+    v = d["version"]
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10**6:
+        version = (v, 0)  # schema 1.0 wrote the integer 1
+    elif isinstance(v, str) and (m := _VERSION_RE.fullmatch(v)):
+        version = (int(m.group(1)), int(m.group(2)))
+    else:
+        raise ReportError(field="version", expected=expected, actual=_describe(v))
+    if version[0] > _VERSION[0]:
+        raise ReportError(f"report schema {version[0]}.{version[1]} is newer than this "
+                          f"invariance (reads {_VERSION[0]}.x); upgrade invariance")
+    if version[0] < _VERSION[0]:
+        raise ReportError(field="version", expected=f"{_VERSION[0]}.x",
+                          actual=_describe(v) + " (an unknown, older schema)")
+    return version
+
+
+_JSON_TYPE = {type(None): "null", bool: "bool", int: "int", float: "float", str: "str",
+              list: "list", dict: "object"}
+
+
+def _describe(value: Any, limit: int = 60) -> str:
+    """A value's JSON type and a shortened rendering, e.g. ``str '12'``, ``list [1, 2, ...]``."""
+    if value is None:
+        return "null"
+    kind = _JSON_TYPE.get(type(value), type(value).__name__)
+    if isinstance(value, str):
+        shown = repr(value)
+    else:
+        try:
+            shown = json.dumps(value, default=repr, ensure_ascii=True)
+        except (TypeError, ValueError, RecursionError):
+            shown = repr(value)
+    if len(shown) > limit:
+        shown = shown[:limit - 3] + "..."
+    return f"{kind} {shown}"
+
+
+_T = TypeVar("_T")
+_MISSING = object()
+_NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+class _Field(Generic[_T]):
+    """How one field is read: a description of what is expected, and the reading function
+    (``value, path -> T``; it raises :class:`ReportError`)."""
+
+    def __init__(self, expected: str, read: Callable[[Any, str], _T]) -> None:
+        self.expected = expected
+        self.read = read
+
+
+def _fail(path: str, expected: str, value: Any) -> NoReturn:
+    raise ReportError(field=path, expected=expected, actual=_describe(value))
+
+
+def _check_text(value: str, path: str, expected: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ReportError(field=path, expected=expected,
+                          actual="str with a lone surrogate (not valid Unicode)") from None
+    return value
+
+
+def _str(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        _fail(path, "str", value)
+    return _check_text(value, path, "str")
+
+
+def _int(value: Any, path: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        _fail(path, "int", value)
+    return value
+
+
+_FLOAT_EXPECTED = "number (or 'nan', 'inf', '-inf')"
+
+
+def _float(value: Any, path: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond any float
+            _fail(path, _FLOAT_EXPECTED, value)
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    _fail(path, _FLOAT_EXPECTED, value)
+
+
+def _number(value: Any, path: str) -> float:
+    """A number kept as read (an int stays an int), or a non-finite float string."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    _fail(path, _FLOAT_EXPECTED, value)
+
+
+def _bool(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(path, "bool", value)
+    return value
+
+
+def _status(value: Any, path: str) -> Status:
+    if not isinstance(value, str) or value not in _STATUSES:
+        _fail(path, "one of " + ", ".join(repr(s) for s in _STATUSES), value)
+    return cast(Status, value)
+
+
+def _key(k: Any, path: str) -> str:
+    if not isinstance(k, str):
+        raise ReportError(field=path, expected="str keys", actual=_describe(k))
+    return _check_text(k, path, "str keys")
+
+
+def _json(value: Any, path: str) -> Any:
+    """Any JSON value (checked: JSON types only, valid Unicode strings); a new copy."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return _check_text(value, path, "a JSON value")
+    if isinstance(value, list):
+        return [_json(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {_key(k, path): _json(v, f"{path}.{k}") for k, v in value.items()}
+    _fail(path, "a JSON value", value)
+
+
+def _json_object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _fail(path, "object", value)
+    return cast(dict[str, Any], _json(value, path))
+
+
+def _opt(f: _Field[_T]) -> _Field[_T | None]:
+    return _Field(f"{f.expected} or null", lambda v, p: None if v is None else f.read(v, p))
+
+
+def _list(f: _Field[_T]) -> _Field[list[_T]]:
+    def read(value: Any, path: str) -> list[_T]:
+        if not isinstance(value, list):
+            _fail(path, f"list of {f.expected}", value)
+        return [f.read(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return _Field(f"list of {f.expected}", read)
+
+
+def _mapping(f: _Field[_T]) -> _Field[dict[str, _T]]:
+    expected = f"object of {f.expected}"
+
+    def read(value: Any, path: str) -> dict[str, _T]:
+        if not isinstance(value, dict):
+            _fail(path, expected, value)
+        return {_key(k, path): f.read(v, f"{path}.{k}") for k, v in value.items()}
+    return _Field(expected, read)
+
+
+def _pair(value: Any, path: str) -> tuple[str, str]:
+    if not isinstance(value, list) or len(value) != 2:
+        _fail(path, "list of 2 str", value)
+    return (_str(value[0], f"{path}[0]"), _str(value[1], f"{path}[1]"))
+
+
+_STR = _Field("str", _str)
+_INT = _Field("int", _int)
+_FLOAT = _Field(_FLOAT_EXPECTED, _float)
+_BOOL = _Field("bool", _bool)
+_OPT_STR = _opt(_STR)
+
+#: (type, may be absent in a 1.0 file) per field, in the order they are checked.
+_Spec = dict[str, tuple[_Field[Any], bool]]
+
+_ENVIRONMENT: _Spec = {
+    "device": (_STR, False), "device_name": (_STR, False), "gpu_count": (_INT, False),
+    "driver": (_OPT_STR, False), "cuda": (_OPT_STR, False), "torch": (_STR, False),
+    "triton": (_OPT_STR, False), "python": (_STR, False), "platform": (_STR, False),
+}
+_DIFF: _Spec = {
+    "name": (_STR, False),
+    "shape": (_Field("list of int", lambda v, p: tuple(_list(_INT).read(v, p))), False),
+    "dtype": (_STR, False), "num_elements": (_INT, False), "num_different": (_INT, False),
+    "nan_mismatches": (_INT, False), "max_abs_diff": (_FLOAT, False), "max_ulp": (_INT, False),
+    "first_index": (_opt(_mapping(_INT)), False),
+    "first_values": (_opt(_Field("list of 2 str", _pair)), True),
+}
+_ACCURACY: _Spec = {
+    "backend": (_STR, False), "dtype": (_STR, False), "rows": (_INT, True),
+    "max_abs_err_out": (_FLOAT, True), "rel_err_out": (_FLOAT, True),
+    "max_abs_err_lse": (_FLOAT, True), "worst_ratio": (_FLOAT, True), "atol": (_FLOAT, True),
+    "rtol": (_FLOAT, True), "lse_atol": (_FLOAT, True), "nan_rows": (_INT, True),
+    "passed": (_BOOL, True),
+}
+_POINTS = _list(_mapping(_Field(_FLOAT_EXPECTED, _number)))
+_OBJECT = _Field("object", _json_object)
+
+
+class _Reader:
+    """Validates and reads report data of one schema version."""
+
+    def __init__(self, version: tuple[int, int]) -> None:
+        self.version = version
+        #: 1.0 files may leave out a field with a default; from 1.1 on every field is written.
+        self.lenient = version < (1, 1)
+
+    def fields(self, d: Any, path: str, spec: _Spec) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Read ``spec``'s fields of object ``d``; return them and the unknown fields."""
+        if not isinstance(d, Mapping):
+            _fail(path or "(report)", "object", d)
+        values: dict[str, Any] = {}
+        for name, (f, optional) in spec.items():
+            where = f"{path}.{name}" if path else name
+            value = d.get(name, _MISSING)
+            if value is _MISSING:
+                if optional and self.lenient:
+                    continue
+                raise ReportError(field=where, expected=f.expected,
+                                  actual="nothing (field missing)")
+            values[name] = f.read(value, where)
+        extra = {_key(k, path or "(report)"): _json(v, f"{path}.{k}" if path else str(k))
+                 for k, v in d.items() if k not in spec}
+        return values, extra
+
+    def environment(self, d: Any, path: str) -> Environment:
+        values, extra = self.fields(d, path, _ENVIRONMENT)
+        return Environment(**values, extra=extra)
+
+    def diff(self, d: Any, path: str) -> tuple[TensorDiff, dict[str, Any]]:
+        values, extra = self.fields(d, path, _DIFF)
+        values.setdefault("first_values", None)
+        return TensorDiff(**values), extra
+
+    def violation(self, d: Any, path: str) -> Violation:
+        diffs = _Field("list of object", lambda v, p: _list(
+            _Field("object", self.diff)).read(v, p))
+        spec: _Spec = {
+            "perturbation": (_STR, False), "dtype": (_STR, False), "case": (_INT, False),
+            "schedule_a": (_STR, False), "schedule_b": (_STR, False),
+            "request_id": (_INT, False), "differing_tokens": (_INT, False),
+            "compared_tokens": (_INT, False), "diffs": (diffs, False),
+            "reproducer": (_STR, False), "shrunk": (_BOOL, True), "classification": (_STR, True),
+            "note": (_STR, True), "case_data": (_OBJECT, True),
+        }
+        values, extra = self.fields(d, path, spec)
+        pairs = values.pop("diffs")
+        return Violation(**values, diffs=[x for x, _ in pairs],
+                         diffs_extra=[e for _, e in pairs], extra=extra)
+
+    def result(self, d: Any, path: str) -> PerturbationResult:
+        spec: _Spec = {
+            "backend": (_STR, False), "perturbation": (_STR, False), "dtype": (_STR, False),
+            "description": (_STR, False), "status": (_Field("status", _status), False),
+            "cases": (_INT, True), "compared_tokens": (_INT, True),
+            "num_violations": (_INT, True), "max_ulp": (_INT, True), "seconds": (_FLOAT, True),
+            "error": (_OPT_STR, True), "points": (_POINTS, True), "coverage": (_OBJECT, True),
+            "violations": (_list(_Field("object", self.violation)), True),
+        }
+        values, extra = self.fields(d, path, spec)
+        return PerturbationResult(**values, extra=extra)
+
+    def accuracy(self, d: Any, path: str) -> AccuracyResult:
+        values, extra = self.fields(d, path, _ACCURACY)
+        return AccuracyResult(**values, extra=extra)
+
+    def report(self, d: Mapping[str, Any]) -> Report:
+        spec: _Spec = {
+            "schema": (_STR, False), "version": (_Field("version", lambda v, p: v), False),
+            "backend": (_STR, False), "device": (_STR, False), "dtypes": (_list(_STR), False),
+            "heads": (_STR, False), "scale": (_STR, False), "budget": (_INT, False),
+            "seed": (_INT, False), "perturbations": (_list(_STR), False),
+            "started_at": (_STR, True), "seconds": (_FLOAT, True), "command": (_STR, True),
+            "incomplete": (_OPT_STR, True),
+            "passed": (_BOOL, True),  # derived from the cells: checked, not trusted
+            "environment": (_Field("object", self.environment), False),
+            "results": (_list(_Field("object", self.result)), True),
+            "accuracy": (_list(_Field("object", self.accuracy)), True),
+        }
+        values, extra = self.fields(d, "", spec)
+        for derived in ("schema", "version", "passed"):
+            values.pop(derived, None)
+        return Report(**values, extra=extra)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -148,10 +148,10 @@ class Schedule:
         """The schedule in words."""
         if self.label:
             head = self.label
-        elif len(self.steps) == 1:
-            head = f"one call of {self.steps[0].batch_size} request(s)"
         else:
-            head = f"{len(self.steps)} calls"
+            head = "; then ".join(_describe_step(st) for st in self.steps[:4])
+            if len(self.steps) > 4:
+                head += f"; then {len(self.steps) - 4} more calls"
         extras = [self.layout.describe()]
         if self.graph:
             extras.append("captured and replayed as a CUDA graph")
@@ -159,8 +159,16 @@ class Schedule:
             extras.append("allocator pre-filled with NaN")
         return f"{head} ({'; '.join(extras)})"
 
-    def with_layout(self, **changes: object) -> Schedule:
-        return replace(self, layout=replace(self.layout, **changes))  # type: ignore[arg-type]
+
+
+def _describe_step(step: Step) -> str:
+    """One call in words, listing its chunks when there are few."""
+    n = step.batch_size
+    if n == 1:
+        return f"{step.chunks[0].describe()} alone"
+    if n <= 4:
+        return f"one call of {n} requests: " + " + ".join(c.describe() for c in step.chunks)
+    return f"one call of {n} requests"
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from invariance.check import CaseComparison, replay
+from invariance.compare import CaseComparison
+from invariance.replay import replay
 from invariance.schedule import Chunk, PageLayout, Schedule, Step
 from invariance.workload import HeadConfig, Request, Workload, parse_dtype
 

@@ -10,10 +10,13 @@ its last bit, so compare schedules on one device.)
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+
+from _invariance_options import DTYPE_NAMES, canonical_dtype
 
 __all__ = [
     "DTYPES",
@@ -25,11 +28,7 @@ __all__ = [
 ]
 
 #: The dtypes the toolkit knows, by their public names.
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 Kind = Literal["q", "k", "v"]
 _KIND_CODE = {"q": 1, "k": 2, "v": 3}
@@ -37,19 +36,14 @@ _MASK32 = 0xFFFFFFFF
 
 
 def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """Return the torch dtype for ``dtype`` (a torch dtype or one of :data:`DTYPES`' names)."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(
-                f"dtype: expected one of {sorted(DTYPES)}, got {dtype}"
-            )
-        return dtype
-    name = str(dtype).removeprefix("torch.")
-    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
-    name = aliases.get(name, name)
-    if name not in DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[name]
+    """Return the torch dtype for ``dtype``: a torch dtype, a public name or an alias (the one
+    table of names and aliases is ``_invariance_options.DTYPE_ALIASES``)."""
+    if isinstance(dtype, torch.dtype) and dtype not in DTYPES.values():
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype}")
+    if not isinstance(dtype, (torch.dtype, str)):
+        raise ValueError(f"dtype: expected a torch.dtype or one of {', '.join(DTYPES)}, got "
+                         f"{dtype!r}")
+    return DTYPES[canonical_dtype(dtype)]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -80,8 +74,8 @@ class HeadConfig:
     @classmethod
     def parse(cls, text: str) -> HeadConfig:
         """Parse ``"Hq:Hkv:D"`` (e.g. ``"32:8:128"``)."""
-        parts = text.split(":")
-        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        parts = text.split(":") if isinstance(text, str) else []
+        if len(parts) != 3 or not all(re.fullmatch(r"\s*[0-9]+\s*", p) for p in parts):
             raise ValueError(f"heads: expected 'Hq:Hkv:D' with positive integers, got {text!r}")
         hq, hkv, d = (int(p) for p in parts)
         return cls(hq, hkv, d)

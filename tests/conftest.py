@@ -3,8 +3,9 @@
 - Without CUDA, Triton kernels run in the Triton interpreter: ``TRITON_INTERPRET=1`` must be set
   before triton is first imported (``triton.jit`` reads it when a kernel is decorated), so it is
   set here, at conftest import time.
-- The dtype under test comes from ``INVARIANCE_DTYPE`` (float16 | bfloat16 | float32; default
-  float32) so that one suite serves the three nox sessions.
+- Tests whose result depends on the dtype take the ``dtype`` fixture: it runs them once per
+  dtype (float16, bfloat16, float32) in one pytest run; ``INVARIANCE_DTYPE=float16`` (or a
+  comma list) narrows it. Tests that do not depend on the dtype do not take it and run once.
 """
 
 from __future__ import annotations
@@ -26,20 +27,24 @@ if "TRITON_INTERPRET" not in os.environ:
 import pytest
 import torch
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+from _invariance_options import DTYPE_NAMES, dtype_names
 
 
-def dtype_under_test() -> torch.dtype:
-    name = os.environ.get("INVARIANCE_DTYPE", "float32")
-    if name not in DTYPES:
-        raise pytest.UsageError(f"INVARIANCE_DTYPE: expected one of {sorted(DTYPES)}, got {name}")
-    return DTYPES[name]
+def dtypes_under_test() -> list[str]:
+    """The dtypes of this run: ``INVARIANCE_DTYPE`` (a name or comma list), else all."""
+    value = os.environ.get("INVARIANCE_DTYPE", "").strip()
+    if not value:
+        return list(DTYPE_NAMES)
+    try:
+        return dtype_names(value.split(","), what="INVARIANCE_DTYPE")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
-@pytest.fixture(scope="session")
-def dtype() -> torch.dtype:
-    """The dtype under test, from ``INVARIANCE_DTYPE``."""
-    return dtype_under_test()
+@pytest.fixture(scope="session", params=dtypes_under_test())
+def dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    """The dtype under test (a parameter: one run per dtype)."""
+    return getattr(torch, request.param)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 import invariance
@@ -32,7 +35,8 @@ def test_batch_variant_control_is_caught(dtype: torch.dtype) -> None:
     assert {"batch_size", "neighbors"} <= failed
     assert "repeat" not in failed  # it is deterministic, only batch-variant
     v = report.cell("batch_size", report.dtypes[0]).violations[0]
-    assert "alone" in v.schedule_a and "batch of" in v.schedule_b
+    # Shrunk: described from the case shown (the target alone vs next to one other request).
+    assert v.shrunk and "alone" in v.schedule_a and "one call of 2 requests" in v.schedule_b
     assert v.differing_tokens > 0 and v.max_ulp > 0
     assert any(d.name == "lse" for d in v.diffs)
 
@@ -106,8 +110,6 @@ def test_same_seed_same_cases_and_json_round_trip(tmp_path: object) -> None:
 
 
 def test_argument_errors() -> None:
-    import pytest
-
     with pytest.raises(ValueError, match="unknown name 'nope'"):
         invariance.check("nope", device="cpu")
     with pytest.raises(ValueError, match="perturbation: unknown name 'sideways'"):
@@ -123,8 +125,17 @@ def test_argument_errors() -> None:
             invariance.check("reference", device="cuda")
 
 
+def test_asking_for_what_the_device_cannot_do_is_a_usage_error() -> None:
+    with pytest.raises(ValueError, match="perturbations: cuda_graph needs a CUDA device"):
+        invariance.check("reference", device="cpu", perturbations=["cuda_graph"])
+
+
 def test_nothing_run_is_neither_passed_nor_inaccurate() -> None:
-    # On CPU the only requested perturbation needs CUDA: it is skipped, nothing runs.
-    report = invariance.check("reference", device="cpu", perturbations=["cuda_graph"])
+    # Under "all" on CPU, cuda_graph is a visible skip; a spec of only it runs nothing.
+    spec = invariance.CheckSpec.build("reference", device="cpu")
+    spec = dataclasses.replace(spec, perturbations=(invariance.PERTURBATIONS["cuda_graph"],))
+    report = invariance.run_spec(spec)
     assert report.results[0].status == "skipped"
+    assert report.results[0].error == "needs a CUDA device"
     assert report.accuracy == [] and not report.passed
+    assert "accurate" not in report.summary() and "INACCURATE" not in report.summary()

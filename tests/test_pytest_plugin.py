@@ -20,8 +20,9 @@ import torch
 # abort when imported twice in one process, so everything the runs use is imported here first.
 import invariance.backends.reference
 import invariance.backends.torch_backends
-import invariance.check  # noqa: F401
-from invariance.pytest_plugin import CUDA_SKIP_REASON, Settings, add_options
+import invariance.runner  # noqa: F401
+from _invariance_options import add_options, collect
+from _invariance_pytestplugin import CUDA_SKIP_REASON, Settings
 from invariance.report import Environment, Report
 
 Environment.capture("cpu")  # imports triton, when installed
@@ -81,10 +82,10 @@ def test_batch_variant_function_fails_naming_the_perturbation(project: pytest.Py
     result.stdout.fnmatch_lines([
         "invariance: FAILED: backend my_backends:my_batch_variant_attention on cpu (float32)*",
         "  mixed [[]float32[]]: * of 4 case(s) differ, max * ULP, max |diff| *",
-        "    a: request * in a *",
-        "    b: request * in a batch of *",
-        "    request *: * of * token(s) differ",
-        "    *: * of * elements differ (max |diff| *, max * ULP); first at request=*",
+        "    case *, request * (batch-variant): * of * token* differ, shrunk",
+        "      a: request * alone *",
+        "      b: one call of * requests: *",
+        "      *: * of * elements differ (max |diff| *, max * ULP); first at request=*",
         "minimal reproducer (shrunk mixed [[]float32[]]; raises with the diff):",
         "    import invariance",
         "    workload = Workload(requests=(Request(*",
@@ -95,7 +96,7 @@ def test_batch_variant_function_fails_naming_the_perturbation(project: pytest.Py
     out = result.stdout.str()
     assert "order [float32]" not in out  # passed cells are not listed
     # pytest.fail(pytrace=False): the message, not a traceback through the plugin.
-    assert "pytest_plugin.py" not in out
+    assert "_invariance_pytestplugin.py" not in out
     assert "def test_it" not in out
 
 
@@ -179,7 +180,7 @@ def test_unused_plugin_does_not_import_torch(pytester: pytest.Pytester) -> None:
             assert pytestconfig.pluginmanager.has_plugin("invariance")
             heavy = sorted(m for m in sys.modules
                            if m.split(".")[0] == "torch" or m.startswith("invariance."))
-            assert heavy == ["invariance.pytest_plugin"]
+            assert heavy == []
     """)
     pytester.runpytest_subprocess().assert_outcomes(passed=1)
 
@@ -188,14 +189,13 @@ def test_plugin_module_imports_nothing_heavy() -> None:
     """``python -X importtime``: loading the plugin imports pytest and nothing of torch or the
     invariance core."""
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import invariance.pytest_plugin"],
+        [sys.executable, "-X", "importtime", "-c", "import _invariance_pytestplugin"],
         capture_output=True, text=True, check=True)
     modules = {line.split("|")[-1].strip() for line in proc.stderr.splitlines()
                if line.startswith("import time:")}
-    assert "invariance.pytest_plugin" in modules
+    assert {"_invariance_pytestplugin", "_invariance_options"} <= modules
     assert not {m for m in modules if m.split(".")[0] in ("torch", "triton", "numpy", "rich")}
-    assert {m for m in modules if m.startswith("invariance")} == {
-        "invariance", "invariance.pytest_plugin"}
+    assert not {m for m in modules if m.startswith("invariance")}
 
 
 # ------------------------------------------------------------------------------------------
@@ -206,9 +206,11 @@ def test_options_are_shared_with_argparse() -> None:
     parser = argparse.ArgumentParser()
     add_options(parser.add_argument, prefix="")
     ns = parser.parse_args(["--dtype", "float16", "--dtype", "bf16", "--budget", "3",
-                            "--seed", "9", "--device", "cpu", "--report", "r.json"])
-    assert (ns.dtype, ns.budget, ns.seed, ns.device, ns.report) == (
-        ["float16", "bf16"], "3", "9", "cpu", "r.json")
+                            "--seed", "9", "--device", "cpu", "--no-shrink"])
+    assert (ns.dtype, ns.budget, ns.seed, ns.device, ns.shrink) == (
+        ["float16", "bf16"], "3", "9", "cpu", True)
+    assert collect(vars(ns)) == {"dtype": ["float16", "bfloat16"], "budget": 3, "seed": 9,
+                                 "device": "cpu", "shrink": False}
 
 
 def test_options_set_the_fixture_defaults(pytester: pytest.Pytester) -> None:
@@ -223,7 +225,7 @@ def test_options_set_the_fixture_defaults(pytester: pytest.Pytester) -> None:
         "--invariance-seed=11", "--invariance-device=cpu")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "invariance: dtypes float16, bfloat16, budget 2, seed 11, device cpu",
+        "invariance: dtype float16, bfloat16, budget 2, seed 11, device cpu",
         "1 check(s): 1 passed, 0 failed (seed 11)",
     ])
 
@@ -299,10 +301,11 @@ def test_marker_is_registered(pytester: pytest.Pytester) -> None:
 
 
 @pytest.mark.parametrize(("option", "message"), [
-    ("--invariance-budget=0", "invariance budget: expected an int >= 1, got '0'"),
-    ("--invariance-seed=x", "invariance seed: expected an int >= 0, got 'x'"),
-    ("--invariance-dtype=float8", "invariance dtype: expected one of float16, bfloat16, "
-                                  "float32, got 'float8'"),
+    ("--invariance-budget=0", "invariance: budget: expected an int >= 1, got 0"),
+    ("--invariance-seed=x", "invariance: seed: expected an int >= 0, got 'x'"),
+    ("--invariance-dtype=float8", "invariance: dtype: expected one of float16, bfloat16, "
+                                  "float32 (or an alias: *), got 'float8'"),
+    ("--invariance-dtype=", "invariance: dtype: expected at least one value, got ''"),
 ])
 def test_bad_options_are_usage_errors(pytester: pytest.Pytester, option: str,
                                       message: str) -> None:

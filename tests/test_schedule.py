@@ -79,4 +79,6 @@ def test_run_schedule_collects_rows_and_skips_padding() -> None:
     out = run_schedule(reference_backend, wl, schedule, "cpu")
     assert out.keys == [(0, t) for t in range(6)]
     assert out.out.shape == (6, 4, 64) and out.lse.shape == (6, 4)
-    assert "2 calls" in schedule.describe() and "page size 2" in schedule.describe()
+    words = schedule.describe()
+    assert "one call of 2 requests" in words and "; then request 0 prefill" in words
+    assert "page size 2" in words

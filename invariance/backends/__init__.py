@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 
+from _invariance_options import DTYPE_NAMES
 from invariance.batch import AttentionBatch
 
-__all__ = ["BUILTIN", "Backend", "BackendInfo", "ResolvedBackend", "available", "resolve"]
+__all__ = [
+    "BUILTIN",
+    "Backend",
+    "BackendInfo",
+    "Capabilities",
+    "ResolvedBackend",
+    "available",
+    "capabilities",
+    "resolve",
+]
 
 Backend = Callable[[AttentionBatch], object]
 
@@ -23,40 +36,70 @@ ENTRY_POINT_GROUP = "invariance.backends"
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a backend can run. A backend declares it as its ``capabilities`` attribute; asking
+    a check for anything outside it is a usage error before anything runs.
+
+    - ``dtypes``: public dtype names; ``head_dims``: supported head dims (``None``: any);
+    - ``devices``: device types (``"cpu"``, ``"cuda"``);
+    - ``cuda_graphs``: whether the backend can be captured in a CUDA graph (no host syncs,
+      no host-side planning inside the call).
+    """
+
+    dtypes: tuple[str, ...] = DTYPE_NAMES
+    head_dims: tuple[int, ...] | None = None
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    cuda_graphs: bool = True
+
+
+def capabilities(backend: object) -> Capabilities:
+    """The backend's declared :class:`Capabilities` (everything, when it declares none)."""
+    fn = backend.fn if isinstance(backend, ResolvedBackend) else backend
+    caps = getattr(fn, "capabilities", None)
+    if caps is None:
+        return Capabilities()
+    if not isinstance(caps, Capabilities):
+        raise ValueError(f"backend: expected its 'capabilities' attribute to be an "
+                         f"invariance.Capabilities, got {type(caps).__name__}")
+    return caps
+
+
+@dataclass(frozen=True)
 class _Builtin:
     target: str
     description: str
-    invariant: bool  # what the backend is expected to be; False marks a control
+    #: Modules the adapter needs, found without importing them (see _importable).
+    needs: tuple[str, ...] = ()
 
 
-#: Built-in backends: name -> (target, description).
+_KERNELS = ("kernels", "triton")
+
+#: Built-in backends: name -> (target, description, modules it needs).
 BUILTIN: dict[str, _Builtin] = {
     "reference": _Builtin(
         "invariance.backends.reference:reference_backend",
-        "float64 torch, one query row at a time: invariant by construction; the accuracy oracle",
-        True),
+        "float64 torch, one query row at a time: invariant by construction; the accuracy oracle"),
     "sdpa": _Builtin(
         "invariance.backends.torch_backends:sdpa_backend",
-        "torch scaled_dot_product_attention on the batch padded to dense (lse by logsumexp)",
-        False),
+        "torch scaled_dot_product_attention on the batch padded to dense (lse by logsumexp)"),
     "torch-batch-variant": _Builtin(
         "invariance.backends.torch_backends:batch_variant_backend",
         "CONTROL: float32 torch attention whose KV chunk size follows the batch size "
-        "(deliberately not invariant)",
-        False),
+        "(deliberately not invariant)"),
     "kernels": _Builtin(
         "invariance.backends.kernels:invariant",
-        "Triton paged attention, fixed split size, plan chosen per batch (invariant)", True),
+        "Triton paged attention, fixed split size, plan chosen per batch (invariant)", _KERNELS),
     "kernels-fused": _Builtin(
         "invariance.backends.kernels:fused",
-        "Triton paged attention, fixed split size, fused plan (invariant)", True),
+        "Triton paged attention, fixed split size, fused plan (invariant)", _KERNELS),
     "kernels-split": _Builtin(
         "invariance.backends.kernels:split",
-        "Triton paged attention, fixed split size, split-parallel plan + merge (invariant)", True),
+        "Triton paged attention, fixed split size, split-parallel plan + merge (invariant)",
+        _KERNELS),
     "kernels-heuristic": _Builtin(
         "invariance.backends.kernels:heuristic",
         "CONTROL: Triton paged attention with FA2-style split count from the batch "
-        "(deliberately not invariant)", False),
+        "(deliberately not invariant)", _KERNELS),
 }
 
 
@@ -83,16 +126,37 @@ class BackendInfo:
     reason: str  # why not importable ("" when it is)
 
 
-def _load(target: str) -> Backend:
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"backend: expected 'module:attr', got {target!r}")
+def _import(module_name: str, target: str) -> object:
+    """Import ``module_name``; a name ending in ``.py`` is a file path (a backend defined in a
+    script or a test file, so that its reproducer replays in another process)."""
     try:
-        module = importlib.import_module(module_name)
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise ImportError(f"no file {module_name}")
+            spec = importlib.util.spec_from_file_location(f"_invariance_backend_{path.stem}",
+                                                          path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {module_name}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(
             f"backend {target!r}: cannot import module {module_name!r}: {exc}"
         ) from exc
+
+
+def _load(target: str) -> Backend:
+    # A file path may itself hold ':' (Windows drives): split at the last one after '.py'.
+    split = target.rpartition if ".py:" in target else target.partition
+    module_name, sep, attr = split(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"backend: expected 'module:attr' or 'path/file.py:attr', got "
+                         f"{target!r}")
+    module = _import(module_name, target)
     obj: object = module
     for part in attr.split("."):
         try:
@@ -110,6 +174,30 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _callable_name(fn: object) -> str:
+    """``module:qualname`` of a callable; ``path/file.py:qualname`` when its module cannot be
+    imported by name elsewhere (``__main__``, a test file), so that reproducers replay."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", None)
+    if not module:
+        return name
+    importable = module != "__main__" and not module.startswith("_invariance_backend_")
+    if importable:
+        try:
+            importable = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            importable = False
+    if not importable:
+        target = fn if inspect.isfunction(fn) else type(fn)
+        try:
+            source = inspect.getsourcefile(target)  # type: ignore[arg-type]
+        except TypeError:
+            source = None
+        if source:
+            return f"{source}:{name}"
+    return f"{module}:{name}"
+
+
 def resolve(spec: str | Backend) -> ResolvedBackend:
     """Turn a backend name, ``"module:attr"`` string or callable into a :class:`ResolvedBackend`.
 
@@ -118,9 +206,7 @@ def resolve(spec: str | Backend) -> ResolvedBackend:
     if isinstance(spec, ResolvedBackend):
         return spec
     if callable(spec):
-        name = getattr(spec, "__qualname__", None) or type(spec).__name__
-        module = getattr(spec, "__module__", None)
-        return ResolvedBackend(f"{module}:{name}" if module else name, spec)
+        return ResolvedBackend(_callable_name(spec), spec)
     if not isinstance(spec, str):
         raise ValueError(f"backend: expected a name, 'module:attr' or a callable, got {spec!r}")
     if spec in BUILTIN:
@@ -136,9 +222,7 @@ def resolve(spec: str | Backend) -> ResolvedBackend:
     )
 
 
-def _importable(target: str) -> tuple[bool, str]:
-    module_name = target.partition(":")[0]
-    needs = {"invariance.backends.kernels": ("kernels", "triton")}.get(module_name, ())
+def _importable(target: str, needs: tuple[str, ...] = ()) -> tuple[bool, str]:
     try:
         # NOTE: find the dependencies without importing them: importing triton here would fix
         # its interpreter mode before the kernels adapter can switch it on for CPU tensors.
@@ -156,7 +240,7 @@ def available() -> list[BackendInfo]:
     not."""
     infos = []
     for name, b in BUILTIN.items():
-        ok, why = _importable(b.target)
+        ok, why = _importable(b.target, b.needs)
         infos.append(BackendInfo(name, b.target, b.description, "builtin", ok, why))
     for name, target in sorted(_entry_points().items()):
         ok, why = _importable(target)

@@ -18,14 +18,20 @@ from invariance.render.console import print_comparison, print_report
 from invariance.render.html import to_html
 from invariance.render.junit import to_junit
 from invariance.render.markdown import comparison_to_markdown, to_markdown
+from invariance.render.tables import print_environment, print_listing
+from invariance.render.text import failure_text, summary_lines
 
 __all__ = [
     "CellChange",
     "ReportComparison",
     "compare_reports",
     "comparison_to_markdown",
+    "failure_text",
     "print_comparison",
+    "print_environment",
+    "print_listing",
     "print_report",
+    "summary_lines",
     "to_html",
     "to_junit",
     "to_markdown",

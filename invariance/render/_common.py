@@ -26,6 +26,7 @@ __all__ = [
     "grid",
     "more_violations",
     "plot_feature",
+    "plural",
     "shown_violations",
     "verdict",
     "violation_heading",
@@ -50,7 +51,12 @@ FEATURE_ORDER = ("batch_size", "neighbor_len", "chunk_size", "page_size", "posit
 
 
 def verdict(report: Report) -> str:
-    return "PASSED" if report.passed else "FAILED"
+    return report.verdict()
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 case``, ``2 cases`` (``words`` for irregular plurals)."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 def fmt_float(x: float) -> str:
@@ -111,9 +117,14 @@ def violation_title(cell: PerturbationResult) -> str:
 
 
 def violation_heading(v: Violation) -> str:
+    """``case 2, request 0 (batch-variant): 3 of 19 tokens differ, shrunk``; a
+    nondeterministic violation says so in capitals, it is not about this perturbation."""
     shrunk = ", shrunk" if v.shrunk else ""
-    return (f"case {v.case}, request {v.request_id}: {v.differing_tokens} of "
-            f"{v.compared_tokens} tokens differ{shrunk}")
+    kind = {"nondeterministic": " (NONDETERMINISTIC: a schedule disagrees with itself)",
+            "batch-variant": " (batch-variant)"}.get(v.classification, "")
+    note = f" [{v.note}]" if v.note else ""
+    return (f"case {v.case}, request {v.request_id}{kind}: {v.differing_tokens} of "
+            f"{plural(v.compared_tokens, 'token')} differ{shrunk}{note}")
 
 
 def more_violations(cell: PerturbationResult, shown: int) -> int:

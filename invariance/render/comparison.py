@@ -1,23 +1,87 @@
-"""Two reports side by side: which (perturbation, dtype) cells changed verdict."""
+"""Two reports side by side: which (perturbation, dtype) cells changed verdict, and what B lost.
+
+Nothing lost, nothing silently wrong: B is *worse* than A (``regressed``) when
+
+- a cell went from passed to failed, error or skipped, or from skipped to failed or error;
+- a cell or an accuracy row of A is absent from B (``lost``), or a dtype of A is;
+- an accuracy row went from accurate to inaccurate;
+- B is an incomplete run (whatever A was).
+
+It is *better* when a failing cell passes, a skipped cell now runs and passes, an inaccurate dtype
+is accurate, or an incomplete A is complete in B. Other verdict changes (failed <-> error, a
+failing cell now skipped) are ``changed``; cells only B has are ``only in B``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+from invariance.render._common import STATUS_WORD
 from invariance.report import Report
 
-__all__ = ["CellChange", "ReportComparison", "compare_reports"]
+__all__ = [
+    "COMPARISON_HEADER",
+    "CellChange",
+    "Change",
+    "ReportComparison",
+    "Scope",
+    "compare_reports",
+]
 
-Change = Literal["worse", "better", "changed", "same", "only in A", "only in B"]
+#: The verdict of one row: ``worse`` rows make the comparison regress.
+Change = Literal["worse", "better", "changed", "same", "only in B"]
+#: What a row compares: a (perturbation, dtype) cell, a dtype's accuracy, a dtype's presence,
+#: or the run as a whole (complete or not).
+Scope = Literal["cell", "accuracy", "dtype", "run"]
+
+#: Column titles for :meth:`CellChange.columns`.
+COMPARISON_HEADER = ("cell", "A", "B", "change", "kind", "max ULP A -> B")
 
 _FAILING = ("failed", "error")
 
 
+def _classify(scope: Scope, before: str | None, after: str | None) -> tuple[Change, str]:
+    """(change, kind) of one row; ``kind`` says in words what happened."""
+    if scope == "run":
+        if after == "incomplete":
+            return "worse", "B incomplete"
+        if before == "incomplete":
+            return "better", "now complete"
+        return "same", "unchanged"
+    if scope == "dtype":
+        if after is None:
+            return "worse", "dtype lost"
+        return "same", "unchanged"
+    if before is None:
+        return "only in B", "new"
+    if after is None:
+        return "worse", "lost"
+    if before == after:
+        return "same", "unchanged"
+    if scope == "accuracy":
+        if after == "failed":
+            return "worse", "now inaccurate"
+        return "better", "now accurate"
+    if after in _FAILING and before in ("passed", "skipped"):
+        return "worse", "now fails" if after == "failed" else "now errors"
+    if after == "skipped" and before == "passed":
+        return "worse", "now skipped"
+    if after == "passed" and before in _FAILING:
+        return "better", "fixed"
+    if after == "passed" and before == "skipped":
+        return "better", "now runs and passes"
+    return "changed", f"{before} -> {after}"
+
+
 @dataclass
 class CellChange:
-    """One (perturbation, dtype) cell, or one dtype's accuracy (``perturbation == "accuracy"``),
-    in reports A and B. Status is ``None`` where the cell is absent."""
+    """One row of a comparison, in reports A (before) and B (after).
+
+    ``scope`` says what the row is: a (perturbation, dtype) ``cell`` (``before``/``after`` are
+    statuses, ``None`` where absent), a dtype's ``accuracy`` (``perturbation == "accuracy"``;
+    ``passed``/``failed``), a ``dtype`` of A (``present``/``None``), or the ``run`` itself
+    (``complete``/``incomplete``; ``detail`` holds B's, else A's, reason for stopping)."""
 
     perturbation: str
     dtype: str
@@ -25,24 +89,55 @@ class CellChange:
     after: str | None
     ulp_before: int | None = None
     ulp_after: int | None = None
+    scope: Scope = "cell"
+    detail: str = ""
 
     @property
     def change(self) -> Change:
-        if self.before is None:
-            return "only in B"
-        if self.after is None:
-            return "only in A"
-        if self.before == self.after:
-            return "same"
-        if self.before == "passed" and self.after in _FAILING:
-            return "worse"
-        if self.before in _FAILING and self.after == "passed":
-            return "better"
-        return "changed"
+        return _classify(self.scope, self.before, self.after)[0]
+
+    @property
+    def kind(self) -> str:
+        """What happened, in words: ``lost``, ``now fails``, ``now skipped``, ``fixed``,
+        ``B incomplete``, ``dtype lost``, ``unchanged``, ..."""
+        return _classify(self.scope, self.before, self.after)[1]
+
+    @property
+    def label(self) -> str:
+        """``change (kind)``, e.g. ``worse (lost)``; just ``same`` for an unchanged row."""
+        change, kind = _classify(self.scope, self.before, self.after)
+        if change == "same":
+            return change
+        text = f"{change} ({kind})" if kind not in (change, "new") else change
+        return f"{text}: {self.detail}" if self.detail else text
 
     @property
     def name(self) -> str:
+        if self.scope == "run":
+            return "run"
+        if self.scope == "dtype":
+            return f"dtype {self.dtype}"
         return f"{self.perturbation}[{self.dtype}]"
+
+    @staticmethod
+    def word(status: str | None) -> str:
+        """A status as the renderers show it; ``absent`` for ``None``."""
+        if status is None:
+            return "absent"
+        return STATUS_WORD.get(status, status)
+
+    @property
+    def ulp_text(self) -> str:
+        if self.ulp_before is None and self.ulp_after is None:
+            return ""
+        return (f"{'-' if self.ulp_before is None else self.ulp_before} -> "
+                f"{'-' if self.ulp_after is None else self.ulp_after}")
+
+    def columns(self) -> tuple[str, str, str, str, str, str]:
+        """The row as text under :data:`COMPARISON_HEADER`."""
+        kind = self.kind + (f": {self.detail}" if self.detail else "")
+        return (self.name, self.word(self.before), self.word(self.after), self.change, kind,
+                self.ulp_text)
 
 
 @dataclass
@@ -55,7 +150,7 @@ class ReportComparison:
 
     @property
     def worse(self) -> list[CellChange]:
-        """Cells that went from passed to failed or error."""
+        """Rows that make B worse than A (see the module docstring)."""
         return [c for c in self.cells if c.change == "worse"]
 
     @property
@@ -64,7 +159,7 @@ class ReportComparison:
 
     @property
     def differences(self) -> list[CellChange]:
-        """Every cell whose verdict changed or that only one report has."""
+        """Every row whose verdict changed, that B lost, or that only B has."""
         return [c for c in self.cells if c.change != "same"]
 
     @property
@@ -75,9 +170,17 @@ class ReportComparison:
         counts: dict[str, int] = {}
         for c in self.cells:
             counts[c.change] = counts.get(c.change, 0) + 1
-        parts = [f"{counts[k]} {k}" for k in
-                 ("worse", "better", "changed", "only in A", "only in B", "same")
-                 if counts.get(k)]
+        kinds: dict[str, int] = {}
+        for c in self.worse:
+            kinds[c.kind] = kinds.get(c.kind, 0) + 1
+        parts = []
+        for k in ("worse", "better", "changed", "only in B", "same"):
+            if not counts.get(k):
+                continue
+            part = f"{counts[k]} {k}"
+            if k == "worse":
+                part += " (" + ", ".join(f"{n} {kind}" for kind, n in kinds.items()) + ")"
+            parts.append(part)
         head = "REGRESSED" if self.regressed else "NO REGRESSION"
         return (f"{head}: {self.a.backend} on {self.a.device} -> {self.b.backend} on "
                 f"{self.b.device}: {', '.join(parts) or 'no cells'}")
@@ -88,14 +191,27 @@ def _status(passed: bool) -> str:
 
 
 def compare_reports(a: Report, b: Report) -> ReportComparison:
-    """Compare every (perturbation, dtype) cell and every dtype's accuracy of ``a`` and ``b``.
+    """Compare the runs, the dtypes, every (perturbation, dtype) cell and every dtype's
+    accuracy of ``a`` and ``b``.
 
-    Cells keep ``a``'s order, then those only in ``b``. Render the result with
-    :func:`invariance.render.print_comparison` or :func:`comparison_to_markdown`.
+    Rows: the run (only when either report is incomplete), each dtype of ``a`` that ``b`` lacks,
+    the cells in ``a``'s order then those only in ``b``, then accuracy likewise. Render with
+    :func:`invariance.render.print_comparison` or :func:`comparison_to_markdown`; each row's
+    ``change`` is its verdict and ``kind`` what happened (``lost``, ``now skipped``, ...).
     """
+    out = ReportComparison(a, b)
+    if a.incomplete is not None or b.incomplete is not None:
+        out.cells.append(CellChange(
+            "run", "", "complete" if a.incomplete is None else "incomplete",
+            "complete" if b.incomplete is None else "incomplete", scope="run",
+            detail=b.incomplete if b.incomplete is not None else a.incomplete or ""))
+    dtypes_b = set(b.dtypes) | {r.dtype for r in b.results}
+    dtypes_a = list(dict.fromkeys([*a.dtypes, *(r.dtype for r in a.results)]))
+    for dt in dtypes_a:
+        if dt not in dtypes_b:
+            out.cells.append(CellChange("dtype", dt, "present", None, scope="dtype"))
     cells_a = {(r.perturbation, r.dtype): r for r in a.results}
     cells_b = {(r.perturbation, r.dtype): r for r in b.results}
-    out = ReportComparison(a, b)
     for key in list(cells_a) + [k for k in cells_b if k not in cells_a]:
         ra, rb = cells_a.get(key), cells_b.get(key)
         out.cells.append(CellChange(
@@ -107,5 +223,5 @@ def compare_reports(a: Report, b: Report) -> ReportComparison:
         xa, xb = acc_a.get(dt), acc_b.get(dt)
         out.cells.append(CellChange(
             "accuracy", dt, _status(xa.passed) if xa else None,
-            _status(xb.passed) if xb else None))
+            _status(xb.passed) if xb else None, scope="accuracy"))
     return out

@@ -15,11 +15,12 @@ from invariance.render._common import (
     environment_rows,
     grid,
     more_violations,
+    plural,
     shown_violations,
     violation_lines,
     violation_title,
 )
-from invariance.render.comparison import ReportComparison
+from invariance.render.comparison import COMPARISON_HEADER, ReportComparison
 from invariance.report import Report
 
 __all__ = ["STYLES", "print_comparison", "print_report"]
@@ -78,7 +79,7 @@ def print_report(report: Report, console: Console, *, reproducers: bool = True) 
                 console.print(Text(v.reproducer), soft_wrap=True)
         extra = more_violations(cell, len(shown))
         if extra:
-            console.print(Text(f"... and {extra} more violating cases in this cell",
+            console.print(Text(f"... and {plural(extra, 'more violating case')} in this cell",
                                style="dim"))
 
     if report.accuracy:
@@ -114,17 +115,13 @@ def print_comparison(comparison: ReportComparison, console: Console, *,
     if rows:
         table = Table(title="cells whose verdict changed" if not all_cells else "all cells",
                       title_justify="left")
-        for h in ("cell", "A", "B", "change", "max ULP A -> B"):
+        for h in COMPARISON_HEADER:
             table.add_column(h)
         for c in rows:
-            style = {"worse": "bold red", "better": "green"}.get(c.change, "yellow")
-            if c.change == "same":
-                style = ""
-            ulp = ("" if c.ulp_before is None and c.ulp_after is None else
-                   f"{'-' if c.ulp_before is None else c.ulp_before} -> "
-                   f"{'-' if c.ulp_after is None else c.ulp_after}")
-            table.add_row(Text(c.name), _status_text(c.before), _status_text(c.after),
-                          Text(c.change, style=style), Text(ulp))
+            style = {"worse": "bold red", "better": "green", "same": ""}.get(c.change, "yellow")
+            name, _, _, change, *rest = c.columns()
+            table.add_row(Text(name), _status_text(c.before), _status_text(c.after),
+                          Text(change, style=style), *map(Text, rest))
         console.print(table)
     else:
         console.print("no cell changed verdict")

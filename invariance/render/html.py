@@ -18,6 +18,7 @@ from invariance.render._common import (
     grid,
     more_violations,
     plot_feature,
+    plural,
     shown_violations,
     verdict,
     violation_heading,
@@ -213,7 +214,8 @@ def _violations(report: Report) -> str:
                        "</details></div>")
         extra = more_violations(cell, len(shown))
         if extra:
-            out.append(f'<p class="dim">… and {extra} more violating cases in this cell.</p>')
+            more = plural(extra, "more violating case")
+            out.append(f'<p class="dim">… and {more} in this cell.</p>')
         out.append("</section>")
     return "".join(out)
 

@@ -9,6 +9,7 @@ from invariance.render._common import (
     accuracy_row,
     fmt_float,
     more_violations,
+    plural,
     shown_violations,
     violation_lines,
     violation_title,
@@ -28,7 +29,7 @@ def _cell_case(parent: ET.Element, classname: str, cell: PerturbationResult) -> 
             lines += [*violation_lines(v), "", "reproducer:", v.reproducer, ""]
         extra = more_violations(cell, len(shown))
         if extra:
-            lines.append(f"... and {extra} more violating cases in this cell")
+            lines.append(f"... and {plural(extra, 'more violating case')} in this cell")
         failure = ET.SubElement(case, "failure", message=violation_title(cell),
                                 type="invariance.Violation")
         failure.text = "\n".join(lines).rstrip() + "\n"

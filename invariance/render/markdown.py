@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from invariance.render._common import (
-    STATUS_WORD,
     DiffRow,
     accuracy_header,
     accuracy_row,
@@ -14,12 +13,13 @@ from invariance.render._common import (
     environment_rows,
     grid,
     more_violations,
+    plural,
     shown_violations,
     verdict,
     violation_heading,
     violation_title,
 )
-from invariance.render.comparison import ReportComparison
+from invariance.render.comparison import COMPARISON_HEADER, ReportComparison
 from invariance.report import Report
 
 __all__ = ["comparison_to_markdown", "to_markdown"]
@@ -82,14 +82,14 @@ def to_markdown(report: Report) -> str:
             out += ["", "</details>", ""]
         extra = more_violations(cell, len(shown))
         if extra:
-            out += [f"… and {extra} more violating cases in this cell.", ""]
+            out += [f"… and {plural(extra, 'more violating case')} in this cell.", ""]
 
     if report.accuracy:
         out += ["", "## Accuracy against the float64 reference", ""]
         out += _table(accuracy_header(), [accuracy_row(a) for a in report.accuracy])
 
     out += ["", "## Environment", ""]
-    out += _table(["", ""], [(k, v) for k, v in environment_rows(report)])
+    out += _table(["what", "value"], [(k, v) for k, v in environment_rows(report)])
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -97,8 +97,6 @@ def comparison_to_markdown(comparison: ReportComparison) -> str:
     """The cells whose verdict changed between two reports, as Markdown."""
     out = [f"# invariance compare: {_esc(comparison.summary())}", "",
            f"- A: {_esc(comparison.a.summary())}", f"- B: {_esc(comparison.b.summary())}", ""]
-    rows = [(c.name, STATUS_WORD.get(c.before or "", "absent"),
-             STATUS_WORD.get(c.after or "", "absent"), c.change)
-            for c in comparison.differences]
-    out += _table(["cell", "A", "B", "change"], rows) if rows else ["No cell changed verdict."]
+    rows = [c.columns() for c in comparison.differences]
+    out += _table(list(COMPARISON_HEADER), rows) if rows else ["No cell changed verdict."]
     return "\n".join(out) + "\n"

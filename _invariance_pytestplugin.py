@@ -1,0 +1,270 @@
+"""pytest plugin of ``invariance``: check attention backends for batch invariance in a test suite.
+
+Registered through the ``pytest11`` entry point, so installing ``invariance`` is enough. It adds
+the fixture ``invariance_check`` (:func:`invariance.check` with defaults from the options and the
+marker; it fails the test with a readable summary and a minimal reproducer), the marker
+``@pytest.mark.invariance(**defaults)``, the ``invariance_dtype`` parametrisation, the options
+``--invariance-<setting>`` of every check setting (declared once, in ``_invariance_options``) plus
+``--invariance-report PATH``, the matching ini keys, and a terminal summary.
+
+# NOTE: this module lives outside the ``invariance`` package (as Hypothesis' plugin does) because
+# pytest loads it in every session of every project where invariance is installed: it imports
+# only pytest and the standard-library options module at load time, never torch, and its hooks
+# return early when no check ran. The fixture imports the package when a test calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from _invariance_options import OPTIONS, OptionError, add_options, collect, dtype_names
+
+if TYPE_CHECKING:
+    from invariance.report import Report
+
+__all__ = ["MARKER", "InvarianceCheck", "Settings"]
+
+MARKER = "invariance"
+FIXTURE = "invariance_check"
+DTYPE_ARG = "invariance_dtype"
+PREFIX = "invariance-"
+INI = "invariance_"
+REPORT = "report"
+CUDA_SKIP_REASON = "invariance: CUDA requested but not available"
+_SETTINGS = frozenset(o.name for o in OPTIONS)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("invariance", "invariance: batch-invariance checks of attention")
+    add_options(group.addoption, PREFIX)
+    group.addoption(f"--{PREFIX}{REPORT}", dest=f"{INI}{REPORT}", default=None, metavar="PATH",
+                    help="write every check of the session as one JSON report "
+                         "(render it with `invariance report PATH`).")
+    for o in OPTIONS:
+        parser.addini(f"{INI}{o.name}", type="linelist" if o.multiple else "string",
+                      default=[] if o.multiple else "",
+                      help=f"default of --{PREFIX}{o.flag}: {o.help}")
+    parser.addini(f"{INI}{REPORT}", default="", help="path of the session's JSON report.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The session's defaults for ``invariance_check``: options first, then ini. ``check``
+    holds them as keyword arguments of :func:`invariance.check` (parsed, not yet validated
+    against a backend); ``dtypes`` are the names ``invariance_dtype`` parametrises over."""
+
+    check: dict[str, Any] = field(default_factory=dict)
+    report: str | None = None
+
+    @property
+    def dtypes(self) -> list[str]:
+        return list(self.check.get("dtype", ["float32"]))
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.check) or self.report is not None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        raw: dict[str, Any] = {}
+        for o in OPTIONS:
+            value = config.getoption(f"{INI}{o.name}")
+            if value in (None, []):
+                value = config.getini(f"{INI}{o.name}") or None
+                if o.switch and value is not None:
+                    value = str(value).strip().lower() in ("1", "true", "yes")
+            raw[o.name] = value
+        try:
+            kwargs = collect(raw)
+        except OptionError as exc:
+            raise pytest.UsageError(f"invariance: {exc}") from None
+        report = config.getoption(f"{INI}{REPORT}") or config.getini(f"{INI}{REPORT}") or None
+        return cls(kwargs, str(report) if report else None)
+
+
+@dataclass
+class InvarianceSession:
+    """What the plugin keeps for a session: settings and every (nodeid, report), in call
+    order."""
+
+    settings: Settings
+    checks: list[tuple[str, Report]] = field(default_factory=list)
+    report_written: str | None = None
+    report_error: str | None = None
+
+    def write_report(self) -> None:
+        path = self.settings.report
+        if not path or not self.checks:
+            return
+        from invariance.report import Report
+
+        try:
+            Report.combine([r for _, r in self.checks]).to_json(path)
+        except (OSError, ValueError) as exc:
+            self.report_error = f"cannot write {path}: {exc}"
+        else:
+            self.report_written = path
+
+
+_SESSION = pytest.StashKey[InvarianceSession]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(**defaults): an invariance check; keyword arguments (backend=, "
+        "perturbations=, budget=, dtype=, ...) become defaults of the invariance_check fixture; "
+        "a test taking an invariance_dtype argument runs once per configured dtype.",
+    )
+    config.stash[_SESSION] = InvarianceSession(Settings.from_config(config))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    settings = config.stash[_SESSION].settings
+    if not settings.configured:
+        return None
+    shown = ", ".join(f"{k} {', '.join(map(str, v)) if isinstance(v, list) else v}"
+                      for k, v in settings.check.items())
+    return f"invariance: {shown or 'defaults'}"
+
+
+def _marker_kwargs(node: Any) -> dict[str, Any]:
+    """Keyword arguments of the ``invariance`` markers on ``node``, closest last (so it wins)."""
+    kwargs: dict[str, Any] = {}
+    for mark in reversed(list(node.iter_markers(MARKER))):
+        if mark.args:
+            raise pytest.UsageError(
+                f"@pytest.mark.{MARKER}: expected keyword arguments only, got {mark.args!r}")
+        unknown = set(mark.kwargs) - _SETTINGS
+        if unknown:
+            raise pytest.UsageError(
+                f"@pytest.mark.{MARKER}: unknown argument(s) {sorted(unknown)}; expected some "
+                f"of {sorted(_SETTINGS)}")
+        kwargs.update(mark.kwargs)
+    return kwargs
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if DTYPE_ARG not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):  # the test's own values win
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        if DTYPE_ARG in ([n.strip() for n in names.split(",")] if isinstance(names, str)
+                         else list(names)):
+            return
+    marked = _marker_kwargs(metafunc.definition).get("dtype")
+    try:
+        dtypes = (metafunc.config.stash[_SESSION].settings.dtypes if marked is None
+                  else dtype_names(marked))
+    except OptionError as exc:
+        raise pytest.UsageError(f"@pytest.mark.{MARKER}: {exc}") from None
+    metafunc.parametrize(DTYPE_ARG, dtypes, ids=dtypes)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests that call a check carry the marker, so that ``-m invariance`` selects them.
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if (FIXTURE in names or DTYPE_ARG in names) and item.get_closest_marker(MARKER) is None:
+            item.add_marker(MARKER)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):  # pytest-xdist worker: the controller writes
+        return
+    session.config.stash[_SESSION].write_report()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    state = config.stash[_SESSION]
+    if not state.checks:
+        if state.settings.report:
+            terminalreporter.write_sep("-", "invariance")
+            terminalreporter.write_line(
+                f"no invariance check ran; no report written to {state.settings.report}")
+        return
+    from invariance.render.text import summary_lines
+
+    terminalreporter.write_sep("-", "invariance")
+    seed = state.settings.check.get("seed", 0)
+    for line in summary_lines(state.checks, seed):
+        terminalreporter.write_line(line)
+    if state.report_written:
+        terminalreporter.write_line(f"report written to {state.report_written}")
+    if state.report_error:
+        terminalreporter.write_line(f"report NOT written: {state.report_error}")
+
+
+class InvarianceCheck:
+    """The ``invariance_check`` fixture's value: :func:`invariance.check` with the session's and
+    the marker's defaults, failing the test on a violation.
+
+    Precedence of every argument: the call, then ``@pytest.mark.invariance(...)``, then the
+    ``--invariance-*`` options / ini settings, then :func:`invariance.check`'s own defaults. In a
+    test parametrised by ``invariance_dtype``, that dtype is the default ``dtype``.
+    """
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self._session = request.config.stash[_SESSION]
+        self.defaults: dict[str, Any] = _marker_kwargs(request.node)
+        callspec = getattr(request.node, "callspec", None)
+        if callspec is not None and DTYPE_ARG in callspec.params:
+            self.defaults["dtype"] = callspec.params[DTYPE_ARG]
+
+    def __call__(self, backend: Any = None, *, progress: Any = None, **given: Any) -> Report:
+        """Run :func:`invariance.check` (same keyword arguments) and return its report;
+        ``pytest.fail`` with a summary when it did not pass; ``pytest.skip`` when CUDA is
+        requested but absent."""
+        unknown = set(given) - _SETTINGS
+        if unknown:
+            pytest.fail(f"{FIXTURE}: unknown argument(s) {sorted(unknown)}; expected some of "
+                        f"{sorted(_SETTINGS)}", pytrace=False)
+        kwargs = {**self._session.settings.check, **self.defaults,
+                  **{k: v for k, v in given.items() if v is not None}}
+        if backend is not None:
+            kwargs["backend"] = backend
+        backend_spec = kwargs.pop("backend", None)
+        if backend_spec is None:
+            pytest.fail(
+                f"{FIXTURE}: no backend given; call it with one (a name, 'module:attr' or a "
+                f"callable), set @pytest.mark.{MARKER}(backend=...) or --{PREFIX}backend",
+                pytrace=False)
+        import torch
+
+        dev = kwargs.get("device")
+        if dev is not None and str(dev).startswith("cuda") and not torch.cuda.is_available():
+            pytest.skip(CUDA_SKIP_REASON)
+        from invariance.render.text import failure_text
+        from invariance.runner import run_spec
+        from invariance.spec import CheckSpec
+
+        try:
+            spec = CheckSpec.build(backend_spec, **kwargs)
+        except ValueError as exc:
+            pytest.fail(f"{FIXTURE}: {exc}", pytrace=False)
+        report = run_spec(spec, progress=progress)
+        nodeid = self._request.node.nodeid
+        self._session.checks.append((nodeid, report))
+        self._request.node.user_properties.append(("invariance", report.summary()))
+        if not report.passed:
+            pytest.fail(failure_text(report, nodeid), pytrace=False)
+        return report
+
+
+@pytest.fixture
+def invariance_check(request: pytest.FixtureRequest) -> InvarianceCheck:
+    """:func:`invariance.check` as a test step: ``report = invariance_check("my-backend")``.
+
+    Defaults come from ``@pytest.mark.invariance(...)`` and the ``--invariance-*`` options; the
+    test fails with the violations, the worst difference, both schedules in words and a minimal
+    reproducer when the backend is not batch-invariant or not accurate. Every report is kept for
+    the terminal summary and ``--invariance-report``.
+    """
+    return InvarianceCheck(request)
+

@@ -1,0 +1,260 @@
+"""The driver: :func:`check` runs every perturbation's cases through a backend and reports.
+
+For each (dtype, perturbation) cell, every case runs its two schedules and compares the bits of
+each (request, token) both computed (:mod:`invariance.compare`). A disagreement is run again to
+tell nondeterminism from batch variance, shrunk (:mod:`invariance.shrink`) and turned into a
+violation with a reproducer (:mod:`invariance.replay`). Rows of every case feed the accuracy
+check (:mod:`invariance.accuracy`). Each finished cell is handed to ``on_cell`` as it completes;
+an interrupt leaves a report marked incomplete (ARCHITECTURE.md, "The driver").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from invariance.accuracy import AccuracyAccumulator
+from invariance.backends import Backend
+from invariance.compare import CaseComparison, compare_outputs
+from invariance.perturb import Case, Perturbation, Scale
+from invariance.replay import case_to_dict, reproducer
+from invariance.report import Environment, PerturbationResult, Report, Violation
+from invariance.schedule import ScheduleOutput, run_schedule
+from invariance.shrink import shrink
+from invariance.spec import CheckSpec
+from invariance.workload import HeadConfig, dtype_name
+
+__all__ = ["CheckInterrupted", "Progress", "check", "run_spec"]
+
+#: ``progress(done, total, label)`` is called after every case.
+Progress = Callable[[int, int, str], None]
+#: ``on_cell(report)`` is called after every finished cell with the report so far.
+OnCell = Callable[[Report], None]
+
+
+class CheckInterrupted(Exception):
+    """Raised by :func:`check` instead of a ``KeyboardInterrupt``/``SystemExit`` (from the user
+    or the backend): ``report`` holds every finished cell and is marked incomplete."""
+
+    def __init__(self, report: Report, cause: BaseException) -> None:
+        super().__init__(report.incomplete)
+        self.report = report
+        self.cause = cause
+
+
+def check(
+    backend: str | Backend,
+    *,
+    dtype: torch.dtype | str | Sequence[torch.dtype | str] | None = None,
+    heads: HeadConfig | str | None = None,
+    perturbations: str | Sequence[str] | None = "all",
+    budget: int = 1,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    scale: str | Scale | None = None,
+    accuracy_rows: int = 16,
+    max_violations: int = 3,
+    shrink: bool = True,
+    progress: Progress | None = None,
+    on_cell: OnCell | None = None,
+) -> Report:
+    """Check that ``backend`` is batch-invariant, deterministic and accurate.
+
+    - ``backend``: a name (``invariance list`` shows them), ``"module:attr"``,
+      ``"path/file.py:attr"``, or any callable ``AttentionBatch -> AttentionResult | (out, lse)``.
+    - ``dtype``: one dtype or several (``torch.float16`` or ``"float16"``/``"fp16"``); default
+      float16, bfloat16 and float32 on CUDA, float32 on CPU.
+    - ``heads``: :class:`HeadConfig` or ``"Hq:Hkv:D"``; default per scale (``4:2:64`` small,
+      ``32:8:128`` large).
+    - ``perturbations``: names or ``"all"`` (``invariance.PERTURBATIONS``).
+    - ``budget``: multiplies the number of schedule pairs per perturbation (>= 1).
+    - ``seed``: seeds the workloads and schedules (>= 0); the same seed gives the same cases.
+    - ``device``: ``"cpu"`` or ``"cuda"``; default CUDA when available.
+    - ``scale``: ``"small"`` or ``"large"`` sizes; default small on CPU, large on CUDA.
+    - ``accuracy_rows``: rows per schedule compared against the float64 reference (>= 1).
+    - ``max_violations``: violations kept per cell (>= 0; all are counted); the first of each
+      cell is shrunk (``shrink``) to the smallest batch that still disagrees.
+    - ``progress``: called as ``progress(done, total, label)`` after each case.
+    - ``on_cell``: called with the report so far after each finished cell.
+
+    Raises ``ValueError`` for bad arguments (naming the argument, the expected and the actual)
+    and :class:`CheckInterrupted` (holding the partial report) when interrupted.
+    """
+    spec = CheckSpec.build(
+        backend, dtype=dtype, heads=heads, perturbations=perturbations, budget=budget, seed=seed,
+        device=device, scale=scale, accuracy_rows=accuracy_rows, max_violations=max_violations,
+        shrink=shrink)
+    return run_spec(spec, progress=progress, on_cell=on_cell)
+
+
+def run_spec(spec: CheckSpec, *, progress: Progress | None = None,
+             on_cell: OnCell | None = None) -> Report:
+    """Run a validated :class:`CheckSpec` (what :func:`check` does after validation)."""
+    t_start = time.perf_counter()
+    report = Report(
+        backend=spec.backend.name, device=str(spec.device),
+        dtypes=[dtype_name(d) for d in spec.dtypes], heads=str(spec.heads),
+        scale=spec.scale.name, budget=spec.budget, seed=spec.seed,
+        perturbations=[p.name for p in spec.perturbations],
+        environment=Environment.capture(str(spec.device)),
+        started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    counter = _Counter(spec.total_cases(), progress)
+    cells = len(spec.dtypes) * len(spec.perturbations)
+    try:
+        for dt in spec.dtypes:
+            acc = AccuracyAccumulator(dt)
+            for p in spec.perturbations:
+                report.results.append(_run_cell(spec, p, dt, acc, counter))
+                report.seconds = time.perf_counter() - t_start
+                if on_cell is not None:
+                    on_cell(report)
+            if acc.rows:  # nothing ran (all skipped or errored): no accuracy claim either way
+                report.accuracy.append(acc.result(spec.backend.name))
+    except (KeyboardInterrupt, SystemExit) as exc:
+        report.seconds = time.perf_counter() - t_start
+        report.incomplete = (f"interrupted ({type(exc).__name__}) after {len(report.results)} "
+                             f"of {cells} cells")
+        raise CheckInterrupted(report, exc) from exc
+    report.seconds = time.perf_counter() - t_start
+    return report
+
+
+@dataclass
+class _Counter:
+    total: int
+    progress: Progress | None
+    done: int = 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, label)
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frames of ``exc``'s traceback, as ``file:line in function`` (for reports)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames))
+
+
+def _coverage(case: Case, out: ScheduleOutput, cov: dict[str, Any]) -> None:
+    """What a case compared: row positions (KV lengths), batch sizes, rows."""
+    if out.keys:
+        cov["max_compared_kv_len"] = max(cov.get("max_compared_kv_len", 0),
+                                         max(t for _, t in out.keys) + 1)
+    sizes = {st.batch_size for s in (case.a, case.b) for st in s.steps}
+    cov["batch_sizes"] = sorted(set(cov.get("batch_sizes", [])) | sizes)
+    cov["compared_rows"] = cov.get("compared_rows", 0) + len(out.keys)
+
+
+def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAccumulator,
+              counter: _Counter) -> PerturbationResult:
+    cell = PerturbationResult(backend=spec.backend.name, perturbation=p.name,
+                              dtype=dtype_name(dt), description=p.description, status="passed")
+    reason = spec.skip_reason(p)
+    if reason:
+        cell.status, cell.error = "skipped", reason
+        return cell
+    t0 = time.perf_counter()
+    label = f"{p.name} · {dtype_name(dt)}"
+    cases = p.cases(scale=spec.scale, heads=spec.heads, dtype=dt, seed=spec.seed,
+                    budget=spec.budget)
+    for i, case in enumerate(cases):
+        try:
+            cache: dict[tuple[int, str], torch.Tensor] = {}
+            out_a = run_schedule(spec.backend, case.workload, case.a, spec.device, cache)
+            out_b = run_schedule(spec.backend, case.workload, case.b, spec.device, cache)
+            cmp = compare_outputs(out_a, out_b)
+            acc.add(case.workload, out_a, spec.accuracy_rows)
+            acc.add(case.workload, out_b, spec.accuracy_rows)
+            violation = None
+            if not cmp.equal:
+                cell.num_violations += 1
+                cell.max_ulp = max(cell.max_ulp, cmp.out.max_ulp, cmp.lse.max_ulp)
+                if len(cell.violations) < spec.max_violations:
+                    violation = _violation(spec, p, dt, i, case, cmp, out_a, out_b,
+                                           first=not cell.violations)
+        except Exception as exc:  # a crashing backend is a result, not a crash of the check
+            cell.status = "error"
+            cell.error = f"case {i}: {type(exc).__name__}: {exc} [{_where(exc)}]"
+            cell.cases = i + 1
+            break
+        cell.cases = i + 1
+        _coverage(case, out_b if len(out_b.keys) > len(out_a.keys) else out_a, cell.coverage)
+        cell.compared_tokens += len(cmp.keys)
+        rate = len(cmp.differing_rows) / max(1, len(cmp.keys))
+        ulp = max(cmp.out.max_ulp, cmp.lse.max_ulp)
+        cell.points.append({**case.features, "mismatch_rate": rate, "max_ulp": float(ulp)})
+        if not cmp.equal:
+            cell.status = "failed"
+        if violation is not None:
+            cell.violations.append(violation)
+        counter.step(label)
+    cell.seconds = time.perf_counter() - t0
+    return cell
+
+
+def _restrict(out: ScheduleOutput, request_id: int) -> ScheduleOutput:
+    rows = [i for i, k in enumerate(out.keys) if k[0] == request_id]
+    idx = torch.tensor(rows, dtype=torch.long, device=out.out.device)
+    return ScheduleOutput([out.keys[i] for i in rows], out.out[idx], out.lse[idx])
+
+
+def _deterministic(spec: CheckSpec, case: Case, out_a: ScheduleOutput,
+                   out_b: ScheduleOutput) -> bool:
+    """Run both schedules again: does each agree with itself?"""
+    for schedule, first in ((case.a, out_a), (case.b, out_b)):
+        again = run_schedule(spec.backend, case.workload, schedule, spec.device)
+        if not compare_outputs(first, again).equal:
+            return False
+    return True
+
+
+def _violation(spec: CheckSpec, p: Perturbation, dt: torch.dtype, i: int, case: Case,
+               cmp: CaseComparison, out_a: ScheduleOutput, out_b: ScheduleOutput,
+               first: bool) -> Violation:
+    """A violation described from the case actually shown: the shrunk one when shrinking
+    succeeded (its own comparison, restricted to the focus request)."""
+    focus = cmp.keys[cmp.differing_rows[0]][0]
+    nondeterministic = not _deterministic(spec, case, out_a, out_b)
+    shown, note = case, ""
+    if spec.shrink and first and not nondeterministic:
+        try:
+            result = shrink(spec.backend, case, focus, spec.device)
+        except Exception as exc:  # the original case still stands
+            note = f"shrinking failed: {type(exc).__name__}: {exc}"
+        else:
+            shown = result.case
+            if result.exhausted:
+                note = f"shrink budget ran out after {result.tries} runs"
+    mine = compare_outputs(_restrict(out_a, focus), _restrict(out_b, focus))
+    if shown is not case:
+        cache: dict[tuple[int, str], torch.Tensor] = {}
+        shrunk_a, shrunk_b = (
+            _restrict(run_schedule(spec.backend, shown.workload, s, spec.device, cache), focus)
+            for s in (shown.a, shown.b))
+        shrunk_cmp = compare_outputs(shrunk_a, shrunk_b)
+        if shrunk_cmp.equal:  # cannot happen for a deterministic backend; keep the original
+            shown = case
+        else:
+            mine = shrunk_cmp
+    return Violation(
+        perturbation=p.name, dtype=dtype_name(dt), case=i,
+        schedule_a=shown.a.describe(), schedule_b=shown.b.describe(), request_id=focus,
+        differing_tokens=len(mine.differing_rows), compared_tokens=len(mine.keys),
+        diffs=[mine.out, mine.lse],
+        reproducer=reproducer(shown, spec.backend.name, str(spec.device)),
+        case_data=case_to_dict(shown, backend=spec.backend.name, device=str(spec.device)),
+        shrunk=shown is not case,
+        classification="nondeterministic" if nondeterministic else "batch-variant",
+        note=note,
+    )
+

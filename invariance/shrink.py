@@ -1,0 +1,101 @@
+"""Shrinking a failing case to the smallest pair of schedules that still disagrees.
+
+A violation is about one *focus* request. Other requests are removed from one schedule at a time
+(halves first, then one by one) while the focus request still differs; a request that only one
+schedule needs (a neighbour, a padding request) is removed from that schedule alone. The budget
+of backend runs is explicit and the result says whether it ran out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from invariance.compare import compare_outputs
+from invariance.perturb import Case
+from invariance.schedule import Schedule, Step, run_schedule
+
+__all__ = ["ShrinkResult", "shrink"]
+
+#: Backend runs (pairs of schedules) a shrink may spend.
+DEFAULT_MAX_TRIES = 40
+
+
+@dataclass(frozen=True)
+class ShrinkResult:
+    """The smallest failing case found; ``tries`` runs were spent; ``exhausted`` says the budget
+    ran out before no further removal helped."""
+
+    case: Case
+    shrunk: bool
+    tries: int
+    exhausted: bool
+
+
+def _requests(schedule: Schedule) -> list[int]:
+    return sorted({c.request_id for st in schedule.steps for c in st.chunks})
+
+
+def _without(schedule: Schedule, drop: set[int]) -> Schedule:
+    steps = []
+    for step in schedule.steps:
+        chunks = tuple(c for c in step.chunks if c.request_id not in drop)
+        if chunks:
+            steps.append(Step(chunks))
+    return replace(schedule, steps=tuple(steps), label="")
+
+
+def _prune_workload(case: Case) -> Case:
+    used = set(_requests(case.a)) | set(_requests(case.b))
+    wl = case.workload
+    return replace(case, workload=replace(
+        wl, requests=tuple(r for r in wl.requests if r.id in used)))
+
+
+def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch.device,
+           max_tries: int = DEFAULT_MAX_TRIES) -> ShrinkResult:
+    """Remove requests other than ``focus`` while ``focus`` still differs between the schedules.
+
+    Each pass tries, for each side (a, then b), groups of that side's other requests (halving
+    the group size down to one); a removal is kept when the focus request still differs."""
+    tries = 0
+    shrunk = False
+
+    def still_fails(candidate: Case) -> bool:
+        nonlocal tries
+        tries += 1
+        if not candidate.a.steps or not candidate.b.steps:
+            return False
+        cache: dict[tuple[int, str], torch.Tensor] = {}
+        cmp = compare_outputs(run_schedule(backend, candidate.workload, candidate.a, device, cache),
+                              run_schedule(backend, candidate.workload, candidate.b, device, cache))
+        return bool(cmp.differing_keys(focus))
+
+    progressed = True
+    while progressed and tries < max_tries:
+        progressed = False
+        for side in ("both", "a", "b"):
+            others = sorted(
+                (set(_requests(case.a)) | set(_requests(case.b)) if side == "both"
+                 else set(_requests(getattr(case, side)))) - {focus})
+            size = max(1, len(others) // 2)
+            while others and tries < max_tries:
+                i, removed = 0, False
+                while i < len(others) and tries < max_tries:
+                    group = set(others[i:i + size])
+                    a = _without(case.a, group) if side in ("both", "a") else case.a
+                    b = _without(case.b, group) if side in ("both", "b") else case.b
+                    candidate = replace(case, a=a, b=b)
+                    if still_fails(candidate):
+                        case, shrunk, removed, progressed = candidate, True, True, True
+                        others = [r for r in others if r not in group]
+                    else:
+                        i += size
+                if not removed:
+                    if size == 1:
+                        break
+                    size = max(1, size // 2)
+    exhausted = tries >= max_tries
+    return ShrinkResult(_prune_workload(case) if shrunk else case, shrunk, tries, exhausted)

@@ -1,0 +1,185 @@
+"""The one validated check request. :func:`invariance.check`, the CLI and the pytest plugin all
+build a :class:`CheckSpec`; nothing downstream re-validates (ARCHITECTURE.md, "Faces").
+
+Every type or range error is a ``ValueError`` naming the argument, the expected and the actual
+value. Asking for something the backend or the device cannot do (a head dim, a dtype, a device,
+CUDA graphs) is an error here, before anything runs; perturbations that merely cannot run here
+under ``"all"`` (``cuda_graph`` on a CPU) become visible skips with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from _invariance_options import DTYPE_NAMES, OptionError, check_int, dtype_names
+from invariance.backends import Backend, Capabilities, ResolvedBackend, capabilities, resolve
+from invariance.perturb import SCALES, Perturbation, Scale, resolve_perturbations
+from invariance.workload import DTYPES, HeadConfig
+
+__all__ = ["DEFAULT_HEADS", "CheckSpec"]
+
+#: Default head configuration per scale: small for the CPU interpreter, production-like on GPU.
+DEFAULT_HEADS: dict[str, HeadConfig] = {
+    "small": HeadConfig(4, 2, 64),
+    "large": HeadConfig(32, 8, 128),
+}
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _device(device: object) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {_show(device)}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {_show(device)}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {_show(device)}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: CUDA was requested but torch sees no CUDA GPU here")
+    return dev
+
+
+def _scale(scale: object, dev: torch.device) -> Scale:
+    if scale is None:
+        return SCALES["large" if dev.type == "cuda" else "small"]
+    if isinstance(scale, Scale):
+        return scale
+    if isinstance(scale, str) and scale in SCALES:
+        return SCALES[scale]
+    raise ValueError(f"scale: expected one of {', '.join(SCALES)}, got {_show(scale)}")
+
+
+def _heads(heads: object, scale: Scale) -> HeadConfig:
+    if heads is None:
+        return DEFAULT_HEADS.get(scale.name, HeadConfig())
+    if isinstance(heads, HeadConfig):
+        return heads
+    if isinstance(heads, str):
+        return HeadConfig.parse(heads)
+    raise ValueError(f"heads: expected a HeadConfig or 'Hq:Hkv:D', got {_show(heads)}")
+
+
+def _dtypes(dtype: object, dev: torch.device) -> tuple[torch.dtype, ...]:
+    if dtype is None:
+        names: Sequence[str] = DTYPE_NAMES if dev.type == "cuda" else ("float32",)
+    else:
+        try:
+            names = dtype_names(dtype)
+        except OptionError as exc:
+            raise ValueError(str(exc)) from None
+    return tuple(DTYPES[n] for n in names)
+
+
+def _perturbations(perturbations: object) -> tuple[Perturbation, ...]:
+    if perturbations is not None and not isinstance(perturbations, (str, list, tuple)):
+        raise ValueError(f"perturbations: expected 'all', a name or a list of names, got "
+                         f"{_show(perturbations)}")
+    if isinstance(perturbations, (list, tuple)) and not all(
+            isinstance(p, str) for p in perturbations):
+        raise ValueError(f"perturbations: expected names (str), got {_show(perturbations)}")
+    if isinstance(perturbations, str) and not perturbations.strip():
+        raise ValueError("perturbations: expected 'all' or at least one name, got ''")
+    return tuple(resolve_perturbations(perturbations))
+
+
+def _negotiate(name: str, caps: Capabilities, dtypes: Sequence[torch.dtype], heads: HeadConfig,
+               dev: torch.device, perts: Sequence[Perturbation], explicit: bool) -> None:
+    """Usage errors for what the backend cannot do, before anything runs."""
+    for dt in dtypes:
+        dt_name = str(dt).removeprefix("torch.")
+        if dt_name not in caps.dtypes:
+            raise ValueError(f"dtype: backend {name} supports {', '.join(caps.dtypes)}, got "
+                             f"{dt_name}")
+    if caps.head_dims is not None and heads.head_dim not in caps.head_dims:
+        raise ValueError(f"heads: backend {name} supports head dims "
+                         f"{', '.join(map(str, caps.head_dims))}, got head_dim "
+                         f"{heads.head_dim} ({heads})")
+    if dev.type not in caps.devices:
+        raise ValueError(f"device: backend {name} runs on {', '.join(caps.devices)}, got "
+                         f"{dev.type}")
+    if not explicit:
+        return
+    for p in perts:
+        if p.requires_cuda and dev.type != "cuda":
+            raise ValueError(f"perturbations: {p.name} needs a CUDA device, got device "
+                             f"{dev.type}")
+        if p.name == "cuda_graph" and not caps.cuda_graphs:
+            raise ValueError(f"perturbations: backend {name} cannot be captured in a CUDA "
+                             f"graph (its capabilities say so), got {p.name}")
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """Everything a check needs, validated. Build it with :meth:`build`."""
+
+    backend: ResolvedBackend
+    dtypes: tuple[torch.dtype, ...]
+    heads: HeadConfig
+    perturbations: tuple[Perturbation, ...]
+    budget: int
+    seed: int
+    device: torch.device
+    scale: Scale
+    accuracy_rows: int
+    max_violations: int
+    shrink: bool
+
+    @classmethod
+    def build(
+        cls,
+        backend: str | Backend,
+        *,
+        dtype: Any = None,
+        heads: HeadConfig | str | None = None,
+        perturbations: str | Sequence[str] | None = "all",
+        budget: int = 1,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        scale: str | Scale | None = None,
+        accuracy_rows: int = 16,
+        max_violations: int = 3,
+        shrink: bool = True,
+    ) -> CheckSpec:
+        """Validate the arguments of :func:`invariance.check` (its docstring says what each
+        means) and resolve names; ``ValueError`` naming the argument otherwise."""
+        if not isinstance(shrink, bool):
+            raise ValueError(f"shrink: expected True or False, got {_show(shrink)}")
+        dev = _device(device)
+        scale_obj = _scale(scale, dev)
+        head_cfg = _heads(heads, scale_obj)
+        dtypes = _dtypes(dtype, dev)
+        perts = _perturbations(perturbations)
+        explicit = perturbations is not None and perturbations != "all" and not (
+            isinstance(perturbations, (list, tuple)) and "all" in perturbations)
+        fn = resolve(backend)
+        _negotiate(fn.name, capabilities(fn), dtypes, head_cfg, dev, perts, explicit)
+        return cls(
+            backend=fn, dtypes=dtypes, heads=head_cfg, perturbations=perts,
+            budget=check_int("budget", budget), seed=check_int("seed", seed), device=dev,
+            scale=scale_obj, accuracy_rows=check_int("accuracy_rows", accuracy_rows),
+            max_violations=check_int("max_violations", max_violations), shrink=shrink,
+        )
+
+    def skip_reason(self, p: Perturbation) -> str | None:
+        """Why ``p`` cannot run here (it was asked for through ``"all"``), or ``None``."""
+        if p.requires_cuda and self.device.type != "cuda":
+            return "needs a CUDA device"
+        if p.name == "cuda_graph" and not capabilities(self.backend).cuda_graphs:
+            return f"backend {self.backend.name} cannot be captured in a CUDA graph"
+        return None
+
+    def total_cases(self) -> int:
+        """Cases the check will run (for progress bars)."""
+        return len(self.dtypes) * sum(self.budget * p.cases_per_budget
+                                      for p in self.perturbations if not self.skip_reason(p))
