@@ -171,6 +171,9 @@ OPTIONS: tuple[Option, ...] = (
            "(>= 0; default: 3)", "N", _int("max_violations")),
     Option("shrink", "no-shrink", "do not shrink failing cases to a minimal reproducer",
            switch=True, switch_value=False),
+    Option("isolate", "isolate", "run each cell in a child process: a crash of the backend "
+           "(segfault, CUDA illegal address) becomes an error cell and the run goes on",
+           switch=True, switch_value=True),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}

@@ -44,9 +44,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write every check of the session as one JSON report "
                          "(render it with `invariance report PATH`).")
     for o in OPTIONS:
-        parser.addini(f"{INI}{o.name}", type="linelist" if o.multiple else "string",
-                      default=[] if o.multiple else "",
-                      help=f"default of --{PREFIX}{o.flag}: {o.help}")
+        what = f"default of --{PREFIX}{o.flag}: {o.help}"
+        if o.multiple:
+            parser.addini(f"{INI}{o.name}", type="linelist", default=[], help=what)
+        else:
+            parser.addini(f"{INI}{o.name}", type="string", default="", help=what)
     parser.addini(f"{INI}{REPORT}", default="", help="path of the session's JSON report.")
 
 

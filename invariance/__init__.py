@@ -14,7 +14,7 @@ the request, ``render`` and ``cli`` are faces.
 
 from __future__ import annotations
 
-from invariance.accuracy import TOLERANCES
+from invariance.accuracy import TOLERANCES, measure_accuracy
 from invariance.backends import Capabilities
 from invariance.backends import available as available_backends
 from invariance.backends import resolve as resolve_backend
@@ -78,6 +78,7 @@ __all__ = [
     "compare_outputs",
     "load_case",
     "materialize",
+    "measure_accuracy",
     "replay",
     "reproducer",
     "resolve_backend",

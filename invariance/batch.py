@@ -1,4 +1,5 @@
-"""The tensors one attention call receives and returns (DESIGN.md section 3).
+"""The tensors one attention call receives and returns (ARCHITECTURE.md, "Layers"; the
+contract is in the class docstring).
 
 ``AttentionBatch`` is what a backend is called with; ``AttentionResult`` is what it returns.
 Both validate themselves and raise ``ValueError`` naming the field, the expected and the actual
@@ -7,6 +8,7 @@ value.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +55,13 @@ class AttentionBatch:
     block_table: torch.Tensor
     sm_scale: float
     request_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Cheap type checks at construction; values are checked by validate().
+        for name in ("q", "k_cache", "v_cache", "cu_seqlens_q", "kv_lens", "block_table"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor):
+                raise _fail(name, "a torch.Tensor", type(value).__name__)
 
     # --- derived sizes -------------------------------------------------------------------
     @property
@@ -101,6 +110,11 @@ class AttentionBatch:
         for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("cu_seqlens_q",
                         self.cu_seqlens_q), ("kv_lens", self.kv_lens),
                         ("block_table", self.block_table)):
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                raise _fail(f"{name}.device", "a device holding data (cpu or cuda)", t.device)
+        for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("cu_seqlens_q",
+                        self.cu_seqlens_q), ("kv_lens", self.kv_lens),
+                        ("block_table", self.block_table)):
             if not isinstance(t, torch.Tensor):
                 raise _fail(name, "a torch.Tensor", type(t).__name__)
         if q.dim() != 3:
@@ -117,6 +131,8 @@ class AttentionBatch:
         if k.shape != v.shape:
             raise _fail("v_cache", f"shape {tuple(k.shape)} (k_cache's shape)", tuple(v.shape))
         T, Hq, D = q.shape
+        if Hq == 0 or D == 0:
+            raise _fail("q.shape", "[T, Hq >= 1, D >= 1]", list(q.shape))
         _, page_size, Hkv, Dk = k.shape
         if Dk != D:
             raise _fail("k_cache.shape[3]", f"head_dim {D} (q.shape[2])", Dk)
@@ -138,10 +154,15 @@ class AttentionBatch:
                         list(self.cu_seqlens_q.shape))
         if self.block_table.shape[0] != B:
             raise _fail("block_table.shape[0]", f"{B} (len(kv_lens))", self.block_table.shape[0])
-        if not isinstance(self.sm_scale, (int, float)) or not self.sm_scale > 0:
-            raise _fail("sm_scale", "a positive float", self.sm_scale)
-        if self.request_ids is not None and len(self.request_ids) != B:
-            raise _fail("request_ids", f"{B} ids (one per request)", len(self.request_ids))
+        if (isinstance(self.sm_scale, bool) or not isinstance(self.sm_scale, (int, float))
+                or not math.isfinite(self.sm_scale) or not self.sm_scale > 0):
+            raise _fail("sm_scale", "a finite positive float", repr(self.sm_scale))
+        if self.request_ids is not None:
+            if not isinstance(self.request_ids, (tuple, list)) or len(self.request_ids) != B:
+                raise _fail("request_ids", f"{B} ids (one per request)", repr(self.request_ids))
+            odd = [r for r in self.request_ids if isinstance(r, bool) or not isinstance(r, int)]
+            if odd:
+                raise _fail("request_ids", "ints", repr(odd[0]))
         # Value checks (host copies of the small index tensors).
         cu = self.cu_seqlens_q.tolist()
         if cu[0] != 0:

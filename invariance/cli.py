@@ -107,6 +107,36 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--index", type=int, default=0, metavar="N",
                     help="which violation of a report (default: 0, the first)")
 
+    bn = sub.add_parser(
+        "bench", parents=[common], help="time backends on named workloads (CUDA)",
+        description="Time backends on named workloads: CUDA-graph replay (eager with a note "
+                    "when a backend cannot be captured), L2 flushed between runs, median of "
+                    "--iters; the HBM bandwidth and bf16 matmul peak measured in the same run "
+                    "give each workload's ideal time; --baseline gives each backend's time "
+                    "ratio against it (the invariance tax). Needs a CUDA GPU.")
+    bn.add_argument("--backend", action="append", metavar="NAME|module:attr",
+                    help=f"a backend to time (repeatable; default {DEFAULT_BACKEND})")
+    bn.add_argument("--baseline", metavar="NAME|module:attr",
+                    help="the backend the others are compared with (timed too)")
+    bn.add_argument("--workload", action="append", metavar="NAME",
+                    help="a named workload (repeatable; default all unless --lengths): "
+                         "decode-b{1,8,64}-ctx{1k,8k,32k}, decode-b256-ctx8k, decode-prod64, "
+                         "mixed64, prefill-varlen")
+    bn.add_argument("--lengths", action="append", metavar="SPEC",
+                    help="your own workload (repeatable), e.g. 'decode:4096x32', "
+                         "'prefill:2048x4,512', 'decode:8kx48+chunk:512/2048x2'")
+    bn.add_argument("--dtype", default="bfloat16", metavar="DTYPE",
+                    help="float16 | bfloat16 (bf16) | float32 (default bfloat16)")
+    bn.add_argument("--heads", default="32:8:128", metavar="Hq:Hkv:D",
+                    help="head configuration (default 32:8:128)")
+    bn.add_argument("--page-size", type=int, default=16, metavar="N",
+                    help="tokens per KV page (default 16)")
+    bn.add_argument("--iters", type=int, default=50, metavar="N",
+                    help="timed runs per backend and workload, median reported (default 50)")
+    bn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
+    bn.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    _add_outputs(bn, ("json", "markdown"))
+
     sub.add_parser("list", parents=[common], help="list backends and perturbations")
     e = sub.add_parser("env", parents=[common],
                        help="show GPU, driver, CUDA, torch, triton, Python, platform")
@@ -308,6 +338,41 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, argv: Sequence[str], out: Console,
+              err: Console) -> int:
+    from invariance.outputs import check_outputs, write_atomic
+
+    check_outputs({"--json": args.json, "--markdown": args.markdown})
+    from invariance.bench import run_bench, select_workloads
+    from invariance.workload import HeadConfig, parse_dtype
+
+    workloads = select_workloads(args.workload, args.lengths)  # ValueError -> one line, exit 2
+    dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
+    if args.iters < 1 or args.page_size < 1:
+        raise UsageError(f"--iters and --page-size: expected ints >= 1, got {args.iters} and "
+                         f"{args.page_size}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("bench: needs a CUDA GPU; torch.cuda.is_available() is False here")
+    bar, progress = _progress(err, not args.no_progress)
+    with bar:
+        report = run_bench(args.backend or [DEFAULT_BACKEND], workloads,
+                           baseline=args.baseline, dtype=dtype, heads=heads,
+                           page_size=args.page_size, iters=args.iters, seed=args.seed,
+                           progress=progress)
+    report.command = shlex.join([PROG, *argv])
+    from invariance.render import bench_to_markdown, print_bench
+
+    print_bench(report, out)
+    for path, text in ((args.json, report.to_json() + "\n"),
+                       (args.markdown, bench_to_markdown(report))):
+        if path is not None:
+            write_atomic(path, text)
+            err.print(Text(f"wrote {path}", style="dim"))
+    return 1 if report.errors() else 0
+
+
 def cmd_list(out: Console) -> int:
     import invariance
     from invariance.render import print_listing
@@ -342,6 +407,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str], out: Console, err: Conso
         return cmd_compare(args, out)
     if args.command == "replay":
         return cmd_replay(args, out)
+    if args.command == "bench":
+        return cmd_bench(args, argv, out, err)
     if args.command == "list":
         return cmd_list(out)
     return cmd_env(args, out)

@@ -69,7 +69,7 @@ def _schedule_to_dict(s: Schedule) -> dict[str, Any]:
         "label": s.label, "graph": s.graph, "poison": s.poison,
         "layout": {"page_size": lay.page_size, "placement": lay.placement,
                    "extra_pages": lay.extra_pages, "extra_columns": lay.extra_columns,
-                   "fill": lay.fill, "seed": lay.seed},
+                   "fill": lay.fill, "seed": lay.seed, "share_prefix": lay.share_prefix},
         "steps": [[[c.request_id, c.start, c.stop] for c in st.chunks] for st in s.steps],
     }
 
@@ -88,10 +88,19 @@ def case_to_dict(case: Case, *, backend: str = "", device: str = "") -> dict[str
         "schema": CASE_SCHEMA, "version": 1, "perturbation": case.perturbation,
         "backend": backend, "device": device,
         "workload": {"heads": str(wl.heads), "dtype": dtype_name(wl.dtype), "seed": wl.seed,
-                     "requests": [[r.id, r.length, r.padding] for r in wl.requests]},
+                     "requests": [[r.id, r.length, r.padding, r.family,
+                                   list(r.prefix) if r.prefix else None]
+                                  for r in wl.requests]},
         "a": _schedule_to_dict(case.a), "b": _schedule_to_dict(case.b),
         "focus": list(case.focus),
     }
+
+
+def _request(r: list[Any]) -> Request:
+    rid, length, padding, *more = r
+    family = str(more[0]) if more else "gaussian"
+    prefix = (int(more[1][0]), int(more[1][1])) if len(more) > 1 and more[1] else None
+    return Request(int(rid), int(length), bool(padding), family, prefix)
 
 
 def case_from_dict(d: dict[str, Any], *, source: str = "case") -> Case:
@@ -103,7 +112,7 @@ def case_from_dict(d: dict[str, Any], *, source: str = "case") -> Case:
     try:
         w = d["workload"]
         workload = Workload(
-            tuple(Request(int(i), int(n), bool(p)) for i, n, p in w["requests"]),
+            tuple(_request(r) for r in w["requests"]),
             HeadConfig.parse(w["heads"]), parse_dtype(w["dtype"]), int(w["seed"]))
         return Case(str(d.get("perturbation", "")), workload, _schedule_from_dict(d["a"]),
                     _schedule_from_dict(d["b"]), tuple(int(x) for x in d.get("focus", ())))

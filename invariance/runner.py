@@ -62,6 +62,7 @@ def check(
     accuracy_rows: int = 16,
     max_violations: int = 3,
     shrink: bool = True,
+    isolate: bool = False,
     progress: Progress | None = None,
     on_cell: OnCell | None = None,
 ) -> Report:
@@ -81,6 +82,8 @@ def check(
     - ``accuracy_rows``: rows per schedule compared against the float64 reference (>= 1).
     - ``max_violations``: violations kept per cell (>= 0; all are counted); the first of each
       cell is shrunk (``shrink``) to the smallest batch that still disagrees.
+    - ``isolate``: run each cell in a child process, so that a backend that crashes the process
+      (segfault, CUDA illegal address) yields an error cell and the run goes on.
     - ``progress``: called as ``progress(done, total, label)`` after each case.
     - ``on_cell``: called with the report so far after each finished cell.
 
@@ -90,7 +93,7 @@ def check(
     spec = CheckSpec.build(
         backend, dtype=dtype, heads=heads, perturbations=perturbations, budget=budget, seed=seed,
         device=device, scale=scale, accuracy_rows=accuracy_rows, max_violations=max_violations,
-        shrink=shrink)
+        shrink=shrink, isolate=isolate)
     return run_spec(spec, progress=progress, on_cell=on_cell)
 
 
@@ -112,7 +115,8 @@ def run_spec(spec: CheckSpec, *, progress: Progress | None = None,
         for dt in spec.dtypes:
             acc = AccuracyAccumulator(dt)
             for p in spec.perturbations:
-                report.results.append(_run_cell(spec, p, dt, acc, counter))
+                run = _run_isolated if spec.isolate and not spec.skip_reason(p) else _run_cell
+                report.results.append(run(spec, p, dt, acc, counter))
                 report.seconds = time.perf_counter() - t_start
                 if on_cell is not None:
                     on_cell(report)
@@ -258,3 +262,53 @@ def _violation(spec: CheckSpec, p: Perturbation, dt: torch.dtype, i: int, case: 
         note=note,
     )
 
+
+
+# --------------------------------------------------------------------------------------------
+# Isolation: one child process per cell
+# --------------------------------------------------------------------------------------------
+
+def _child(conn: Any, arguments: dict[str, Any], perturbation: str, dtype: str) -> None:
+    """In the child: rebuild the spec, run one cell, send back the cell and the accuracy."""
+    spec = CheckSpec.build(**{**arguments, "dtype": dtype, "perturbations": [perturbation]})
+    acc = AccuracyAccumulator(spec.dtypes[0])
+    cell = _run_cell(spec, spec.perturbations[0], spec.dtypes[0], acc, _Counter(0, None))
+    conn.send((cell.to_dict(), {k: v for k, v in vars(acc).items() if k != "dtype"}))
+    conn.close()
+
+
+def _run_isolated(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAccumulator,
+                  counter: _Counter) -> PerturbationResult:
+    """:func:`_run_cell` in a child process; a child that dies becomes an error cell."""
+    import multiprocessing
+    import signal
+
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(send, spec.rebuild_arguments(), p.name,
+                                             dtype_name(dt)), daemon=True)
+    t0 = time.perf_counter()
+    child.start()
+    send.close()
+    try:
+        message = receive.recv()
+    except EOFError:
+        message = None
+    child.join()
+    for _ in range(spec.budget * p.cases_per_budget):
+        counter.step(f"{p.name} · {dtype_name(dt)}")
+    if message is None:
+        code = child.exitcode or 0
+        how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+        return PerturbationResult(
+            backend=spec.backend.name, perturbation=p.name, dtype=dtype_name(dt),
+            description=p.description, status="error", seconds=time.perf_counter() - t0,
+            error=f"the backend's process died ({how}) before the cell finished (--isolate)")
+    cell_dict, acc_state = message
+    acc.rows += acc_state["rows"]
+    acc.nan_rows += acc_state["nan_rows"]
+    acc.err_sq += acc_state["err_sq"]
+    acc.ref_sq += acc_state["ref_sq"]
+    for key in ("max_abs_out", "max_abs_lse", "worst"):
+        setattr(acc, key, max(getattr(acc, key), acc_state[key]))
+    return PerturbationResult.from_dict(cell_dict)

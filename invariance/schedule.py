@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
 
+from invariance.backends import planner
 from invariance.batch import AttentionBatch, as_result
 from invariance.workload import Workload
 
@@ -93,6 +94,9 @@ class PageLayout:
       poisoned page when ``fill == "nan"``, at page 0 otherwise).
     - ``fill``: what unused cache slots (tails of last pages, extra pages) hold: ``zeros`` or
       ``nan`` (a kernel that reads them without masking then produces NaN or different bits).
+    - ``share_prefix``: requests with a common prompt prefix (``Request.prefix``) read the same
+      physical pages for it, as a prefix cache serves them: every full page of the prefix, and
+      the partly filled last one for a request whose KV ends inside the prefix.
     """
 
     page_size: int = 16
@@ -101,6 +105,7 @@ class PageLayout:
     extra_columns: int = 0
     fill: Fill = "zeros"
     seed: int = 0
+    share_prefix: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.page_size, int) or self.page_size < 1:
@@ -123,6 +128,8 @@ class PageLayout:
             words.append(f"{self.extra_columns} padded block-table columns")
         if self.fill == "nan":
             words.append("unused memory NaN-filled")
+        if self.share_prefix:
+            words.append("shared prefix pages")
         return ", ".join(words)
 
 
@@ -236,6 +243,8 @@ def materialize(
             )
     pages_per_chunk = [-(-c.stop // P) for c in step.chunks]
     placement = _page_order(layout, pages_per_chunk)
+    if layout.share_prefix:
+        _share_prefix_pages(workload, step, P, placement)
     num_pages = max(1, sum(pages_per_chunk) + layout.extra_pages + (layout.fill == "nan"))
     shape = (num_pages, P, heads.num_kv_heads, heads.head_dim)
     fill_value = float("nan") if layout.fill == "nan" else 0.0
@@ -275,6 +284,26 @@ def materialize(
         sm_scale=workload.sm_scale,
         request_ids=tuple(c.request_id for c in step.chunks),
     )
+
+
+def _share_prefix_pages(workload: Workload, step: Step, page_size: int,
+                        placement: list[list[int]]) -> None:
+    """Point the prefix pages of requests sharing a prompt at one owner's physical pages (the
+    prompt's own request when it is in the step, else the first sharer)."""
+    owners: dict[int, list[int]] = {}
+    for b, c in enumerate(step.chunks):
+        req = workload.request(c.request_id)
+        if req.prefix is None:
+            owners.setdefault(req.id, placement[b])
+    for b, c in enumerate(step.chunks):
+        req = workload.request(c.request_id)
+        if req.prefix is None:
+            continue
+        parent, n = req.prefix
+        shared = -(-c.stop // page_size) if c.stop <= n else n // page_size
+        owner = owners.setdefault(parent, placement[b])
+        shared = min(shared, len(owner))
+        placement[b][:shared] = owner[:shared]
 
 
 def _full_content(
@@ -325,16 +354,38 @@ def _poison_allocator(device: torch.device) -> None:
     del blob
 
 
+def _static_copy(batch: AttentionBatch) -> AttentionBatch:
+    """The batch in fresh buffers: what an engine's CUDA graph is captured on."""
+    return replace(batch, q=batch.q.clone(), k_cache=batch.k_cache.clone(),
+                   v_cache=batch.v_cache.clone(), cu_seqlens_q=batch.cu_seqlens_q.clone(),
+                   kv_lens=batch.kv_lens.clone(), block_table=batch.block_table.clone())
+
+
 def _run_graphed(backend: BackendFn, batch: AttentionBatch) -> object:
-    """Capture ``backend(batch)`` in a CUDA graph, then replay it once and return the result."""
+    """Run ``backend(batch)`` as an engine runs a CUDA graph and return the replay's result.
+
+    The batch is copied into static buffers; the backend's planning step (if any) runs on them
+    outside the capture (``graph=True``); one warm-up call (compilation, workspace) runs on a
+    side stream; the call is captured on the static buffers; then the static q, k_cache and
+    v_cache are overwritten with zeros and the real values copied back in (new inputs copied
+    into the graph's buffers, as engines do) and the graph is replayed once.
+    """
+    plan = planner(backend)
+    static = _static_copy(batch)
+    if plan is not None:
+        plan(static, True)
     stream = torch.cuda.Stream(batch.device)  # type: ignore[no-untyped-call]
     stream.wait_stream(torch.cuda.current_stream(batch.device))
     with torch.cuda.stream(stream):
-        backend(batch)  # warm-up (compilation, workspace allocation) outside the capture
+        backend(static)  # warm-up (compilation, workspace allocation) outside the capture
     torch.cuda.current_stream(batch.device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        result = backend(batch)
+        result = backend(static)
+    for name in ("q", "k_cache", "v_cache"):
+        buffer: torch.Tensor = getattr(static, name)
+        buffer.zero_()
+        buffer.copy_(getattr(batch, name))
     graph.replay()
     torch.cuda.synchronize(batch.device)
     return result
@@ -346,14 +397,22 @@ def iter_step_results(
 ) -> Iterator[tuple[Step, AttentionBatch, torch.Tensor, torch.Tensor]]:
     """Run each step of ``schedule`` and yield ``(step, batch, out, lse)``.
 
-    ``cache`` memoises request content across steps (and across schedules of one workload)."""
+    A backend with a planning step (``invariance.backends.planner``) is planned on each batch
+    before its call, outside any capture. ``cache`` memoises request content across steps (and
+    across schedules of one workload)."""
     device = torch.device(device)
     cache = {} if cache is None else cache
+    plan = planner(backend)
     for step in schedule.steps:
         batch = materialize(workload, step, schedule.layout, device, cache).validate()
         if schedule.poison:
             _poison_allocator(device)
-        raw = _run_graphed(backend, batch) if schedule.graph else backend(batch)
+        if schedule.graph:
+            raw = _run_graphed(backend, batch)
+        else:
+            if plan is not None:
+                plan(batch, False)
+            raw = backend(batch)
         result = as_result(raw, batch)
         yield step, batch, result.out, result.lse
 

@@ -134,6 +134,7 @@ class CheckSpec:
     accuracy_rows: int
     max_violations: int
     shrink: bool
+    isolate: bool = False
 
     @classmethod
     def build(
@@ -150,11 +151,13 @@ class CheckSpec:
         accuracy_rows: int = 16,
         max_violations: int = 3,
         shrink: bool = True,
+        isolate: bool = False,
     ) -> CheckSpec:
         """Validate the arguments of :func:`invariance.check` (its docstring says what each
         means) and resolve names; ``ValueError`` naming the argument otherwise."""
-        if not isinstance(shrink, bool):
-            raise ValueError(f"shrink: expected True or False, got {_show(shrink)}")
+        for name, flag in (("shrink", shrink), ("isolate", isolate)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name}: expected True or False, got {_show(flag)}")
         dev = _device(device)
         scale_obj = _scale(scale, dev)
         head_cfg = _heads(heads, scale_obj)
@@ -169,7 +172,19 @@ class CheckSpec:
             budget=check_int("budget", budget), seed=check_int("seed", seed), device=dev,
             scale=scale_obj, accuracy_rows=check_int("accuracy_rows", accuracy_rows),
             max_violations=check_int("max_violations", max_violations), shrink=shrink,
+            isolate=isolate,
         )
+
+    def rebuild_arguments(self) -> dict[str, Any]:
+        """Plain arguments of :meth:`build` that rebuild this spec in another process (the
+        backend by its name: a callable must be importable as ``module:attr`` or
+        ``file.py:attr``)."""
+        return {"backend": self.backend.name, "dtype": [str(d).removeprefix("torch.")
+                                                        for d in self.dtypes],
+                "heads": str(self.heads), "perturbations": [p.name for p in self.perturbations],
+                "budget": self.budget, "seed": self.seed, "device": str(self.device),
+                "scale": self.scale.name, "accuracy_rows": self.accuracy_rows,
+                "max_violations": self.max_violations, "shrink": self.shrink}
 
     def skip_reason(self, p: Perturbation) -> str | None:
         """Why ``p`` cannot run here (it was asked for through ``"all"``), or ``None``."""

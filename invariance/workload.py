@@ -20,6 +20,7 @@ from _invariance_options import DTYPE_NAMES, canonical_dtype
 
 __all__ = [
     "DTYPES",
+    "FAMILIES",
     "HeadConfig",
     "Request",
     "Workload",
@@ -84,25 +85,45 @@ class HeadConfig:
         return f"{self.num_q_heads}:{self.num_kv_heads}:{self.head_dim}"
 
 
+#: Token-content families. ``gaussian``: standard normal. ``zeros``: V exactly zero (outputs are
+#: exact zeros, so a sign-of-zero flip shows) and every third query zero (uniform attention).
+#: ``ties``: keys repeat in groups of four tokens (ties in the row max). ``large``: q and k scaled
+#: by 8 (scores of magnitude ~100, stressing the rescale). ``alternating``: signs alternate with
+#: (token + head + dim).
+FAMILIES: tuple[str, ...] = ("gaussian", "zeros", "ties", "large", "alternating")
+
+
 @dataclass(frozen=True)
 class Request:
     """One request: ``length`` tokens whose content is derived from the workload seed and ``id``.
 
     Padding requests (dummy requests a server adds to fill a batch or a CUDA graph) are requests
-    too; their outputs are never compared.
+    too; their outputs are never compared. ``family`` picks the content family
+    (:data:`FAMILIES`). ``prefix = (parent_id, n)`` makes tokens ``[0, n)`` the parent's tokens
+    (a shared prompt prefix, as a prefix cache serves it).
     """
 
     id: int
     length: int
     padding: bool = False
+    family: str = "gaussian"
+    prefix: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, int) or self.id < 0:
+        if isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 0:
             raise ValueError(f"Request.id: expected a non-negative int, got {self.id!r}")
-        if not isinstance(self.length, int) or self.length < 0:
+        if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 0:
             raise ValueError(
                 f"Request.length: expected a non-negative int, got {self.length!r}"
             )
+        if self.family not in FAMILIES:
+            raise ValueError(f"Request.family: expected one of {', '.join(FAMILIES)}, got "
+                             f"{self.family!r}")
+        if self.prefix is not None:
+            parent, n = self.prefix
+            if parent == self.id or not 0 <= n <= self.length:
+                raise ValueError(f"Request.prefix: expected (another request's id, n <= "
+                                 f"length={self.length}), got {self.prefix!r}")
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -137,12 +158,13 @@ def token_content(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
+    family: str = "gaussian",
 ) -> torch.Tensor:
     """Content of tokens ``[start, stop)`` of a request, ``[stop - start, num_heads, head_dim]``.
 
-    Values are standard normal (Box-Muller over two hashed uniforms) computed in float32 and
-    rounded to ``dtype``. Element ``(t, h, d)`` depends only on ``(seed, request_id, kind, t, h,
-    d, num_heads, head_dim, dtype)``.
+    Values are standard normal (Box-Muller over two hashed uniforms) computed in float32, shaped
+    by the content ``family`` (:data:`FAMILIES`) and rounded to ``dtype``. Element ``(t, h, d)``
+    depends only on ``(seed, request_id, kind, t, h, d, num_heads, head_dim, dtype, family)``.
     """
     if stop < start:
         raise ValueError(f"token range: expected start <= stop, got [{start}, {stop})")
@@ -151,6 +173,11 @@ def token_content(
         _scalar_mix(seed) ^ _scalar_mix(request_id * 4 + _KIND_CODE[kind])
         ^ _scalar_mix(num_heads * 4096 + head_dim)
     )
+    if family == "ties" and kind == "k":  # groups of four identical keys
+        first = (start // 4) * 4
+        grouped = token_content(seed, request_id, kind, first // 4, (stop + 3) // 4, num_heads,
+                                head_dim, dtype, device)
+        return grouped.repeat_interleave(4, dim=0)[start - first:stop - first]
     idx = torch.arange(n, dtype=torch.int64, device=device) + start * num_heads * head_dim
     # Two independent 32-bit hashes per element -> two uniforms in (0, 1).
     h1 = _mix((idx * 2 + key) & _MASK32 ^ (idx >> 31))
@@ -158,7 +185,27 @@ def token_content(
     u1 = ((h1 >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
     u2 = ((h2 >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
     normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
-    return normal.view(stop - start, num_heads, head_dim).to(dtype)
+    x = normal.view(stop - start, num_heads, head_dim)
+    return _shape(x, family, kind, start).to(dtype)
+
+
+def _shape(x: torch.Tensor, family: str, kind: Kind, start: int) -> torch.Tensor:
+    """Apply a content family to standard-normal content ``x`` of tokens from ``start``."""
+    if family == "zeros":
+        if kind == "v":
+            return torch.zeros_like(x)
+        if kind == "q":
+            t = torch.arange(start, start + x.shape[0], device=x.device)
+            return torch.where((t % 3 == 0)[:, None, None], torch.zeros_like(x), x)
+    elif family == "large" and kind in ("q", "k"):
+        return x * 8.0
+    elif family == "alternating":
+        t = torch.arange(start, start + x.shape[0], device=x.device)[:, None, None]
+        h = torch.arange(x.shape[1], device=x.device)[None, :, None]
+        d = torch.arange(x.shape[2], device=x.device)[None, None, :]
+        sign = 1.0 - 2.0 * ((t + h + d) % 2).to(x.dtype)
+        return x.abs() * sign
+    return x
 
 
 @dataclass(frozen=True)
@@ -198,10 +245,16 @@ class Workload:
                 f"request {request_id}: token range [{start}, {stop}) exceeds its length "
                 f"{req.length}"
             )
+        if req.prefix is not None and start < req.prefix[1]:
+            parent, n = req.prefix  # tokens [0, n) are the parent's
+            head = self.content(parent, kind, start, min(stop, n), device)
+            if stop <= n:
+                return head
+            return torch.cat([head, self.content(request_id, kind, n, stop, device)])
         heads = self.heads.num_q_heads if kind == "q" else self.heads.num_kv_heads
         return token_content(
             self.seed, request_id, kind, start, stop, heads, self.heads.head_dim, self.dtype,
-            device,
+            device, req.family,
         )
 
     @property

@@ -29,6 +29,10 @@ import torch
 
 from _invariance_options import DTYPE_NAMES, dtype_names
 
+# NOTE: one intra-op thread per test process. The suite runs in two xdist workers on two cores;
+# torch's default (a thread per core in each worker) oversubscribes the cores and its spinning
+# threads made the CPU checks 20-30x slower.
+torch.set_num_threads(1)
 
 def dtypes_under_test() -> list[str]:
     """The dtypes of this run: ``INVARIANCE_DTYPE`` (a name or comma list), else all."""
@@ -50,3 +54,14 @@ def dtype(request: pytest.FixtureRequest) -> torch.dtype:
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--mutation-seeds", type=int, default=2, metavar="N",
+                     help="seeds 0..N-1 of the mutation sweep (tests/test_mutations.py)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "mutation_seed" in metafunc.fixturenames:
+        n = metafunc.config.getoption("--mutation-seeds")
+        metafunc.parametrize("mutation_seed", range(n), ids=[f"seed{i}" for i in range(n)])

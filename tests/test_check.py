@@ -25,7 +25,9 @@ def test_reference_passes_every_perturbation(dtype: torch.dtype) -> None:
                for r in report.results if r.status == "passed")
     assert all(r.compared_tokens > 0 for r in report.results if r.status == "passed")
     acc = report.accuracy[0]
-    assert acc.passed and acc.rows > 100 and acc.worst_ratio < 0.1
+    # The oracle's only error is the rounding of its output to the dtype: at most u * max|v|,
+    # a quarter of the bound's C_OUT * u * max|v|.
+    assert acc.passed and acc.rows > 100 and acc.worst_ratio <= 0.25
 
 
 def test_batch_variant_control_is_caught(dtype: torch.dtype) -> None:

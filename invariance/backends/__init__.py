@@ -2,7 +2,17 @@
 
 Resolve one by name with :func:`resolve`: a built-in name (see :data:`BUILTIN`), a name
 registered by another package under the ``invariance.backends`` entry-point group, or a
-``"module:attr"`` string. A plain Python callable is used as it is.
+``"module:attr"`` string. A plain Python callable is used as it is. Built-ins that take options
+(the FlashInfer adapters) are configured as ``"name:key=value,key=value"``; for any other name
+before the ``':'`` the string keeps its ``"module:attr"`` meaning.
+
+**Planning protocol (graph-safe backends).** A backend object may have a method
+``plan(batch: AttentionBatch) -> None`` (optionally ``plan(batch, *, graph: bool)``). The harness
+calls it before every call of the backend on that batch, outside any CUDA-graph capture, so it
+may do host work and synchronise (read lengths, build index tensors, allocate workspace, run a
+library's own planner). ``graph=True`` (passed only to a ``plan`` that accepts the keyword) says
+that the call which follows is captured in a CUDA graph and then replayed on the same buffers;
+the call itself must then do device work only. :func:`planner` finds the hook.
 """
 
 from __future__ import annotations
@@ -24,9 +34,12 @@ __all__ = [
     "Backend",
     "BackendInfo",
     "Capabilities",
+    "Planner",
     "ResolvedBackend",
     "available",
     "capabilities",
+    "parse_options",
+    "planner",
     "resolve",
 ]
 
@@ -43,7 +56,8 @@ class Capabilities:
     - ``dtypes``: public dtype names; ``head_dims``: supported head dims (``None``: any);
     - ``devices``: device types (``"cpu"``, ``"cuda"``);
     - ``cuda_graphs``: whether the backend can be captured in a CUDA graph (no host syncs,
-      no host-side planning inside the call).
+      no host-side planning inside the call: that belongs in ``plan``, see the module
+      docstring).
     """
 
     dtypes: tuple[str, ...] = DTYPE_NAMES
@@ -70,9 +84,16 @@ class _Builtin:
     description: str
     #: Modules the adapter needs, found without importing them (see _importable).
     needs: tuple[str, ...] = ()
+    #: Whether ``name:key=value,...`` configures it (the target has ``with_options(dict)``).
+    options: bool = False
 
 
 _KERNELS = ("kernels", "triton")
+_FLASHINFER = ("flashinfer",)
+_FI = "invariance.backends.flashinfer"
+_SDPA = "invariance.backends.sdpa"
+_SDPA_LSE = "; lse by a separate float32 logsumexp of q·kᵀ over the same padded batch (SDPA " \
+            "returns none)"
 
 #: Built-in backends: name -> (target, description, modules it needs).
 BUILTIN: dict[str, _Builtin] = {
@@ -100,6 +121,38 @@ BUILTIN: dict[str, _Builtin] = {
         "invariance.backends.kernels:heuristic",
         "CONTROL: Triton paged attention with FA2-style split count from the batch "
         "(deliberately not invariant)", _KERNELS),
+    "flashinfer": _Builtin(
+        f"{_FI}:flashinfer",
+        "FlashInfer, engine-style: q_len == 1 rows through BatchDecodeWithPagedKVCacheWrapper, "
+        "the others through BatchPrefillWithPagedKVCacheWrapper (causal), FlashInfer's default "
+        "split heuristic and backend; options: flashinfer:key=value,...", _FLASHINFER, True),
+    "flashinfer-prefill": _Builtin(
+        f"{_FI}:prefill",
+        "FlashInfer, every row through BatchPrefillWithPagedKVCacheWrapper (causal), default "
+        "split heuristic", _FLASHINFER, True),
+    "flashinfer-fa3": _Builtin(
+        f"{_FI}:fa3",
+        "FlashInfer engine-style with backend='fa3' on the prefill wrapper (Hopper)",
+        _FLASHINFER, True),
+    "flashinfer-fixed-split": _Builtin(
+        f"{_FI}:fixed_split",
+        "FlashInfer engine-style with fixed_split_size=2048 (FlashInfer's unit: pages; fa2 "
+        "kernels, tensor-core decode)", _FLASHINFER, True),
+    "sdpa-flash": _Builtin(
+        f"{_SDPA}:flash",
+        "torch SDPA forced to FLASH_ATTENTION, one dense call per request (lower-right causal)"
+        + _SDPA_LSE),
+    "sdpa-efficient": _Builtin(
+        f"{_SDPA}:efficient",
+        "torch SDPA forced to EFFICIENT_ATTENTION on the batch padded to dense with a boolean "
+        "mask" + _SDPA_LSE),
+    "sdpa-cudnn": _Builtin(
+        f"{_SDPA}:cudnn",
+        "torch SDPA forced to CUDNN_ATTENTION on the batch padded to dense with a boolean mask"
+        + _SDPA_LSE),
+    "sdpa-math": _Builtin(
+        f"{_SDPA}:math",
+        "torch SDPA forced to MATH on the batch padded to dense with a boolean mask" + _SDPA_LSE),
 }
 
 
@@ -112,6 +165,34 @@ class ResolvedBackend:
 
     def __call__(self, batch: AttentionBatch) -> object:
         return self.fn(batch)
+
+
+#: A backend's planning step as the harness calls it: ``plan(batch, graph)``.
+Planner = Callable[[AttentionBatch, bool], None]
+
+
+def planner(backend: object) -> Planner | None:
+    """The backend's planning step (module docstring, "Planning protocol"), or ``None`` when it
+    has none. The result takes ``(batch, graph)``; ``graph`` reaches the backend's ``plan`` only
+    when that accepts a ``graph`` keyword."""
+    fn = backend.fn if isinstance(backend, ResolvedBackend) else backend
+    plan = getattr(fn, "plan", None)
+    if plan is None or not callable(plan):
+        return None
+    try:
+        params = inspect.signature(plan).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_graph = "graph" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    def run(batch: AttentionBatch, graph: bool) -> None:
+        if takes_graph:
+            plan(batch, graph=graph)
+        else:
+            plan(batch)
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -198,9 +279,33 @@ def _callable_name(fn: object) -> str:
     return f"{module}:{name}"
 
 
+def parse_options(spec: str, text: str) -> dict[str, str]:
+    """``"key=value,key=value"`` (the part after ``name:``) as a dict of strings; ``ValueError``
+    naming ``spec`` otherwise. Types are the adapter's to check."""
+    options: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key or not value:
+            raise ValueError(f"backend {spec!r}: expected options as key=value[,key=value...], "
+                             f"got {item.strip()!r}")
+        if key in options:
+            raise ValueError(f"backend {spec!r}: option {key!r} given twice")
+        options[key] = value
+    return options
+
+
+def _with_options(spec: str, name: str, text: str) -> ResolvedBackend:
+    base = _load(BUILTIN[name].target)
+    configure = getattr(base, "with_options", None)
+    if not callable(configure):  # pragma: no cover - a BUILTIN entry out of step with its target
+        raise ValueError(f"backend {spec!r}: {name} takes no options")
+    return ResolvedBackend(spec, configure(parse_options(spec, text)))
+
+
 def resolve(spec: str | Backend) -> ResolvedBackend:
     """Turn a backend name, ``"module:attr"`` string or callable into a :class:`ResolvedBackend`.
 
+    ``"name:key=value,..."`` configures a built-in that takes options (``BUILTIN[name].options``).
     Raises ``ValueError`` with the known names when ``spec`` is unknown.
     """
     if isinstance(spec, ResolvedBackend):
@@ -214,6 +319,9 @@ def resolve(spec: str | Backend) -> ResolvedBackend:
     eps = _entry_points()
     if spec in eps:
         return ResolvedBackend(spec, _load(eps[spec]))
+    name, sep, text = spec.partition(":")
+    if sep and name in BUILTIN and BUILTIN[name].options:
+        return _with_options(spec, name, text)
     if ":" in spec:
         return ResolvedBackend(spec, _load(spec))
     known = sorted(set(BUILTIN) | set(eps))

@@ -58,7 +58,9 @@ def reference_rows(
 
 
 def reference_backend(batch: AttentionBatch) -> AttentionResult:
-    """Float64 attention of every row of ``batch``, one row at a time (see module docstring)."""
+    """Float64 attention of every row of ``batch``, one row at a time (see module docstring).
+    The batch is validated first: the oracle never indexes out of bounds."""
+    batch.validate()
     out = torch.zeros_like(batch.q)
     lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"),
                      dtype=torch.float32, device=batch.device)

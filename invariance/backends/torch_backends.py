@@ -3,13 +3,121 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from invariance.backends.reference import gather_kv
 from invariance.batch import AttentionBatch, AttentionResult
 
-__all__ = ["batch_variant_backend", "sdpa_backend"]
+__all__ = [
+    "DenseBatch",
+    "batch_lengths",
+    "batch_variant_backend",
+    "dense_lse",
+    "pad_dense",
+    "sdpa_backend",
+    "unpad",
+]
+
+
+@dataclass
+class DenseBatch:
+    """A batch padded to dense per request: request ``b`` in slot ``b`` of ``q`` ``[B, Hq,
+    max_q, D]`` and ``k``, ``v`` ``[B, Hkv, max_kv, D]``; ``mask`` ``[B, 1, max_q, max_kv]`` is
+    causal + padding (True = attend), with padded query rows attending to key 0 so that no row is
+    fully masked (their output is discarded). Host copies of the lengths come along."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor
+    q_lens: list[int]
+    kv_lens: list[int]
+    cu: list[int]
+
+
+def batch_lengths(batch: AttentionBatch) -> tuple[list[int], list[int], list[int]]:
+    """Host copies ``(q_lens, kv_lens, cu_seqlens_q)`` of ``batch`` (a device sync)."""
+    return batch.q_lens(), batch.kv_lens.tolist(), batch.cu_seqlens_q.tolist()
+
+
+def pad_dense(batch: AttentionBatch,
+              lengths: tuple[list[int], list[int], list[int]] | None = None) -> DenseBatch | None:
+    """``batch`` padded to a :class:`DenseBatch` (``None`` when it has no query token).
+
+    ``lengths`` (from :func:`batch_lengths`, e.g. taken in a planning step) avoids every host
+    sync, so that the padding can run inside a CUDA-graph capture."""
+    q_lens, kv_lens, cu = batch_lengths(batch) if lengths is None else lengths
+    if batch.num_tokens == 0:
+        return None
+    B, Hq, D = batch.batch_size, batch.num_q_heads, batch.head_dim
+    Hkv, P = batch.num_kv_heads, batch.page_size
+    max_q, max_kv = max(q_lens), max(kv_lens)
+    dev, dt = batch.device, batch.dtype
+    qd = torch.zeros(B, Hq, max_q, D, dtype=dt, device=dev)
+    kd = torch.zeros(B, Hkv, max_kv, D, dtype=dt, device=dev)
+    vd = torch.zeros(B, Hkv, max_kv, D, dtype=dt, device=dev)
+    mask = torch.zeros(B, 1, max_q, max_kv, dtype=torch.bool, device=dev)
+    kv_pos = torch.arange(max_kv, device=dev)
+    for b in range(B):
+        if q_lens[b] == 0:
+            continue
+        # gather_kv with the host length (no sync): the first ceil(kv_len / P) pages of row b.
+        pages = batch.block_table[b, : -(-kv_lens[b] // P)].long()
+        k = batch.k_cache[pages].reshape(-1, Hkv, D)[: kv_lens[b]]
+        v = batch.v_cache[pages].reshape(-1, Hkv, D)[: kv_lens[b]]
+        qd[b, :, : q_lens[b]] = batch.q[cu[b]:cu[b + 1]].transpose(0, 1)
+        kd[b, :, : kv_lens[b]] = k.transpose(0, 1)
+        vd[b, :, : kv_lens[b]] = v.transpose(0, 1)
+        pos = kv_lens[b] - q_lens[b] + torch.arange(q_lens[b], device=dev)
+        mask[b, 0, : q_lens[b]] = kv_pos[None, :] <= pos[:, None]
+    # Padded query rows attend to key 0 so no row is fully masked (their output is discarded).
+    mask[:, :, :, 0] |= ~mask.any(-1)
+    return DenseBatch(qd, kd, vd, mask, q_lens, kv_lens, cu)
+
+
+def dense_lse(dense: DenseBatch, sm_scale: float, per_request: bool = False) -> torch.Tensor:
+    """The natural-log LSE ``[B, Hq, max_q]`` of the dense problem, in float32: a separate
+    ``logsumexp`` of ``q·kᵀ`` under the same mask (SDPA itself returns no LSE).
+
+    ``per_request`` computes it one request at a time on its ``[q_len, kv_len]`` block (the
+    masked-out padding adds nothing), so that memory follows the largest request instead of
+    ``B * max_q * max_kv``; padded rows are then left at ``-inf``."""
+    G = dense.q.shape[1] // dense.k.shape[1]
+    if not per_request:
+        s = torch.matmul(dense.q.float(),
+                         dense.k.float().repeat_interleave(G, dim=1).transpose(-1, -2))
+        s = (s * sm_scale).masked_fill(~dense.mask, float("-inf"))
+        return torch.logsumexp(s, dim=-1)
+    B, Hq, max_q, _ = dense.q.shape
+    out = torch.full((B, Hq, max_q), float("-inf"), dtype=torch.float32, device=dense.q.device)
+    for b, (n, kv) in enumerate(zip(dense.q_lens, dense.kv_lens, strict=True)):
+        if n == 0:
+            continue
+        k = dense.k[b, :, :kv].float().repeat_interleave(G, dim=0)  # [Hq, kv, D]
+        s = torch.matmul(dense.q[b, :, :n].float(), k.transpose(-1, -2))  # [Hq, n, kv]
+        s = (s * sm_scale).masked_fill(~dense.mask[b, :, :n, :kv], float("-inf"))
+        out[b, :, :n] = torch.logsumexp(s, dim=-1)
+    return out
+
+
+def unpad(batch: AttentionBatch, dense: DenseBatch | None, o: torch.Tensor | None,
+          ls: torch.Tensor | None) -> AttentionResult:
+    """Rows of the dense output ``o`` ``[B, Hq, max_q, D]`` and LSE ``ls`` ``[B, Hq, max_q]``
+    back in the batch's row order (zeros and ``-inf`` when the batch has no token)."""
+    out = torch.zeros_like(batch.q)
+    lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"), dtype=torch.float32,
+                     device=batch.device)
+    if dense is None or o is None or ls is None:
+        return AttentionResult(out, lse)
+    cu = dense.cu
+    for b in range(len(dense.q_lens)):
+        if dense.q_lens[b]:
+            out[cu[b]:cu[b + 1]] = o[b, :, : dense.q_lens[b]].transpose(0, 1)
+            lse[cu[b]:cu[b + 1]] = ls[b, :, : dense.q_lens[b]].transpose(0, 1)
+    return AttentionResult(out, lse)
 
 
 def sdpa_backend(batch: AttentionBatch) -> AttentionResult:
@@ -18,45 +126,13 @@ def sdpa_backend(batch: AttentionBatch) -> AttentionResult:
     paged attention would call it. SDPA does not return the LSE, so ``lse`` is computed by a
     separate float32 ``logsumexp`` of ``q·kᵀ`` over the same padded batch.
     """
-    B, Hq, D = batch.batch_size, batch.num_q_heads, batch.head_dim
-    Hkv = batch.num_kv_heads
-    q_lens = batch.q_lens()
-    kv_lens = batch.kv_lens.tolist()
-    out = torch.zeros_like(batch.q)
-    lse = torch.full((batch.num_tokens, Hq), float("-inf"), dtype=torch.float32,
-                     device=batch.device)
-    if batch.num_tokens == 0:
-        return AttentionResult(out, lse)
-    max_q, max_kv = max(q_lens), max(kv_lens)
-    dev, dt = batch.device, batch.dtype
-    qd = torch.zeros(B, Hq, max_q, D, dtype=dt, device=dev)
-    kd = torch.zeros(B, Hkv, max_kv, D, dtype=dt, device=dev)
-    vd = torch.zeros(B, Hkv, max_kv, D, dtype=dt, device=dev)
-    mask = torch.zeros(B, 1, max_q, max_kv, dtype=torch.bool, device=dev)
-    cu = batch.cu_seqlens_q.tolist()
-    kv_pos = torch.arange(max_kv, device=dev)
-    for b in range(B):
-        if q_lens[b] == 0:
-            continue
-        k, v = gather_kv(batch, b)
-        qd[b, :, : q_lens[b]] = batch.q[cu[b]:cu[b + 1]].transpose(0, 1)
-        kd[b, :, : kv_lens[b]] = k.transpose(0, 1)
-        vd[b, :, : kv_lens[b]] = v.transpose(0, 1)
-        pos = kv_lens[b] - q_lens[b] + torch.arange(q_lens[b], device=dev)
-        mask[b, 0, : q_lens[b]] = kv_pos[None, :] <= pos[:, None]
-    # Padded query rows attend to key 0 so no row is fully masked (their output is discarded).
-    mask[:, :, :, 0] |= ~mask.any(-1)
-    o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=batch.sm_scale,
-                                       enable_gqa=Hq != Hkv)
-    G = Hq // Hkv
-    s = torch.matmul(qd.float(), kd.float().repeat_interleave(G, dim=1).transpose(-1, -2))
-    s = (s * batch.sm_scale).masked_fill(~mask, float("-inf"))
-    ls = torch.logsumexp(s, dim=-1)  # [B, Hq, max_q]
-    for b in range(B):
-        if q_lens[b]:
-            out[cu[b]:cu[b + 1]] = o[b, :, : q_lens[b]].transpose(0, 1)
-            lse[cu[b]:cu[b + 1]] = ls[b, :, : q_lens[b]].transpose(0, 1)
-    return AttentionResult(out, lse)
+    dense = pad_dense(batch)
+    if dense is None:
+        return unpad(batch, None, None, None)
+    o = F.scaled_dot_product_attention(dense.q, dense.k, dense.v, attn_mask=dense.mask,
+                                       scale=batch.sm_scale,
+                                       enable_gqa=batch.num_q_heads != batch.num_kv_heads)
+    return unpad(batch, dense, o, dense_lse(dense, batch.sm_scale))
 
 
 def batch_variant_backend(batch: AttentionBatch) -> AttentionResult:

@@ -1,5 +1,5 @@
-"""Report renderers: console (rich), Markdown, self-contained HTML, JUnit XML, and the
-comparison of two reports.
+"""Report renderers: console (rich), Markdown, self-contained HTML, JUnit XML, the
+comparison of two reports, and ``invariance bench`` reports (console and Markdown).
 
 The core never imports this package; it imports the core. Each renderer takes a
 :class:`invariance.Report`::
@@ -13,6 +13,7 @@ The core never imports this package; it imports the core. Each renderer takes a
 
 from __future__ import annotations
 
+from invariance.render.bench import bench_to_markdown, print_bench
 from invariance.render.comparison import CellChange, ReportComparison, compare_reports
 from invariance.render.console import print_comparison, print_report
 from invariance.render.html import to_html
@@ -24,9 +25,11 @@ from invariance.render.text import failure_text, summary_lines
 __all__ = [
     "CellChange",
     "ReportComparison",
+    "bench_to_markdown",
     "compare_reports",
     "comparison_to_markdown",
     "failure_text",
+    "print_bench",
     "print_comparison",
     "print_environment",
     "print_listing",

@@ -1,0 +1,140 @@
+"""A small driver of every kernel path, for compute-sanitizer (``benchmarks/gpu_sanitize.sh``).
+
+    python benchmarks/gpu_sanitize.py [--device cuda] [--dtypes float16 bfloat16 float32]
+
+At each dtype, on two head configurations, small batches (built by the harness's
+``materialize``; shuffled pages, NaN-filled unused memory, unused block-table columns) go through:
+the fused and the split plan at two split sizes (validate=True; the two plans must agree bit for
+bit), ``plan="auto"``, the control mode (``split_size=None``), a step without query tokens,
+``merge_states`` (with empty, NaN and +inf partials), and malformed index values with
+``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
+block table, negative or below ``q_len``, ``cu_seqlens_q`` past T or not starting at 0). Outputs
+of malformed calls are never read (their garbage rows may be unwritten). Prints one line per
+case; exits 1 if a valid case breaks a check. ``--device cpu`` (with TRITON_INTERPRET=1) is a
+quick smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from invariance import Chunk, HeadConfig, PageLayout, Request, Step, Workload, materialize
+from kernels import DEFAULT_SPLIT_SIZE, merge_states, tile_config, unified_attention
+
+Args = tuple[torch.Tensor, ...]
+# (heads, page size, (q_len, kv_len) per request): decode rows, prefill chunks, a prefill from 0,
+# empty requests, rows longer than the default split; page size 1 gathers every key.
+BATCHES = [
+    (HeadConfig(4, 2, 64), 16, [(1, 300), (37, 150), (0, 40), (0, 0), (5, 5), (12, 97)]),
+    (HeadConfig(8, 2, 128), 1, [(1, DEFAULT_SPLIT_SIZE + 90), (40, 64), (3, 200)]),
+]
+FAILURES: list[str] = []
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def case(name: str, fn: Callable[[], bool | None]) -> None:
+    t0 = time.perf_counter()
+    ok = fn()
+    if ok is False:
+        FAILURES.append(name)
+    print(f"[{'FAIL' if ok is False else 'ok'}] {name} ({time.perf_counter() - t0:.2f}s)",
+          flush=True)
+
+
+def build(dtype: torch.dtype, heads: HeadConfig, page: int, shape: list[tuple[int, int]],
+          device: str) -> Args:
+    requests = tuple(Request(i, kv) for i, (_, kv) in enumerate(shape))
+    step = Step(tuple(Chunk(i, kv - q, kv) for i, (q, kv) in enumerate(shape)))
+    layout = PageLayout(page, "shuffled", extra_pages=2, extra_columns=2, fill="nan")
+    b = materialize(Workload(requests, heads, dtype), step, layout, device)
+    return b.q, b.k_cache, b.v_cache, b.cu_seqlens_q, b.kv_lens, b.block_table
+
+
+def call(args: Args, **kwargs: object) -> None:
+    """Run unified_attention; the result is not read."""
+    unified_attention(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def plans_agree(args: Args, split: int) -> bool:
+    fused = unified_attention(*args, split_size=split, plan="fused")
+    split_plan = unified_attention(*args, split_size=split, plan="split")
+    unified_attention(*args, split_size=split, plan="auto")
+    return all(torch.equal(bits(a), bits(b)) for a, b in zip(fused, split_plan, strict=True))
+
+
+def malformed(args: Args) -> dict[str, Args]:
+    """validate=False inputs with malformed values (request 0 of each batch is a decode row)."""
+    q, k, v, cu, kv, bt = args
+    T, dev = q.shape[0], q.device
+
+    def ints(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=dev)
+
+    huge = 1 << 30
+    return {
+        "page-ids-huge": (q, k, v, cu, kv, torch.full_like(bt, huge)),
+        "page-ids-negative": (q, k, v, cu, kv, torch.full_like(bt, -5)),
+        "kv-past-block-table": (q, k, v, cu, torch.full_like(kv, huge), bt),
+        "kv-negative": (q, k, v, cu, torch.full_like(kv, -huge), bt),
+        "kv-below-q": (q, k, v, cu, torch.zeros_like(kv), bt),
+        "cu-past-T": (q, k, v, torch.cat([cu[:-1], ints([T + huge])]), kv, bt),
+        "cu-garbage": (q, k, v, torch.flip(cu, [0]) + 3, kv, bt),
+    }
+
+
+def run_dtype(dtype: torch.dtype, device: str) -> None:
+    name = str(dtype).removeprefix("torch.")
+    for heads, page, shape in BATCHES:
+        tag = f"{name}/{heads}/page{page}"
+        args = build(dtype, heads, page, shape, device)
+        block_n = tile_config(dtype, heads.head_dim).block_n
+        for split in (block_n, DEFAULT_SPLIT_SIZE):
+            case(f"{tag}/S{split}/fused==split", lambda a=args, s=split: plans_agree(a, s))
+        case(f"{tag}/control", lambda a=args: call(a, split_size=None))
+        for label, bad in malformed(args).items():
+            for plan in ("fused", "split"):
+                case(f"{tag}/validate=False/{label}/{plan}",
+                     lambda b=bad, p=plan: call(b, validate=False, plan=p))
+        empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
+        case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
+
+
+def run_merge(device: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    o = torch.randn(6, 5, 20, 128, generator=g).to(device)
+    lse = (torch.randn(6, 5, 20, generator=g) * 4).to(device)
+    lse[:, 1] = float("-inf")
+    lse[1, 2, 3], lse[2, 0, 0] = float("nan"), float("inf")
+
+    def check() -> bool:
+        _, out_lse = merge_states(o, lse)
+        return bool(torch.isnan(out_lse[1, 3])) and bool(torch.isnan(out_lse[2, 0]))
+
+    case("merge_states/-inf,nan,+inf", check)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16", "float32"])
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    for dtype in args.dtypes:
+        run_dtype(getattr(torch, dtype), args.device)
+    run_merge(args.device)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    print(f"{len(FAILURES)} failed {FAILURES} in {time.perf_counter() - t0:.1f}s", flush=True)
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,563 @@
+"""Time attention backends on named workloads against the GPU's limits measured in the same run.
+
+    report = run_bench(["kernels"], names=["decode-b64-ctx8k"], baseline="flashinfer")
+
+- **Workloads** (:data:`WORKLOADS`, or :func:`parse_lengths` for your own): query and KV lengths
+  per request; the tensors are random (seed-fixed), bf16 by default, heads 32:8:128, page size
+  16, physical pages shuffled. ``decode-b{1,8,64}-ctx{1k,8k,32k}`` and ``decode-b256-ctx8k``:
+  B decodes at one KV length; ``decode-prod64``: 64 decodes with production-like mixed KV
+  lengths; ``mixed64``: 32 decodes plus 32 prefill chunks; ``prefill-varlen``: 8 prompts of mixed
+  lengths, causal from position 0.
+- **Timing** (:class:`CudaTimer`): the backend's planning step (if any) outside the timed region,
+  then CUDA-graph capture and the median of ``iters`` replays, each after an L2 flush (a write of
+  a buffer larger than L2), timed by CUDA events: GPU time without launch overhead, as an engine
+  replaying graphs pays. A backend that cannot be captured (its capabilities say so, or the
+  capture fails) is timed eagerly, launch overhead included, with a note.
+- **Limits** (:func:`measure_limits`): HBM read bandwidth (a float32 sum over a large bf16
+  buffer), copy bandwidth and the bf16 matmul peak (8192³), measured with the same timer.
+- **Ideal time** (:func:`ideal_ms`): decode, KV bytes (each request's K and V read once) / HBM
+  read bandwidth; prefill, causal FLOPs (``4 * D * Hq * attended keys``) / matmul peak; mixed,
+  the larger of the two. A backend's *fraction of ideal* is ideal / its time.
+- **Invariance tax**: each backend's time / the ``baseline``'s time on the same workload.
+
+The timer and the limits are injectable (``timer=``, ``limits=``), so everything but the GPU
+timing runs and is tested on a CPU. The core imports no rich; ``invariance.render.bench`` renders
+a :class:`BenchReport`; ``invariance bench`` is the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from invariance.backends import Backend, ResolvedBackend, capabilities, planner, resolve
+from invariance.batch import AttentionBatch
+from invariance.workload import HeadConfig, dtype_name, parse_dtype
+
+__all__ = [
+    "BENCH_HEADS",
+    "BENCH_PAGE_SIZE",
+    "SCHEMA",
+    "WORKLOADS",
+    "BenchReport",
+    "BenchWorkload",
+    "CudaTimer",
+    "Limits",
+    "Timer",
+    "Timing",
+    "WorkloadResult",
+    "build_batch",
+    "causal_flops",
+    "ideal_ms",
+    "kv_bytes",
+    "measure_limits",
+    "parse_lengths",
+    "run_bench",
+    "select_workloads",
+]
+
+SCHEMA = "invariance-bench/1"
+BENCH_HEADS = HeadConfig(32, 8, 128)
+BENCH_PAGE_SIZE = 16
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BenchWorkload:
+    """Query and KV lengths of each request of one attention call (``q_len <= kv_len``)."""
+
+    name: str
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.q_lens or len(self.q_lens) != len(self.kv_lens):
+            raise ValueError(f"workload {self.name}: expected one q_len per kv_len and at least "
+                             f"one request, got {len(self.q_lens)} and {len(self.kv_lens)}")
+        for q, kv in zip(self.q_lens, self.kv_lens, strict=True):
+            if not 1 <= q <= kv:
+                raise ValueError(f"workload {self.name}: expected 1 <= q_len <= kv_len, got "
+                                 f"q_len={q}, kv_len={kv}")
+
+    @property
+    def kind(self) -> str:
+        """``decode`` (every q_len 1), ``prefill`` (every request from position 0) or
+        ``mixed``."""
+        if all(q == 1 for q in self.q_lens):
+            return "decode"
+        if all(q == kv for q, kv in zip(self.q_lens, self.kv_lens, strict=True)):
+            return "prefill"
+        return "mixed"
+
+    @property
+    def query_tokens(self) -> int:
+        return sum(self.q_lens)
+
+
+def _workloads() -> dict[str, BenchWorkload]:
+    w: dict[str, BenchWorkload] = {}
+    for b in (1, 8, 64, 256):
+        for ctx_name, ctx in (("1k", 1024), ("8k", 8192), ("32k", 32768)):
+            if b == 256 and ctx != 8192:
+                continue
+            name = f"decode-b{b}-ctx{ctx_name}"
+            w[name] = BenchWorkload(name, (1,) * b, (ctx,) * b)
+    g = torch.Generator().manual_seed(64)
+    choices = torch.tensor([4096, 8192, 16384, 32768])
+    idx = torch.multinomial(torch.tensor([35.0, 20.0, 15.0, 12.0]), 64, replacement=True,
+                            generator=g)
+    w["decode-prod64"] = BenchWorkload(
+        "decode-prod64", (1,) * 64, tuple(choices[idx].tolist()),
+        "KV lengths from [4k, 8k, 16k, 32k] with weights [35, 20, 15, 12]")
+    g = torch.Generator().manual_seed(65)
+    q_lens: list[int] = []
+    kv_lens: list[int] = []
+    for i in range(64):
+        if i % 2 == 0:
+            q_lens.append(1)
+            kv_lens.append(int(torch.randint(1, 8193, (1,), generator=g)))
+        else:
+            q = int(torch.randint(32, 513, (1,), generator=g))
+            ctx = int(torch.randint(1, 8193, (1,), generator=g))
+            q_lens.append(q)
+            kv_lens.append(max(ctx, q))
+    w["mixed64"] = BenchWorkload(
+        "mixed64", tuple(q_lens), tuple(kv_lens),
+        "32 decode rows on KV 1..8192 + 32 prefill chunks of 32..512 tokens")
+    lens = (16384, 8192, 4096, 4096, 2048, 1024, 512, 512)
+    w["prefill-varlen"] = BenchWorkload("prefill-varlen", lens, lens, "causal prefill from 0")
+    return w
+
+
+#: The named workloads (module docstring).
+WORKLOADS: dict[str, BenchWorkload] = _workloads()
+
+_LENGTH = re.compile(r"\s*([0-9]+)\s*([kK]?)\s*")
+
+
+def _length(text: str, spec: str) -> int:
+    m = _LENGTH.fullmatch(text)
+    if not m or int(m.group(1)) < 1:
+        raise ValueError(f"lengths {spec!r}: expected a length like 4096 or 4k, got {text!r}")
+    return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+
+def _count(text: str, spec: str) -> tuple[str, int]:
+    head, sep, n = text.rpartition("x")
+    if not sep:
+        return text, 1
+    if not n.strip().isdigit() or int(n) < 1:
+        raise ValueError(f"lengths {spec!r}: expected a count >= 1 after 'x', got {text!r}")
+    return head, int(n)
+
+
+def parse_lengths(spec: str) -> BenchWorkload:
+    """A workload from text: parts joined by ``+``, each ``KIND:ITEM[,ITEM...]`` with an item
+    ``L[xN]`` (N requests of length L; ``k`` = 1024):
+
+    - ``decode:4096x32``: 32 decodes with 4096 tokens of KV;
+    - ``prefill:2048x4,512``: prompts of 2048 (four) and 512 tokens, causal from position 0;
+    - ``chunk:256/4096x8``: 8 prefill chunks of 256 query tokens ending at KV 4096.
+
+    E.g. ``decode:8kx48+chunk:512/2048x2``. The workload is named by the text."""
+    q_lens: list[int] = []
+    kv_lens: list[int] = []
+    for part in spec.split("+"):
+        kind, sep, items = part.partition(":")
+        kind = kind.strip()
+        if not sep or kind not in ("decode", "prefill", "chunk") or not items.strip():
+            raise ValueError(f"lengths {spec!r}: expected parts 'decode:L[xN],...', "
+                             f"'prefill:L[xN],...' or 'chunk:Q/L[xN],...' joined by '+', got "
+                             f"{part!r}")
+        for item in items.split(","):
+            body, n = _count(item, spec)
+            if kind == "chunk":
+                q_text, slash, kv_text = body.partition("/")
+                if not slash:
+                    raise ValueError(f"lengths {spec!r}: expected a chunk as Q/L, got {item!r}")
+                q, kv = _length(q_text, spec), _length(kv_text, spec)
+                if q > kv:
+                    raise ValueError(f"lengths {spec!r}: a chunk's {q} query tokens exceed its "
+                                     f"KV length {kv}")
+            else:
+                kv = _length(body, spec)
+                q = 1 if kind == "decode" else kv
+            q_lens += [q] * n
+            kv_lens += [kv] * n
+    return BenchWorkload(spec.strip(), tuple(q_lens), tuple(kv_lens), "from --lengths")
+
+
+def select_workloads(names: Sequence[str] | None = None,
+                     lengths: Sequence[str] | None = None) -> list[BenchWorkload]:
+    """The named workloads (all of :data:`WORKLOADS` when neither names nor lengths are given)
+    followed by one per ``lengths`` spec; ``ValueError`` naming an unknown workload."""
+    names = list(names or [])
+    lengths = list(lengths or [])
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"workload: unknown {', '.join(unknown)}; expected one of "
+                         f"{', '.join(WORKLOADS)}")
+    if not names and not lengths:
+        names = list(WORKLOADS)
+    return [WORKLOADS[n] for n in dict.fromkeys(names)] + [parse_lengths(s) for s in lengths]
+
+
+def build_batch(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS,
+                dtype: torch.dtype = torch.bfloat16, page_size: int = BENCH_PAGE_SIZE,
+                device: torch.device | str = "cuda", seed: int = 0) -> AttentionBatch:
+    """The workload's tensors: random q, K, V (normal, seed-fixed) on shuffled physical pages."""
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    n_pages = [math.ceil(k / page_size) for k in w.kv_lens]
+    total = sum(n_pages)
+    perm = torch.randperm(total, device=dev, generator=g).to(torch.int32)
+    table = torch.zeros((len(n_pages), max(n_pages)), dtype=torch.int32, device=dev)
+    off = 0
+    for b, n in enumerate(n_pages):
+        table[b, :n] = perm[off:off + n]
+        off += n
+    Hq, Hkv, D = heads.num_q_heads, heads.num_kv_heads, heads.head_dim
+    shape = (total, page_size, Hkv, D)
+    k = torch.randn(shape, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(shape, device=dev, dtype=dtype, generator=g)
+    q = torch.randn((w.query_tokens, Hq, D), device=dev, dtype=dtype, generator=g)
+    cu = [0]
+    for n in w.q_lens:
+        cu.append(cu[-1] + n)
+    return AttentionBatch(
+        q=q, k_cache=k, v_cache=v,
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+        kv_lens=torch.tensor(w.kv_lens, dtype=torch.int32, device=dev),
+        block_table=table, sm_scale=1.0 / math.sqrt(D))
+
+
+# --------------------------------------------------------------------------------------------
+# Physical limits and the ideal time
+# --------------------------------------------------------------------------------------------
+
+def kv_bytes(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS,
+             dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of K and V the call must read: each request's KV once."""
+    return sum(w.kv_lens) * heads.num_kv_heads * heads.head_dim * 2 * dtype.itemsize
+
+
+def causal_flops(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS) -> int:
+    """``4 * D * Hq * sum over query rows of attended keys`` (q·kᵀ and p·v, 2 FLOPs per MAC);
+    row ``i`` of a request with ``q_len`` Q and ``kv_len`` K attends to ``K - Q + i + 1`` keys."""
+    rows = sum(q * (k - q) + q * (q + 1) // 2 for q, k in zip(w.q_lens, w.kv_lens, strict=True))
+    return 4 * heads.head_dim * heads.num_q_heads * rows
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The GPU's limits measured in the run: HBM read and copy bandwidth (GB/s, 1e9 bytes) and
+    the bf16 matmul peak (TFLOP/s)."""
+
+    hbm_read_GBps: float
+    copy_GBps: float
+    matmul_TFLOPs: float
+
+
+def ideal_ms(w: BenchWorkload, limits: Limits, heads: HeadConfig = BENCH_HEADS,
+             dtype: torch.dtype = torch.bfloat16) -> tuple[float, str]:
+    """``(milliseconds, bound)``: the time the workload needs at the measured limits, and
+    whether it is ``memory`` (KV bytes / HBM read bandwidth) or ``compute`` (causal FLOPs /
+    matmul peak) bound. Decode is memory, prefill compute, mixed the larger of the two."""
+    mem = kv_bytes(w, heads, dtype) / (limits.hbm_read_GBps * 1e6)
+    flop = causal_flops(w, heads) / (limits.matmul_TFLOPs * 1e9)
+    if w.kind == "decode":
+        return mem, "memory"
+    if w.kind == "prefill":
+        return flop, "compute"
+    return (mem, "memory") if mem >= flop else (flop, "compute")
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Timing:
+    """One backend on one workload: the median ``ms`` (``None`` when it failed), how it was run
+    (``graph`` replay or ``eager`` calls), a ``note`` (why eager) and the ``error``."""
+
+    ms: float | None
+    mode: str = "graph"
+    note: str = ""
+    error: str = ""
+
+
+class Timer(Protocol):
+    """What :func:`run_bench` times with (inject a fake one to run without a GPU)."""
+
+    def time_backend(self, backend: ResolvedBackend, batch: AttentionBatch) -> Timing: ...
+
+    def time_fn(self, fn: Callable[[], object]) -> float: ...
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+class CudaTimer:
+    """Median CUDA-event time of ``iters`` runs after ``warmup``, each after an L2 flush (a
+    ``zero_()`` of a buffer of twice the L2 size, at least 256 MiB); backends are captured in a
+    CUDA graph and replayed (module docstring)."""
+
+    def __init__(self, iters: int = 50, warmup: int = 10,
+                 device: torch.device | str = "cuda") -> None:
+        if iters < 1 or warmup < 0:
+            raise ValueError(f"iters: expected >= 1 (warmup >= 0), got {iters} ({warmup})")
+        self.iters, self.warmup = iters, warmup
+        self.device = torch.device(device)
+        l2 = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size",
+                         64 << 20))
+        self._flush = torch.empty(max(2 * l2, 256 << 20), dtype=torch.uint8,
+                                  device=self.device)
+
+    def time_fn(self, fn: Callable[[], object]) -> float:
+        fn()
+        torch.cuda.synchronize(self.device)
+        for _ in range(self.warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                  for _ in range(self.iters)]
+        ends = [torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                for _ in range(self.iters)]
+        for s, e in zip(starts, ends, strict=True):
+            self._flush.zero_()
+            s.record()  # type: ignore[no-untyped-call]
+            fn()
+            e.record()  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize(self.device)
+        return float(statistics.median(s.elapsed_time(e)  # type: ignore[no-untyped-call]
+                                       for s, e in zip(starts, ends, strict=True)))
+
+    def _capture(self, backend: ResolvedBackend, batch: AttentionBatch) -> Callable[[], object]:
+        plan = planner(backend)
+        if plan is not None:
+            plan(batch, True)
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            backend(batch)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            backend(batch)
+        return graph.replay
+
+    def time_backend(self, backend: ResolvedBackend, batch: AttentionBatch) -> Timing:
+        note = ""
+        if capabilities(backend).cuda_graphs:
+            try:
+                return Timing(self.time_fn(self._capture(backend, batch)), "graph")
+            except Exception as exc:  # a capture that fails: time it eagerly, say why
+                torch.cuda.synchronize(self.device)
+                note = f"eager: CUDA-graph capture failed ({_first_line(exc)})"
+        else:
+            note = "eager: the backend declares that it cannot be captured in a CUDA graph"
+        plan = planner(backend)
+        if plan is not None:
+            plan(batch, False)  # planned once, not timed (an engine plans once per step)
+        return Timing(self.time_fn(lambda: backend(batch)), "eager", note)
+
+
+def _bandwidth(timer: Timer, device: torch.device | str, nbytes: int) -> tuple[float, float]:
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    y = torch.empty_like(x)
+    return (timer.time_fn(lambda: x.sum(dtype=torch.float32)),
+            timer.time_fn(lambda: y.copy_(x)))
+
+
+def measure_limits(timer: Timer, device: torch.device | str = "cuda",
+                   nbytes: int = 2 << 30, matmul: int = 8192) -> Limits:
+    """HBM read bandwidth (float32 sum of ``nbytes`` of bf16), copy bandwidth (read + write of
+    ``nbytes``) and the bf16 matmul peak (``matmul``³), timed with ``timer``."""
+    t_sum, t_copy = _bandwidth(timer, device, nbytes)
+    a = torch.randn(matmul, matmul, dtype=torch.bfloat16, device=device)
+    b = torch.randn(matmul, matmul, dtype=torch.bfloat16, device=device)
+    t_mm = timer.time_fn(lambda: torch.matmul(a, b))
+    return Limits(hbm_read_GBps=nbytes / t_sum / 1e6, copy_GBps=2 * nbytes / t_copy / 1e6,
+                  matmul_TFLOPs=2 * matmul**3 / t_mm / 1e9)
+
+
+# --------------------------------------------------------------------------------------------
+# The run and its report
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class WorkloadResult:
+    """One workload: its sizes, its ideal time and every backend's :class:`Timing`."""
+
+    workload: str
+    kind: str
+    requests: int
+    query_tokens: int
+    max_kv: int
+    kv_bytes: int
+    flops: int
+    ideal_ms: float
+    bound: str
+    notes: str
+    times: dict[str, Timing] = field(default_factory=dict)
+
+
+@dataclass
+class BenchReport:
+    """What ``invariance bench`` measured (JSON: :meth:`to_json`, schema :data:`SCHEMA`)."""
+
+    backends: list[str]
+    baseline: str | None
+    dtype: str
+    heads: str
+    page_size: int
+    limits: Limits
+    results: list[WorkloadResult]
+    environment: dict[str, Any] = field(default_factory=dict)
+    timing: str = ""
+    command: str = ""
+
+    def ms(self, result: WorkloadResult, backend: str) -> float | None:
+        t = result.times.get(backend)
+        return t.ms if t is not None else None
+
+    def ratio(self, result: WorkloadResult, backend: str) -> float | None:
+        """``backend``'s time / the baseline's (the invariance tax); ``None`` when either is
+        missing or there is no baseline."""
+        if self.baseline is None:
+            return None
+        a, b = self.ms(result, backend), self.ms(result, self.baseline)
+        return a / b if a is not None and b else None
+
+    def fraction(self, result: WorkloadResult, backend: str) -> float | None:
+        """Ideal time / ``backend``'s time (1.0 = at the measured limit)."""
+        t = self.ms(result, backend)
+        return result.ideal_ms / t if t else None
+
+    def errors(self) -> list[tuple[str, str, str]]:
+        """``(workload, backend, error)`` of every failed timing."""
+        return [(r.workload, name, t.error) for r in self.results
+                for name, t in r.times.items() if t.error]
+
+    def notes(self) -> list[tuple[str, str, str]]:
+        """``(workload, backend, note)`` of every timing with a note (eager fallbacks)."""
+        return [(r.workload, name, t.note) for r in self.results
+                for name, t in r.times.items() if t.note]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d = {"schema": SCHEMA, **d}
+        return d
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def _negotiate(b: ResolvedBackend, dtype: torch.dtype, heads: HeadConfig,
+               device: torch.device) -> None:
+    caps = capabilities(b)
+    name = dtype_name(dtype)
+    if name not in caps.dtypes:
+        raise ValueError(f"dtype: backend {b.name} supports {', '.join(caps.dtypes)}, got "
+                         f"{name}")
+    if caps.head_dims is not None and heads.head_dim not in caps.head_dims:
+        raise ValueError(f"heads: backend {b.name} supports head dims "
+                         f"{', '.join(map(str, caps.head_dims))}, got {heads}")
+    if device.type not in caps.devices:
+        raise ValueError(f"device: backend {b.name} runs on {', '.join(caps.devices)}, got "
+                         f"{device.type}")
+
+
+def run_bench(
+    backends: Sequence[str | Backend],
+    workloads: Sequence[BenchWorkload] | None = None,
+    *,
+    names: Sequence[str] | None = None,
+    baseline: str | Backend | None = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    heads: HeadConfig | str = BENCH_HEADS,
+    page_size: int = BENCH_PAGE_SIZE,
+    iters: int = 50,
+    seed: int = 0,
+    device: torch.device | str = "cuda",
+    timer: Timer | None = None,
+    limits: Limits | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> BenchReport:
+    """Time each backend (names, ``module:attr`` or callables; the ``baseline`` first) on each
+    workload (``workloads``, or those ``names`` of :data:`WORKLOADS`, default all).
+
+    ``timer`` defaults to a :class:`CudaTimer` of ``iters`` replays; ``limits`` to
+    :func:`measure_limits` with that timer. A backend that fails on a workload is recorded with
+    its error and the run goes on. ``ValueError`` for a backend that cannot run the dtype, head
+    dim or device, before anything is timed."""
+    dt = parse_dtype(dtype)
+    head_cfg = HeadConfig.parse(heads) if isinstance(heads, str) else heads
+    dev = torch.device(device)
+    wls = list(workloads) if workloads is not None else select_workloads(names)
+    resolved = [resolve(b) for b in backends]
+    base = resolve(baseline) if baseline is not None else None
+    if base is not None:
+        resolved = [base] + [b for b in resolved if b.name != base.name]
+    if not resolved:
+        raise ValueError("backend: expected at least one backend to time, got none")
+    for b in resolved:
+        _negotiate(b, dt, head_cfg, dev)
+    timer = timer if timer is not None else CudaTimer(iters, device=dev)
+    if limits is None:
+        if progress is not None:
+            progress(0, len(wls) * len(resolved), "measuring HBM bandwidth and matmul peak")
+        limits = measure_limits(timer, dev)
+    results: list[WorkloadResult] = []
+    done = 0
+    for w in wls:
+        ideal, bound = ideal_ms(w, limits, head_cfg, dt)
+        res = WorkloadResult(w.name, w.kind, len(w.q_lens), w.query_tokens, max(w.kv_lens),
+                             kv_bytes(w, head_cfg, dt), causal_flops(w, head_cfg), ideal, bound,
+                             w.notes)
+        batch = build_batch(w, head_cfg, dt, page_size, dev, seed)
+        for b in resolved:
+            if progress is not None:
+                progress(done, len(wls) * len(resolved), f"{w.name}: {b.name}")
+            try:
+                res.times[b.name] = timer.time_backend(b, batch)
+            except Exception as exc:  # one failing backend must not hide the others
+                res.times[b.name] = Timing(None, "", "", _first_line(exc))
+            done += 1
+        del batch
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        results.append(res)
+    if progress is not None:
+        progress(done, len(wls) * len(resolved), "done")
+    timing = (f"CUDA-graph replay, median of {iters} after an L2 flush (CUDA events)"
+              if isinstance(timer, CudaTimer) else type(timer).__name__)
+    return BenchReport(
+        backends=[b.name for b in resolved], baseline=base.name if base is not None else None,
+        dtype=dtype_name(dt), heads=str(head_cfg), page_size=page_size, limits=limits,
+        results=results, timing=timing,
+        environment=_environment(dev) | {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                     time.gmtime())})
+
+
+def _environment(dev: torch.device) -> dict[str, Any]:
+    from invariance.report import Environment
+
+    env = Environment.capture(str(dev)).to_dict()
+    if dev.type == "cuda":
+        env["sms"] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return env

@@ -1,0 +1,209 @@
+"""Planted defects: attention backends with the batch-variance bugs real kernels have.
+
+:class:`Planted` is a float32 split-KV attention over a paged cache, invariant by construction:
+keys are cut into splits of ``split`` tokens at absolute positions, each split is an online
+softmax state, and states fold left to right. Each defect changes one thing, the way kernels in
+the field do (a split size taken from the batch, a separate decode path, a read past ``kv_len``,
+...). ``tests/test_mutations.py`` checks that the default check catches every defect and passes
+the fixed variants.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from invariance import AttentionBatch, AttentionResult
+
+# Batch facts a defect may look at.
+Facts = dict[str, int]
+
+
+def _facts(batch: AttentionBatch) -> Facts:
+    q_lens = batch.q_lens()
+    kv = batch.kv_lens.tolist()
+    return {"B": batch.batch_size, "T": batch.num_tokens, "max_kv": max(kv, default=0),
+            "prefills": sum(1 for n in q_lens if n > 1), "decodes": sum(1 for n in q_lens
+                                                                         if n == 1)}
+
+
+def _gather(batch: AttentionBatch, b: int, extra: int = 0,
+            row: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V ``[kv_len + extra, Hkv, D]`` of request ``b`` in float32, through block-table row
+    ``row`` (its own by default)."""
+    P = batch.page_size
+    n = int(batch.kv_lens[b]) + extra
+    pages = batch.block_table[b if row is None else row, : -(-n // P)].long()
+    pages = pages.clamp(0, batch.k_cache.shape[0] - 1)
+    k = batch.k_cache[pages].reshape(-1, batch.num_kv_heads, batch.head_dim)[:n]
+    v = batch.v_cache[pages].reshape(-1, batch.num_kv_heads, batch.head_dim)[:n]
+    return k.float(), v.float()
+
+
+def _attend(q: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            split: int, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``q`` ``[n, Hq, D]`` at positions ``pos`` over ``k, v`` ``[L, Hkv, D]``: splits of
+    ``split`` keys at absolute positions, folded in order (``reverse``: last split first)."""
+    n, Hq, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    qg = q.float().view(n, Hkv, G, D)
+    m = torch.full((n, Hkv, G), float("-inf"))
+    l = torch.zeros(n, Hkv, G)
+    acc = torch.zeros(n, Hkv, G, D)
+    starts = list(range(0, int(pos.max()) + 1, split))
+    for s0 in reversed(starts) if reverse else starts:
+        kc, vc = k[s0:s0 + split], v[s0:s0 + split]  # [S, Hkv, D]
+        s = (qg[:, None] * kc[None, :, :, None, :]).sum(-1) * scale  # [n, S, Hkv, G]
+        visible = (torch.arange(s0, s0 + kc.shape[0])[None, :] <= pos[:, None])
+        s = s.masked_fill(~visible[:, :, None, None], float("-inf"))
+        mc = s.amax(1)
+        m_new = torch.maximum(m, mc)
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(m - safe)
+        p = torch.exp(s - safe[:, None])
+        l = alpha * l + p.sum(1)
+        acc = alpha[..., None] * acc + (p[..., None] * vc[None, :, :, None, :]).sum(1)
+        m = m_new
+    out = torch.where(l[..., None] > 0, acc / l[..., None], torch.zeros_like(acc))
+    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("-inf")))
+    return out.reshape(n, Hq, D), lse.reshape(n, Hq)
+
+
+@dataclass
+class Planted:
+    """Split-KV float32 attention; ``defect`` names the planted bug ("" = none).
+
+    ``split``: tokens per split (fixed: invariant); ``reverse``: fold the splits last to first
+    (a different but fixed order: still invariant)."""
+
+    defect: str = ""
+    split: int = 32
+    reverse: bool = False
+    calls: int = field(default=0, repr=False)
+    rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def split_for(self, f: Facts, q_len: int, kv_len: int, b: int) -> int:
+        d, s = self.defect, self.split
+        changed = {
+            "decode_path": q_len == 1,
+            "qlen_split": q_len > 8,
+            "kvlen_split": f["max_kv"] > 512,
+            "mixed_only": q_len == 1 and f["prefills"] > 0,
+            "long_batch_trigger": f["max_kv"] > 1024 and f["B"] >= 3,
+            "token_threshold": f["T"] >= 33,
+            "batch16": f["B"] >= 16,
+            "long_row_split": kv_len > 256 and f["B"] >= 4,
+            "spec_path": 2 <= q_len <= 8,
+            "graph_bucket": f["B"] % 8 == 0,
+            "slot_parity": b % 2 == 1,
+        }.get(d, False)
+        return s // 2 if changed else s
+
+    def __call__(self, batch: AttentionBatch) -> AttentionResult:
+        self.calls += 1
+        f = _facts(batch)
+        out = torch.zeros_like(batch.q)
+        lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"))
+        cu = batch.cu_seqlens_q.tolist()
+        kv_lens = batch.kv_lens.tolist()
+        seen_pages: set[int] = set()
+        running_max = float("-inf")
+        scale = batch.sm_scale * (1.01 if self.defect == "accuracy_scale" else 1.0)
+        owner = list(range(batch.batch_size))
+        if self.defect == "request_index":  # an empty request shifts later block-table rows
+            empties = 0
+            for b in range(batch.batch_size):
+                owner[b] = b - empties
+                empties += cu[b + 1] == cu[b]
+        for b in range(batch.batch_size):
+            lo, hi = cu[b], cu[b + 1]
+            if hi == lo:
+                continue
+            kvb = b
+            extra = 0
+            if self.defect == "reads_past_kv_len":  # to the end of the last page
+                extra = -(-kv_lens[kvb] // batch.page_size) * batch.page_size - kv_lens[kvb]
+            k, v = _gather(batch, kvb, extra, row=owner[b])
+            if self.defect == "page_contiguous":  # assumes pages are consecutive
+                first = int(batch.block_table[kvb, 0]) * batch.page_size
+                flat_k = batch.k_cache.reshape(-1, batch.num_kv_heads, batch.head_dim)
+                flat_v = batch.v_cache.reshape(-1, batch.num_kv_heads, batch.head_dim)
+                k = flat_k[first:first + kv_lens[kvb]].float()
+                v = flat_v[first:first + kv_lens[kvb]].float()
+            if self.defect == "shared_page_zeros":  # a page read twice in a batch reads zeros
+                P = batch.page_size
+                pages = batch.block_table[kvb, : -(-kv_lens[kvb] // P)].tolist()
+                for j, page in enumerate(pages):
+                    if page in seen_pages:
+                        k[j * P:(j + 1) * P] = 0
+                        v[j * P:(j + 1) * P] = 0
+                seen_pages.update(pages)
+            if self.defect == "accuracy_gqa":  # query head h reads KV head h % Hkv
+                G = batch.num_q_heads // batch.num_kv_heads
+                k = k[:, torch.arange(batch.num_q_heads) % batch.num_kv_heads][:, ::G]
+                v = v[:, torch.arange(batch.num_q_heads) % batch.num_kv_heads][:, ::G]
+            first = kv_lens[b] - (hi - lo)
+            pos = torch.arange(first, kv_lens[b])
+            if self.defect == "off_by_one":  # sees one key past its position
+                pos = torch.clamp(pos + 1, max=k.shape[0] - 1)
+            split = self.split_for(f, hi - lo, kv_lens[b], b)
+            o, s = _attend(batch.q[lo:hi], pos, k, v, scale, split, self.reverse)
+            if self.defect == "lse_only":
+                s2 = _attend(batch.q[lo:hi], pos, k, v, scale,
+                             self.split // 2 if f["B"] >= 3 else self.split)[1]
+                s = s2
+            if self.defect == "order_dependent":  # rescaled by a running max over the batch
+                running_max = max(running_max, float(s.max()))
+                s = (s - running_max) + running_max
+            if self.defect == "accuracy_long_rows":
+                o = o + 0.5 * (pos >= 200)[:, None, None]
+            if self.defect == "signed_zero" and f["B"] >= 3:
+                o = torch.where(o == 0, -o, o)
+            if self.defect == "intermittent_noise" and self.rng.random() < 0.2:
+                s = torch.nextafter(s, torch.full_like(s, float("inf")))
+            out[lo:hi] = o.to(batch.dtype)
+            lse[lo:hi] = s
+        if self.defect == "zeros":
+            out.zero_()
+        return AttentionResult(out, lse)
+
+
+#: Planted defect -> one line on the class of bug it stands for.
+DEFECTS: dict[str, str] = {
+    "page_contiguous": "page ids: assumes a request's pages are physically consecutive",
+    "reads_past_kv_len": "reads the tail of the last page past kv_len",
+    "off_by_one": "causal mask off by one (sees the next key)",
+    "request_index": "request index: an empty request shifts later requests' block-table rows",
+    "decode_path": "decode rows (q_len 1) take another path with another split",
+    "qlen_split": "split size chosen from the request's q_len",
+    "kvlen_split": "split size chosen from the batch's longest kv_len (FA2-style)",
+    "mixed_only": "decode rows change split only in batches that also hold prefills",
+    "lse_only": "the LSE (not the output) depends on the batch size",
+    "long_batch_trigger": "rare: longest request > 1024 AND batch >= 3",
+    "token_threshold": "kernel switch at >= 33 tokens in the batch",
+    "signed_zero": "exact-zero outputs flip to -0.0 in batches of 3 or more",
+    "order_dependent": "rescales by a running max over the requests before it",
+    "intermittent_noise": "1 call in 5 perturbs the LSE by 1 ULP (nondeterminism)",
+    "batch16": "split changes for batches of 16 or more",
+    "long_row_split": "rows longer than 256 split by a batch-dependent count",
+    "spec_path": "2..8-token chunks take a speculative-verify path",
+    "graph_bucket": "split changes for batch sizes that are multiples of 8",
+    "slot_parity": "odd batch slots take another split",
+    "shared_page_zeros": "a physical page read by two requests reads zeros the second time",
+    "accuracy_scale": "softmax scale 1% off (invariant, inaccurate)",
+    "accuracy_gqa": "wrong GQA head mapping (invariant, inaccurate)",
+    "accuracy_long_rows": "+0.5 on every row at position >= 200 (invariant, inaccurate)",
+    "zeros": "returns zeros (invariant, inaccurate)",
+}
+
+#: Different but fixed variants: invariant and accurate, they must pass.
+FIXED: dict[str, Callable[[], Planted]] = {
+    "split32": lambda: Planted(),
+    "split16": lambda: Planted(split=16),
+    "split1000": lambda: Planted(split=1000),
+    "reverse_fold": lambda: Planted(reverse=True),
+}

@@ -1,0 +1,244 @@
+"""``invariance bench`` without a GPU: workloads, the ideal-time arithmetic, the ratio table and
+the renderers, with an injected timer and injected limits."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rich.console import Console
+
+from invariance.backends import ResolvedBackend
+from invariance.backends.reference import reference_backend
+from invariance.batch import AttentionBatch
+from invariance.bench import (
+    WORKLOADS,
+    BenchWorkload,
+    Limits,
+    Timing,
+    build_batch,
+    causal_flops,
+    ideal_ms,
+    kv_bytes,
+    parse_lengths,
+    run_bench,
+    select_workloads,
+)
+from invariance.cli import main
+from invariance.render import bench_to_markdown, print_bench
+from invariance.workload import HeadConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = Limits(hbm_read_GBps=3000.0, copy_GBps=2800.0, matmul_TFLOPs=700.0)
+SMALL = HeadConfig(4, 2, 64)
+
+
+def test_named_workloads() -> None:
+    decode = [n for n in WORKLOADS if n.startswith("decode-b")]
+    assert decode == [f"decode-b{b}-ctx{c}" for b in (1, 8, 64) for c in ("1k", "8k", "32k")] + [
+        "decode-b256-ctx8k"]
+    w = WORKLOADS["decode-b64-ctx32k"]
+    assert w.q_lens == (1,) * 64 and w.kv_lens == (32768,) * 64 and w.kind == "decode"
+    prod = WORKLOADS["decode-prod64"]
+    assert len(prod.kv_lens) == 64 and set(prod.kv_lens) <= {4096, 8192, 16384, 32768}
+    assert prod.kind == "decode"
+    mixed = WORKLOADS["mixed64"]
+    assert mixed.kind == "mixed" and mixed.q_lens[::2] == (1,) * 32
+    assert all(32 <= q <= 512 and q <= kv <= 8192
+               for q, kv in zip(mixed.q_lens[1::2], mixed.kv_lens[1::2], strict=True))
+    pre = WORKLOADS["prefill-varlen"]
+    assert pre.kind == "prefill" and pre.q_lens == pre.kv_lens == (
+        16384, 8192, 4096, 4096, 2048, 1024, 512, 512)
+
+
+def test_workloads_are_the_benchmark_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.spec_from_file_location("_bench_script", ROOT / "benchmarks" /
+                                                  "attention.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "_bench_script", script)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script inserts the repository root
+    spec.loader.exec_module(script)
+    for name, w in WORKLOADS.items():
+        theirs = script.WORKLOADS[name]
+        assert (tuple(theirs.q_lens), tuple(theirs.kv_lens)) == (w.q_lens, w.kv_lens), name
+
+
+def test_parse_lengths() -> None:
+    w = parse_lengths("decode:4096x32")
+    assert w.q_lens == (1,) * 32 and w.kv_lens == (4096,) * 32 and w.name == "decode:4096x32"
+    w = parse_lengths("prefill:2kx2,512")
+    assert w.q_lens == w.kv_lens == (2048, 2048, 512) and w.kind == "prefill"
+    w = parse_lengths("decode:8kx2+chunk:512/2048x2")
+    assert w.q_lens == (1, 1, 512, 512) and w.kv_lens == (8192, 8192, 2048, 2048)
+    assert w.kind == "mixed"
+    for bad, match in [("decode", "expected parts"), ("mixed:4", "expected parts"),
+                       ("decode:0", "length"), ("decode:4kx0", "count"),
+                       ("chunk:64", "Q/L"), ("chunk:64/8", "exceed"), ("decode:abc", "length")]:
+        with pytest.raises(ValueError, match=match):
+            parse_lengths(bad)
+
+
+def test_select_workloads() -> None:
+    assert [w.name for w in select_workloads()] == list(WORKLOADS)
+    got = select_workloads(["mixed64", "mixed64"], ["decode:1kx2"])
+    assert [w.name for w in got] == ["mixed64", "decode:1kx2"]
+    assert [w.name for w in select_workloads(None, ["decode:1k"])] == ["decode:1k"]
+    with pytest.raises(ValueError, match="unknown nope"):
+        select_workloads(["nope"])
+    with pytest.raises(ValueError, match="q_len <= kv_len"):
+        BenchWorkload("x", (5,), (4,))
+
+
+def test_build_batch_shapes_and_shuffled_pages() -> None:
+    w = parse_lengths("decode:37x2+chunk:5/20")
+    batch = build_batch(w, SMALL, torch.float16, page_size=4, device="cpu", seed=1).validate()
+    assert batch.q.shape == (7, 4, 64) and batch.q.dtype == torch.float16
+    assert batch.kv_lens.tolist() == [37, 37, 20] and batch.q_lens() == [1, 1, 5]
+    assert batch.k_cache.shape == (10 + 10 + 5, 4, 2, 64)
+    used = sorted(int(p) for b, n in enumerate((10, 10, 5)) for p in batch.block_table[b, :n])
+    assert used == list(range(25))
+    assert batch.block_table[0, :10].tolist() != list(range(10))  # shuffled
+    again = build_batch(w, SMALL, torch.float16, page_size=4, device="cpu", seed=1)
+    assert torch.equal(again.k_cache, batch.k_cache)
+
+
+def test_ideal_time_arithmetic() -> None:
+    heads = HeadConfig(32, 8, 128)
+    w = WORKLOADS["decode-b8-ctx8k"]
+    assert kv_bytes(w, heads, torch.bfloat16) == 8 * 8192 * 8 * 128 * 2 * 2
+    ms, bound = ideal_ms(w, LIMITS, heads, torch.bfloat16)
+    assert bound == "memory" and ms == pytest.approx(8 * 8192 * 8 * 128 * 4 / 3000e9 * 1e3)
+    p = parse_lengths("prefill:4")
+    assert causal_flops(p, heads) == 4 * 128 * 32 * (1 + 2 + 3 + 4)
+    c = parse_lengths("chunk:2/5")  # rows attend to 4 and 5 keys
+    assert causal_flops(c, heads) == 4 * 128 * 32 * 9
+    ms, bound = ideal_ms(WORKLOADS["prefill-varlen"], LIMITS, heads, torch.bfloat16)
+    assert bound == "compute"
+    assert ms == pytest.approx(causal_flops(WORKLOADS["prefill-varlen"], heads) / 700e12 * 1e3)
+    mixed = WORKLOADS["mixed64"]
+    ms, _ = ideal_ms(mixed, LIMITS, heads, torch.bfloat16)
+    assert ms == pytest.approx(max(kv_bytes(mixed, heads) / 3000e6,
+                                   causal_flops(mixed, heads) / 700e9))
+
+
+class FakeTimer:
+    """Times from a table: ``{backend name: ms per query token}``; raises for ``boom``."""
+
+    def __init__(self, per_token: dict[str, float]) -> None:
+        self.per_token = per_token
+        self.calls: list[tuple[str, int]] = []
+
+    def time_fn(self, fn: Any) -> float:  # pragma: no cover - limits are injected
+        raise AssertionError("limits are injected")
+
+    def time_backend(self, backend: ResolvedBackend, batch: AttentionBatch) -> Timing:
+        self.calls.append((backend.name, batch.num_tokens))
+        if backend.name.endswith(":boom"):
+            raise RuntimeError("kernel exploded\nsecond line")
+        backend(batch)  # the backend really runs on the CPU batch
+        mode = "eager" if backend.name == "sdpa-math" else "graph"
+        note = "eager: because" if mode == "eager" else ""
+        (key,) = [k for k in self.per_token if backend.name.split(":")[-1].endswith(k)]
+        return Timing(self.per_token[key] * batch.num_tokens, mode, note)
+
+
+def boom(batch: AttentionBatch) -> None:
+    raise AssertionError("never called: the fake timer raises first")
+
+
+
+def _report() -> Any:
+    timer = FakeTimer({"reference": 0.02, "sdpa-math": 0.01})
+    wls = [parse_lengths("decode:33x3"), parse_lengths("prefill:9,4")]
+    report = run_bench(["reference", "sdpa-math"], wls, baseline="sdpa-math", dtype="float32",
+                       heads=SMALL, page_size=4, device="cpu", timer=timer, limits=LIMITS)
+    return report, timer
+
+
+def test_run_bench_with_an_injected_timer() -> None:
+    report, timer = _report()
+    assert report.backends == ["sdpa-math", "reference"]  # the baseline first
+    assert timer.calls == [("sdpa-math", 3), ("reference", 3), ("sdpa-math", 13),
+                           ("reference", 13)]
+    r = report.results[0]
+    assert r.kind == "decode" and r.requests == 3 and r.max_kv == 33
+    assert report.ms(r, "reference") == pytest.approx(0.06)
+    assert report.ratio(r, "reference") == pytest.approx(2.0)
+    assert report.ratio(r, "sdpa-math") == pytest.approx(1.0)
+    assert report.fraction(r, "reference") == pytest.approx(r.ideal_ms / 0.06)
+    assert r.ideal_ms == pytest.approx(ideal_ms(parse_lengths("decode:33x3"), LIMITS, SMALL,
+                                                torch.float32)[0])
+    data = json.loads(report.to_json())
+    assert data["schema"] == "invariance-bench/1" and data["baseline"] == "sdpa-math"
+    assert data["results"][1]["times"]["reference"]["ms"] == pytest.approx(0.26)
+    assert data["limits"]["matmul_TFLOPs"] == 700.0
+    assert report.notes() == [(w.workload, "sdpa-math", "eager: because")
+                              for w in report.results]
+
+
+def test_failures_are_recorded_and_the_run_goes_on() -> None:
+    timer = FakeTimer({"reference_backend": 0.02})
+    report = run_bench([boom, reference_backend], [parse_lengths("decode:9x2")], heads=SMALL,
+                       dtype="float32", page_size=4, device="cpu", timer=timer, limits=LIMITS)
+    (r,) = report.results
+    name = report.backends[0]
+    assert r.times[name].ms is None and r.times[name].error == "RuntimeError: kernel exploded"
+    assert report.errors() == [("decode:9x2", name, "RuntimeError: kernel exploded")]
+    assert report.ratio(r, name) is None and report.fraction(r, name) is None
+    assert r.times[report.backends[1]].ms == pytest.approx(0.04)
+
+
+def test_capabilities_are_checked_before_timing() -> None:
+    timer = FakeTimer({})
+    with pytest.raises(ValueError, match="runs on cuda"):
+        run_bench(["sdpa-flash"], [parse_lengths("decode:9")], dtype="bfloat16", heads=SMALL,
+                  device="cpu", timer=timer, limits=LIMITS)
+    with pytest.raises(ValueError, match="supports float16, bfloat16"):
+        run_bench(["flashinfer"], [parse_lengths("decode:9")], dtype="float32",
+                  heads=HeadConfig(4, 2, 64), device="cpu", timer=timer, limits=LIMITS)
+    assert timer.calls == []
+
+
+def test_renderers() -> None:
+    report, _ = _report()
+    report.command = "invariance bench --backend reference --baseline sdpa-math"
+    md = bench_to_markdown(report)
+    assert md.startswith("# invariance bench\n")
+    assert "| workload | kind | ideal us | sdpa-math us | sdpa-math % ideal | reference us |" in md
+    assert "reference / sdpa-math" in md
+    assert "| decode:33x3 | decode |" in md and "2.00x" in md
+    assert "60.0" in md and "30.0†" in md  # reference 0.06 ms; the eager baseline marked
+    assert "HBM read 3000 GB/s" in md and "700 TFLOP/s" in md
+    assert "† decode:33x3 sdpa-math: eager: because" in md
+    assert "`invariance bench --backend reference --baseline sdpa-math`" in md
+    console = Console(record=True, width=240, color_system=None)
+    print_bench(report, console)
+    text = console.export_text()
+    assert "invariance bench" in text and "2.00x" in text and "prefill:9,4" in text
+    failed = run_bench([boom], [parse_lengths("decode:9")], heads=SMALL, dtype="float32",
+                       page_size=4, device="cpu", timer=FakeTimer({}), limits=LIMITS)
+    assert "Errors:" in bench_to_markdown(failed) and "| error |" in bench_to_markdown(failed)
+    assert math.isfinite(report.results[0].ideal_ms)
+
+
+def test_cli_without_cuda_is_one_line_exit_2(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    if torch.cuda.is_available():  # pragma: no cover - GPU machines
+        pytest.skip("CUDA is available here")
+    assert main(["bench", "--backend", "kernels", "--baseline", "flashinfer",
+                 "--json", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["invariance: error: bench: needs a CUDA GPU; torch.cuda.is_available() is "
+                   "False here"]
+    assert main(["bench", "--workload", "nope"]) == 2
+    assert "unknown nope" in capsys.readouterr().err
+    assert main(["bench", "--markdown", str(tmp_path / "missing" / "b.md")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()

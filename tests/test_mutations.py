@@ -1,0 +1,56 @@
+"""The mutation sweep: every planted defect (tests/mutants.py) is caught by the default check at
+every seed, and every fixed variant passes it: the check can fail, and it fails for the right
+reasons only.
+
+``pytest -m mutation --mutation-seeds 20`` sweeps seeds 0..19 (CI); the default is 2 seeds.
+A defect is caught when any cell fails (invariance or accuracy); perturbations run one at a
+time and stop at the first failing one, which gives the same verdict as the full check sooner.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mutants import DEFECTS, FIXED, Planted
+
+import invariance
+
+pytestmark = pytest.mark.mutation
+
+#: Perturbations the sweep runs (CUDA-only ones cannot run on a CPU).
+PERTURBATIONS = [p.name for p in invariance.PERTURBATIONS.values() if not p.requires_cuda]
+ACCURACY_ONLY = {d for d in DEFECTS if d.startswith("accuracy_") or d == "zeros"}
+
+
+def _first_failure(backend: Planted, seed: int) -> invariance.Report | None:
+    for name in PERTURBATIONS:
+        report = invariance.check(backend, device="cpu", perturbations=[name], seed=seed)
+        if not report.passed:
+            return report
+    return None
+
+
+def test_sweep_knows_every_class() -> None:
+    assert len(DEFECTS) >= 20 and len(FIXED) >= 3
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_planted_defect_is_caught(defect: str, mutation_seed: int) -> None:
+    report = _first_failure(Planted(defect), mutation_seed)
+    assert report is not None, f"{defect} ({DEFECTS[defect]}) passed the check at seed " \
+                               f"{mutation_seed}"
+    assert not any(c.status == "error" for c in report.results), report.summary()
+    if defect in ACCURACY_ONLY:
+        assert report.invariant and not report.accurate, report.summary()
+    elif defect == "intermittent_noise":
+        kinds = {v.classification for v in report.violations}
+        assert "nondeterministic" in kinds, report.summary()
+    else:  # batch variance: a violation (with its case file), or wrong values seen first
+        assert report.violations or not report.accurate, report.summary()
+        for v in report.violations:
+            assert v.classification == "batch-variant" and v.case_data
+
+
+@pytest.mark.parametrize("variant", sorted(FIXED))
+def test_fixed_variant_passes(variant: str, mutation_seed: int) -> None:
+    report = invariance.check(FIXED[variant](), device="cpu", seed=mutation_seed)
+    assert report.passed, report.summary()
