@@ -36,8 +36,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 HQ, HKV, D, PAGE_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SDPA_NOTE = (
@@ -221,7 +219,7 @@ def sdpa_fn(w: Workload, t: Tensors) -> Callable[[], Any] | None:
 
 def run_workload(w: Workload, quick: bool, split_sizes: list[int]) -> dict[str, Any]:
     import kernels
-    from kernels.attention import unified_attention
+    from kernels import plan_attention, unified_attention
 
     t = build(w)
     T = t.q.shape[0]
@@ -260,20 +258,8 @@ def run_workload(w: Workload, quick: bool, split_sizes: list[int]) -> dict[str, 
             res.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
     # Which plan auto picks without host statistics (validate=False, as timed) and with them
     # (validate=True: one sync per call, not timed here).
-    from kernels.attention import _host_stats
-    from kernels.config import choose_plan, rows_per_block, tile_config
-
-    cfg = tile_config(DTYPE, D)
-    _, bq = rows_per_block(cfg.block_m, HQ // HKV)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    res["auto_plan_no_stats"] = choose_plan(
-        (T // bq + len(w.q_lens)) * HKV, sms, t.block_table.shape[1] * PAGE_SIZE,
-        kernels.DEFAULT_SPLIT_SIZE)
-    st = _host_stats(t.q, t.k_cache, t.cu_seqlens_q, t.kv_lens, t.block_table, bq, cfg.block_n,
-                     check=False)
-    res["auto_plan_host_stats"] = choose_plan(
-        st.num_q_blocks * HKV, sms, st.max_kv_len, kernels.DEFAULT_SPLIT_SIZE,
-        longest_tiles=st.longest_tiles, total_tiles=st.total_tiles * HKV)
+    res["auto_plan_no_stats"] = plan_attention(*t.args(), validate=False).plan
+    res["auto_plan_host_stats"] = plan_attention(*t.args(), validate=True).plan
     return res
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/tile_sweep.py --out DIR
 
-For each (BLOCK_N, BLOCK_M, num_warps, num_stages) it times a few workloads of
+For each ``kernels.Tuning(block_n, block_m, num_warps, num_stages)`` it times a few workloads of
 ``benchmarks/attention.py`` (CUDA-graph replay, L2 flushed) and checks which configurations give
 bit-identical outputs (a configuration may only be swapped for another without changing bits if
 they agree everywhere). Writes ``DIR/tile_sweep.json``.
@@ -13,19 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
+# ``python benchmarks/tile_sweep.py`` puts benchmarks/ first on sys.path: the benchmark's module.
+import attention as bench_mod
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import attention as bench_mod
-
-from kernels import unified_attention
-from kernels.testing import describe_bit_mismatch
+from invariance import compare_bits
+from kernels import Tuning, unified_attention
 
 # (BLOCK_N, BLOCK_M, num_warps, num_stages)
 CONFIGS = [
@@ -55,7 +51,8 @@ def main() -> int:
             break
         row: dict[str, Any] = {"block_n": bn, "block_m": bm, "num_warps": nw, "num_stages": ns,
                                "us": {}, "bits": {}}
-        kw = dict(_block_n=bn, _block_m=bm, _num_warps=nw, _num_stages=ns, validate=False)
+        kw: dict[str, Any] = dict(
+            tuning=Tuning(block_n=bn, block_m=bm, num_warps=nw, num_stages=ns), validate=False)
         for name, plan in WORK:
             t = tensors[name]
             key = f"{name}/{plan}"
@@ -66,9 +63,11 @@ def main() -> int:
                 if name in ("mixed64", "decode-b64-ctx8k"):
                     res = unified_attention(*t.args(), plan=plan, **kw)
                     first = ref_out.setdefault((bn, key), (f"{bm}/{nw}/{ns}", res))
-                    m = describe_bit_mismatch(first[1][0], res[0]) or \
-                        describe_bit_mismatch(first[1][1], res[1])
-                    row["bits"][key] = f"vs BN{bn} {first[0]}: " + (m or "identical")
+                    diffs = [compare_bits(a, b, name=n) for n, a, b in
+                             zip(("out", "lse"), res, first[1], strict=True)]
+                    same = all(d.equal for d in diffs)
+                    row["bits"][key] = f"vs BN{bn} {first[0]}: " + (
+                        "identical" if same else "; ".join(d.summary() for d in diffs))
             except Exception as exc:
                 row["us"][key] = f"error {type(exc).__name__}: {str(exc)[:200]}"
         results.append(row)

@@ -2,7 +2,7 @@
 wrong, so every check also measures error (ARCHITECTURE.md, "Numerics contract").
 
 Rows are picked from every schedule's output (evenly spread, the first and last rows and the last
-row of every request included), recomputed in float64 from the request's own content, and held
+row of each of its four longest requests included), recomputed in float64 from the request's own content, and held
 to a bound derived from the dtype's unit roundoff ``u`` (2^-11 float16, 2^-8 bfloat16, 2^-24
 float32; ``u32`` = 2^-24) and the row's own magnitudes:
 
@@ -64,6 +64,10 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
 }
 
 
+#: Requests per schedule whose last (longest) row is always measured.
+LONGEST = 4
+
+
 def _picks(n: int, max_rows: int) -> list[int]:
     """``max_rows`` row indices spread evenly over ``[0, n)``, first and last included."""
     return sorted({round(i * (n - 1) / max(1, max_rows - 1)) for i in range(min(n, max_rows))})
@@ -83,15 +87,16 @@ class AccuracyAccumulator:
     nan_rows: int = 0
 
     def add(self, workload: Workload, out: ScheduleOutput, max_rows: int) -> None:
-        """Measure up to ``max_rows`` rows of ``out`` spread evenly, plus the last row of every
-        request (its longest)."""
+        """Measure up to ``max_rows`` rows of ``out`` spread evenly, plus the last (longest) row
+        of the :data:`LONGEST` longest requests in it."""
         if not out.keys:
             return
         last: dict[int, int] = {}
         for i, (rid, _) in enumerate(out.keys):
             last[rid] = i
+        longest = sorted(last.values(), key=lambda i: out.keys[i][1])[-LONGEST:]
         by_request: dict[int, list[int]] = {}
-        for i in sorted(set(_picks(len(out.keys), max_rows)) | set(last.values())):
+        for i in sorted(set(_picks(len(out.keys), max_rows)) | set(longest)):
             by_request.setdefault(out.keys[i][0], []).append(i)
         for rid, rows in by_request.items():
             self._add_request(workload, out, rid, rows)

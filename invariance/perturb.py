@@ -224,7 +224,10 @@ def _batch_size(ctx: CaseContext) -> Case:
         target = ctx.decode() if kind == 0 else ctx.long() if kind == 1 else ctx.prefill_chunk()
         targets.append(target)
         alone.append([target])
-        batched.append([target, *[ctx.decode() for _ in range(n - 1)]])
+        # Short neighbours: the batch size is what changes (the longest request is a target).
+        batched.append([target, *[ctx.decode(ctx.rng.randint(ctx.scale.short[0],
+                                                             4 * ctx.scale.short[0]))
+                                  for _ in range(n - 1)]])
     layout = ctx.layout()
     return Case(
         "batch_size", ctx.workload(),
@@ -318,14 +321,13 @@ def _mixed(ctx: CaseContext) -> Case:
     for p in [*prefills, prefill_target]:
         mixed.insert(ctx.rng.randrange(len(mixed) + 1), p)
     layout = ctx.layout()
-    chunks = "chunk" if len(prefills) == 1 else "chunks"
     return Case(
         "mixed", ctx.workload(),
         _steps([[decode_target, *decodes], [prefill_target]], layout,
                f"{decode_target.describe()} in a decode-only batch of {n}; "
                f"{prefill_target.describe()} alone"),
         _one_step(mixed, layout, f"both in one batch of {n} decodes and {len(prefills) + 1} "
-                                 f"prefill {chunks}"),
+                                 "prefill chunks"),
         (decode_target.request_id, prefill_target.request_id),
         {"batch_size": float(len(mixed))},
     )
@@ -495,7 +497,7 @@ PERTURBATIONS: dict[str, Perturbation] = {
     p.name: p
     for p in [
         Perturbation("batch_size", "the same requests (short, longest, prefill) alone vs in "
-                     "batches of every ladder size", _batch_size, cases_per_budget=2),
+                     "batches of every ladder size", _batch_size, cases_per_budget=1),
         Perturbation("position", "the same request at another position in the same batch",
                      _position),
         Perturbation("order", "the same batch with its requests in another order", _order),

@@ -266,8 +266,8 @@ def materialize(
                 padded[: c.stop] = kv
                 cache[pages] = padded.view(len(phys), P, *kv.shape[1:])
             table[b, : len(phys)] = torch.tensor(phys, dtype=torch.int32)
-        queries.append(
-            _full_content(workload, c.request_id, "q", device, content_cache)[c.start:c.stop])
+        # Only the chunk's query tokens (a decode needs one row, not the whole request's q).
+        queries.append(workload.content(c.request_id, "q", c.start, c.stop, device))
     q_lens = [c.q_len for c in step.chunks]
     cu = [0]
     for n in q_lens:

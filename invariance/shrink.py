@@ -54,12 +54,22 @@ def _prune_workload(case: Case) -> Case:
         wl, requests=tuple(r for r in wl.requests if r.id in used)))
 
 
+def _focus_steps(schedule: Schedule, focus: int) -> Schedule:
+    """Only the steps that compute tokens of ``focus`` (every step materialises its whole KV
+    from the requests' content, so steps are independent)."""
+    steps = tuple(st for st in schedule.steps
+                  if any(c.request_id == focus and c.q_len for c in st.chunks))
+    return replace(schedule, steps=steps, label="")
+
+
 def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch.device,
            max_tries: int = DEFAULT_MAX_TRIES) -> ShrinkResult:
-    """Remove requests other than ``focus`` while ``focus`` still differs between the schedules.
+    """Remove steps and requests other than ``focus``'s while ``focus`` still differs between
+    the schedules.
 
-    Each pass tries, for each side (a, then b), groups of that side's other requests (halving
-    the group size down to one); a removal is kept when the focus request still differs."""
+    First every step that computes no token of ``focus`` goes (one try); then each pass tries,
+    for both sides and for each side alone, groups of other requests (halving the group size
+    down to one); a removal is kept when the focus request still differs."""
     tries = 0
     shrunk = False
 
@@ -73,6 +83,11 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                               run_schedule(backend, candidate.workload, candidate.b, device, cache))
         return bool(cmp.differing_keys(focus))
 
+    candidate = replace(case, a=_focus_steps(case.a, focus), b=_focus_steps(case.b, focus))
+    if (len(candidate.a.steps), len(candidate.b.steps)) != (len(case.a.steps),
+                                                             len(case.b.steps)):
+        if still_fails(candidate):
+            case, shrunk = candidate, True
     progressed = True
     while progressed and tries < max_tries:
         progressed = False

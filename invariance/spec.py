@@ -166,7 +166,9 @@ class CheckSpec:
         explicit = perturbations is not None and perturbations != "all" and not (
             isinstance(perturbations, (list, tuple)) and "all" in perturbations)
         fn = resolve(backend)
-        _negotiate(fn.name, capabilities(fn), dtypes, head_cfg, dev, perts, explicit)
+        caps = capabilities(fn)
+        _negotiate(fn.name, caps, dtypes, head_cfg, dev, perts, explicit)
+        scale_obj = scale_obj.for_split(caps.split_tokens)
         return cls(
             backend=fn, dtypes=dtypes, heads=head_cfg, perturbations=perts,
             budget=check_int("budget", budget), seed=check_int("seed", seed), device=dev,

@@ -1,11 +1,26 @@
-"""Unified paged attention (prefill + decode in one call): validation, plans and launch."""
+"""Unified paged attention (prefill + decode in one call): checks, launch plan and launchers.
+
+Three layers (kernels/README.md, "Layers"):
+
+1. :func:`unified_attention` checks its arguments and returns ``(out, lse)``;
+2. :func:`plan_attention` turns shapes (and, with ``validate=True``, lengths read back to the
+   host) into a :class:`LaunchPlan`: tile sizes, warps, stages, split size in tokens and in
+   tiles, number of splits, plan;
+3. ``_launch_fused``, ``_launch_split`` and ``_launch_merge`` turn a plan into grids and kernel
+   arguments.
+
+Units: ``split_tokens`` counts KV tokens, ``split_tiles`` counts KV tiles of ``block_n`` tokens
+(``split_tokens = split_tiles * block_n``). The public argument ``split_size`` is in tokens.
+"""
 
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -26,10 +41,14 @@ from kernels.config import (
     tile_config,
 )
 
-__all__ = ["PLANS", "unified_attention"]
+__all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention", "unified_attention"]
 
 PLANS: tuple[str, ...] = ("auto", "fused", "split")
 _LOG2E = 1.4426950408889634
+# sm_scale * log2(e) reaches the kernels as a float32 scalar: it must be a normal float32.
+_FP32_MIN_NORMAL = 1.1754943508222875e-38
+_FP32_MAX = 3.4028234663852886e38
+_NUM_WARPS = (1, 2, 4, 8, 16)
 # Split partials the merge kernel loads at once (hides load latency on long folds; 1 under the
 # interpreter, where it only costs time: the chunk size never changes the merge order).
 _MERGE_CHUNK = 8
@@ -54,15 +73,92 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _is_pow2(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Public data: tuning overrides, host statistics, the launch plan
+# ------------------------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
-class _HostStats:
-    """Batch statistics read back from the device (one sync); used by validation and heuristics."""
+class Tuning:
+    """Overrides of the launch settings that :func:`~kernels.tile_config` fixes per
+    (dtype, head_dim). ``None`` keeps the default. What each may change (kernels/README.md,
+    "Bit-defining and bit-neutral settings"):
 
-    max_kv_len: int
-    num_q_blocks: int  # sum over requests of ceil(q_len / BLOCK_Q)
+    - ``num_stages``: software-pipelining depth. It schedules loads, not arithmetic: expected
+      bit-neutral (not yet measured on a GPU).
+    - ``block_m`` (tile rows, a power of two; raised to the GQA group size) and ``num_warps``:
+      bit-neutral in the contract's sense (they change neither the tiles and splits a row sees nor
+      their order, and change no bit under the interpreter), but on a GPU they pick the
+      tensor-core layout of ``tl.dot`` and some values changed bits on an H100
+      (kernels/NOTES.md). Vary them per batch only after the harness has shown, on the target GPU,
+      that the values used agree bit for bit.
+    - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
+      grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
+    """
+
+    block_m: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    block_n: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("block_m", self.block_m, lambda v: _is_pow2(v), "a power of two"),
+            ("num_warps", self.num_warps, lambda v: v in _NUM_WARPS, f"one of {_NUM_WARPS}"),
+            ("num_stages", self.num_stages, lambda v: 1 <= v <= 8, "an int in [1, 8]"),
+            ("block_n", self.block_n, lambda v: _is_pow2(v) and v >= 16,
+             "a power of two >= 16"),
+        )
+        for name, value, ok, expected in checks:
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                          and ok(value)):
+                raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class HostStats:
+    """Batch statistics read back to the host (one sync; only with ``validate=True``)."""
+
+    max_kv_len: int  # longest KV length of the batch
+    num_q_blocks: int  # sum over requests of ceil(q_len / block_q)
     longest_tiles: int  # KV tiles of the longest request
-    total_tiles: int  # sum over query blocks of the KV tiles they walk
+    total_tiles: int  # sum over query blocks of the KV tiles they walk (one KV head)
 
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one :func:`unified_attention` call runs. Computed by :func:`plan_attention`.
+
+    Bit-defining (fixed per dtype and head_dim, kernels/README.md): ``block_n``,
+    ``split_tokens``. Everything else only changes speed, except in the control mode
+    (``is_control``), where ``split_tokens`` comes from the batch.
+    """
+
+    plan: str  # "fused" or "split"
+    block_m: int  # tile rows: (query token, query head) pairs
+    block_q: int  # query tokens per tile: block_m // G
+    block_n: int  # KV tokens per tile
+    num_warps: int
+    num_stages: int
+    split_tokens: int  # KV tokens per split (a multiple of block_n)
+    split_tiles: int  # KV tiles per split: split_tokens // block_n
+    num_splits: int  # splits of the longest KV length (or its bound): the workspace depth
+    num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
+    max_kv_len: int  # longest KV length (host statistics) or the block table's bound
+    is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
+    stats: HostStats | None  # present when the lengths were read back (validate=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Argument checks
+# ------------------------------------------------------------------------------------------------
 
 def _check_tensor(name: str, t: object, ndim: int) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
@@ -72,57 +168,64 @@ def _check_tensor(name: str, t: object, ndim: int) -> torch.Tensor:
     return t
 
 
-def _check_structure(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    kv_lens: torch.Tensor,
-    block_table: torch.Tensor,
-) -> None:
-    """Checks that need no device-to-host copy: ranks, shapes, dtypes, devices, strides."""
-    _check_tensor("q", q, 3)
-    _check_tensor("k_cache", k_cache, 4)
-    _check_tensor("v_cache", v_cache, 4)
-    _check_tensor("cu_seqlens_q", cu_seqlens_q, 1)
-    _check_tensor("kv_lens", kv_lens, 1)
-    _check_tensor("block_table", block_table, 2)
+def _check_types(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 index_tensors: dict[str, torch.Tensor]) -> None:
+    """Dtypes and devices (no device-to-host copy)."""
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"q: expected dtype in {SUPPORTED_DTYPES}, got {q.dtype}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: expected dtype {q.dtype} (same as q), got {t.dtype}")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("kv_lens", kv_lens),
-                    ("block_table", block_table)):
+    for name, t in index_tensors.items():
         if t.dtype != torch.int32:
             raise ValueError(f"{name}: expected dtype torch.int32, got {t.dtype}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("cu_seqlens_q", cu_seqlens_q),
-                    ("kv_lens", kv_lens), ("block_table", block_table)):
+    if q.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"q: expected a CUDA tensor (or CPU under TRITON_INTERPRET=1), got "
+                         f"device {q.device}")
+    if q.device.type == "cpu" and not _interpreting():
+        raise ValueError(
+            "q: expected a CUDA tensor, or a CPU tensor with the Triton interpreter on (set "
+            f"TRITON_INTERPRET=1 before triton is first imported), got device {q.device} with "
+            "TRITON_INTERPRET unset")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), *index_tensors.items()):
         if t.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (same as q), got {t.device}")
-    Hq, D = q.shape[1], q.shape[2]
+
+
+def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor,
+                  block_table: torch.Tensor) -> None:
+    """Shapes and strides (no device-to-host copy)."""
+    T, Hq, D = q.shape
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"q: expected head_dim in {SUPPORTED_HEAD_DIMS}, got {D}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"v_cache: expected shape {tuple(k_cache.shape)} (same as k_cache), "
-            f"got {tuple(v_cache.shape)}")
-    _, page_size, Hkv, Dk = k_cache.shape
+    num_pages, page_size, Hkv, Dk = k_cache.shape
     if Dk != D:
         raise ValueError(f"k_cache: expected head_dim {D} (same as q), got {Dk}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} (same as k_cache), "
+                         f"got {tuple(v_cache.shape)}")
+    if Hq == 0:
+        raise ValueError(f"q: expected num_q_heads >= 1, got shape {tuple(q.shape)}")
     if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(
-            f"k_cache: expected num_kv_heads dividing num_q_heads={Hq}, got {Hkv}")
-    if page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"k_cache: expected num_kv_heads dividing num_q_heads={Hq}, got {Hkv}")
+    if not _is_pow2(page_size):
         raise ValueError(f"k_cache: expected page_size a power of two >= 1, got {page_size}")
     B = kv_lens.shape[0]
     if cu_seqlens_q.shape[0] != B + 1:
-        raise ValueError(
-            f"cu_seqlens_q: expected shape ({B + 1},) (kv_lens has {B} requests), "
-            f"got {tuple(cu_seqlens_q.shape)}")
+        raise ValueError(f"cu_seqlens_q: expected shape ({B + 1},) (kv_lens has {B} requests), "
+                         f"got {tuple(cu_seqlens_q.shape)}")
     if block_table.shape[0] != B:
         raise ValueError(
             f"block_table: expected {B} rows (one per request), got {block_table.shape[0]}")
+    # Consequences of the shapes alone when there are query tokens: some request has q_len >= 1,
+    # hence kv_len >= 1, a block-table column and a page.
+    if T > 0 and B == 0:
+        raise ValueError(f"kv_lens: expected at least one request for T={T} query tokens, got 0")
+    if T > 0 and (num_pages == 0 or block_table.shape[1] == 0):
+        raise ValueError(
+            f"k_cache, block_table: expected at least one page and one block-table column for "
+            f"T={T} query tokens, got {num_pages} pages and {block_table.shape[1]} columns")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table)):
         if t.numel() > 0 and t.stride(-1) != 1:
@@ -130,59 +233,99 @@ def _check_structure(
                 f"{name}: expected a contiguous last dim (stride 1), got stride {t.stride(-1)}")
 
 
-def _host_stats(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    kv_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    block_q: int,
-    block_n: int,
-    check: bool,
-) -> _HostStats:
-    """Read lengths (and, when ``check``, the needed block-table entries) back to the host."""
-    T = q.shape[0]
-    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-    cu = cu_seqlens_q.cpu().to(torch.int64)
-    kv = kv_lens.cpu().to(torch.int64)
+def _check_structure(q: object, k_cache: object, v_cache: object, cu_seqlens_q: object,
+                     kv_lens: object, block_table: object) -> None:
+    """Every check that needs no device-to-host copy: types, ranks, dtypes, devices, shapes."""
+    q = _check_tensor("q", q, 3)
+    k_cache = _check_tensor("k_cache", k_cache, 4)
+    v_cache = _check_tensor("v_cache", v_cache, 4)
+    index = {"cu_seqlens_q": _check_tensor("cu_seqlens_q", cu_seqlens_q, 1),
+             "kv_lens": _check_tensor("kv_lens", kv_lens, 1),
+             "block_table": _check_tensor("block_table", block_table, 2)}
+    _check_types(q, k_cache, v_cache, index)
+    _check_shapes(q, k_cache, v_cache, index["cu_seqlens_q"], index["kv_lens"],
+                  index["block_table"])
+
+
+def _check_sm_scale(sm_scale: object) -> float | None:
+    """The softmax scale as a float (None stays None): a finite positive real (not bool) whose
+    ``sm_scale * log2(e)`` is a normal float32, the scalar the kernels receive."""
+    if sm_scale is None:
+        return None
+    expected = (f"a finite positive real with sm_scale * log2(e) in float32's normal range "
+                f"[{_FP32_MIN_NORMAL:.3g}, {_FP32_MAX:.3g}], or None")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise ValueError(f"sm_scale: expected {expected}, got {sm_scale!r} "
+                         f"({type(sm_scale).__name__})")
+    value = float(sm_scale)
+    if not (math.isfinite(value) and _FP32_MIN_NORMAL <= value * _LOG2E <= _FP32_MAX):
+        raise ValueError(f"sm_scale: expected {expected}, got {sm_scale!r}")
+    return value
+
+
+def _check_options(split_size: object, plan: object, validate: object, block_n: int,
+                   q: torch.Tensor) -> None:
+    if split_size is not None and not (
+            isinstance(split_size, int) and not isinstance(split_size, bool)
+            and split_size > 0 and split_size % block_n == 0):
+        raise ValueError(
+            f"split_size: expected a positive multiple of BLOCK_N={block_n} KV tokens "
+            f"(dtype {q.dtype}, head_dim {q.shape[2]}) or None, got {split_size!r}")
+    if not isinstance(plan, str) or plan not in PLANS:
+        raise ValueError(f"plan: expected one of {PLANS}, got {plan!r}")
+    if not isinstance(validate, bool):
+        raise ValueError(f"validate: expected a bool, got {validate!r}")
+
+
+def _check_lengths(cu: torch.Tensor, kv: torch.Tensor, T: int) -> None:
+    """Values of cu_seqlens_q and kv_lens (host int64 copies)."""
+    q_lens = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0:
+        raise ValueError(f"cu_seqlens_q: expected cu_seqlens_q[0] == 0, got {int(cu[0])}")
+    if bool((q_lens < 0).any()):
+        b = int(torch.nonzero(q_lens < 0)[0])
+        raise ValueError(
+            f"cu_seqlens_q: expected non-decreasing values, got cu_seqlens_q[{b}]="
+            f"{int(cu[b])} > cu_seqlens_q[{b + 1}]={int(cu[b + 1])}")
+    if int(cu[-1]) != T:
+        raise ValueError(f"cu_seqlens_q: expected cu_seqlens_q[-1] == T == {T}, got {int(cu[-1])}")
+    if bool((kv < 0).any()):
+        b = int(torch.nonzero(kv < 0)[0])
+        raise ValueError(f"kv_lens: expected kv_lens >= 0, got kv_lens[{b}]={int(kv[b])}")
+    if bool((kv < q_lens).any()):
+        b = int(torch.nonzero(kv < q_lens)[0])
+        raise ValueError(
+            f"kv_lens: expected kv_lens[b] >= q_len[b], got kv_lens[{b}]={int(kv[b])} < "
+            f"q_len[{b}]={int(q_lens[b])}")
+
+
+def _check_pages(block_table: torch.Tensor, kv: torch.Tensor, num_pages: int,
+                 page_size: int) -> None:
+    """Block-table width and the page ids of every needed page (columns past
+    ``ceil(kv_lens[b] / page_size)`` are never read, hence never checked)."""
+    pages = (kv + page_size - 1) // page_size
+    max_pages = block_table.shape[1]
+    if bool((pages > max_pages).any()):
+        b = int(torch.nonzero(pages > max_pages)[0])
+        raise ValueError(
+            f"block_table: expected at least ceil(kv_lens[{b}] / page_size) = {int(pages[b])}"
+            f" columns, got {max_pages}")
+    if kv.shape[0] == 0 or max_pages == 0:
+        return
+    bt = block_table.cpu().to(torch.int64)
+    needed = torch.arange(max_pages)[None, :] < pages[:, None]
+    bad = needed & ((bt < 0) | (bt >= num_pages))
+    if bool(bad.any()):
+        b, c = (int(x) for x in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"block_table: expected page ids in [0, {num_pages}) for needed pages, got "
+            f"block_table[{b}, {c}]={int(bt[b, c])}")
+
+
+def _host_stats(cu: torch.Tensor, kv: torch.Tensor, block_q: int, block_n: int) -> HostStats:
+    """Statistics of checked lengths (host int64 copies)."""
     B = kv.shape[0]
     q_lens = cu[1:] - cu[:-1]
-    if check:
-        if int(cu[0]) != 0:
-            raise ValueError(f"cu_seqlens_q: expected cu_seqlens_q[0] == 0, got {int(cu[0])}")
-        if B > 0 and bool((q_lens < 0).any()):
-            b = int(torch.nonzero(q_lens < 0)[0])
-            raise ValueError(
-                f"cu_seqlens_q: expected non-decreasing values, got cu_seqlens_q[{b}]="
-                f"{int(cu[b])} > cu_seqlens_q[{b + 1}]={int(cu[b + 1])}")
-        if int(cu[-1]) != T:
-            raise ValueError(
-                f"cu_seqlens_q: expected cu_seqlens_q[-1] == T == {T}, got {int(cu[-1])}")
-        if B > 0 and bool((kv < 0).any()):
-            b = int(torch.nonzero(kv < 0)[0])
-            raise ValueError(f"kv_lens: expected kv_lens >= 0, got kv_lens[{b}]={int(kv[b])}")
-        if B > 0 and bool((kv < q_lens).any()):
-            b = int(torch.nonzero(kv < q_lens)[0])
-            raise ValueError(
-                f"kv_lens: expected kv_lens[b] >= q_len[b], got kv_lens[{b}]={int(kv[b])} < "
-                f"q_len[{b}]={int(q_lens[b])}")
-        pages = (kv + page_size - 1) // page_size
-        max_pages = block_table.shape[1]
-        if B > 0 and bool((pages > max_pages).any()):
-            b = int(torch.nonzero(pages > max_pages)[0])
-            raise ValueError(
-                f"block_table: expected at least ceil(kv_lens[{b}] / page_size) = {int(pages[b])}"
-                f" columns, got {max_pages}")
-        if B > 0 and max_pages > 0:
-            bt = block_table.cpu().to(torch.int64)
-            needed = torch.arange(max_pages)[None, :] < pages[:, None]
-            bad = needed & ((bt < 0) | (bt >= num_pages))
-            if bool(bad.any()):
-                b, c = (int(x) for x in torch.nonzero(bad)[0])
-                raise ValueError(
-                    f"block_table: expected page ids in [0, {num_pages}) for needed pages, got "
-                    f"block_table[{b}, {c}]={int(bt[b, c])}")
-    q_lens = q_lens.clamp(min=0)
     n_blocks = (q_lens + block_q - 1) // block_q
     max_kv = int(kv.max()) if B > 0 else 0
     # KV tiles walked by each query block: up to the block's last position.
@@ -194,9 +337,160 @@ def _host_stats(
         end = torch.minimum((i_blk + 1) * block_q, q_lens[req])
         max_pos = kv[req] - q_lens[req] + end - 1
         total_tiles = int((max_pos // block_n + 1).sum())
-    longest = (max_kv + block_n - 1) // block_n
-    return _HostStats(max_kv, int(n_blocks.sum()), longest, total_tiles)
+    return HostStats(max_kv_len=max_kv, num_q_blocks=int(n_blocks.sum()),
+                     longest_tiles=_cdiv(max_kv, block_n), total_tiles=total_tiles)
 
+
+def _read_and_check_values(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           kv_lens: torch.Tensor, block_table: torch.Tensor, block_q: int,
+                           block_n: int) -> HostStats:
+    """``validate=True``: copy the index tensors to the host (one sync), check every value the
+    kernels use, return the batch statistics."""
+    cu = cu_seqlens_q.cpu().to(torch.int64)
+    kv = kv_lens.cpu().to(torch.int64)
+    _check_lengths(cu, kv, q.shape[0])
+    _check_pages(block_table, kv, k_cache.shape[0], k_cache.shape[1])
+    return _host_stats(cu, kv, block_q, block_n)
+
+
+# ------------------------------------------------------------------------------------------------
+# Plan
+# ------------------------------------------------------------------------------------------------
+
+def _split_tokens(split_size: int | None, block_n: int, max_kv: int, num_programs: int,
+                  num_sms: int) -> int:
+    """``split_size`` itself, or in the control mode (None) FA2's batch-dependent choice."""
+    if split_size is not None:
+        return int(split_size)
+    n_tiles = max(1, _cdiv(max_kv, block_n))
+    n_splits = control_num_splits(num_programs, num_sms, n_tiles)
+    return _cdiv(_cdiv(max(max_kv, 1), n_splits), block_n) * block_n
+
+
+def plan_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    kv_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    split_size: int | None = DEFAULT_SPLIT_SIZE,
+    plan: str = "auto",
+    validate: bool = True,
+    tuning: Tuning | None = None,
+) -> LaunchPlan:
+    """The :class:`LaunchPlan` :func:`unified_attention` would run for these arguments.
+
+    Same arguments, shapes and checks as :func:`unified_attention` (without ``sm_scale``). With
+    ``validate=True`` (outside CUDA-graph capture) the lengths and page ids are read back and
+    checked, and ``plan="auto"`` uses their statistics; otherwise everything comes from shapes.
+    """
+    _check_structure(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table)
+    if tuning is not None and not isinstance(tuning, Tuning):
+        raise ValueError(f"tuning: expected a kernels.Tuning or None, got {tuning!r}")
+    tuning = tuning or Tuning()
+    T, Hq, D = q.shape
+    _, page_size, Hkv, _ = k_cache.shape
+    B = kv_lens.shape[0]
+    cfg = tile_config(q.dtype, D)
+    block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, Hq // Hkv)
+    block_n = tuning.block_n or cfg.block_n
+    _check_options(split_size, plan, validate, block_n, q)
+    stats = None
+    if validate and not _capturing(q.device):
+        stats = _read_and_check_values(q, k_cache, cu_seqlens_q, kv_lens, block_table, block_q,
+                                       block_n)
+    # Without host statistics, bounds from shapes (no sync): every KV length fits the table.
+    max_kv = stats.max_kv_len if stats is not None else block_table.shape[1] * page_size
+    num_q_blocks = stats.num_q_blocks if stats is not None else T // block_q + B
+    num_sms = _num_sms(q.device)
+    split_tokens = _split_tokens(split_size, block_n, max_kv, num_q_blocks * Hkv, num_sms)
+    if plan == "auto":
+        plan = choose_plan(
+            num_q_blocks * Hkv, num_sms, max_kv, split_tokens,
+            longest_tiles=stats.longest_tiles if stats is not None else None,
+            total_tiles=stats.total_tiles * Hkv if stats is not None else None)
+    return LaunchPlan(
+        plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
+        num_warps=tuning.num_warps or cfg.num_warps,
+        num_stages=tuning.num_stages or cfg.num_stages,
+        split_tokens=split_tokens, split_tiles=split_tokens // block_n,
+        num_splits=max(1, _cdiv(max_kv, split_tokens)), num_slots=T // block_q + B,
+        max_kv_len=max_kv, is_control=split_size is None, stats=stats)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launchers
+# ------------------------------------------------------------------------------------------------
+
+def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, block_table: torch.Tensor,
+                    qk_scale: float) -> dict[str, Any]:
+    """Scalar, stride and constexpr arguments shared by the fused and the split kernels."""
+    T, Hq, D = q.shape
+    num_pages, page_size, Hkv, _ = k_cache.shape
+    return dict(
+        qk_scale=qk_scale, split_tiles=lp.split_tiles, B=block_table.shape[0], T=T, Hq=Hq,
+        num_pages=num_pages, max_kv_len=block_table.shape[1] * page_size,
+        stride_qt=q.stride(0), stride_qh=q.stride(1),
+        stride_kp=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
+        stride_vp=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
+        stride_bt=block_table.stride(0),
+        G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size,
+        BLOCK_M=lp.block_m, BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n,
+        IS_PAGE_PER_TILE=page_size >= lp.block_n,
+        IS_INTERPRET=_interpreting(),
+        # NOTE: fp32 must not silently run in tf32: "ieee" is exact fp32 FMA.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=lp.num_warps, num_stages=lp.num_stages,
+    )
+
+
+def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
+                  lse: torch.Tensor, qk_scale: float) -> None:
+    """One program per (query-block slot, KV head): all splits, merged in registers."""
+    q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = inputs
+    Hkv = k_cache.shape[2]
+    _unified_attention_fused_kernel[(lp.num_slots, Hkv)](
+        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, out, lse,
+        **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
+
+
+def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
+                  lse: torch.Tensor, qk_scale: float) -> None:
+    """One program per (query-block slot, KV head, split) writes a partial; then the merge."""
+    q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = inputs
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    # NOTE: uninitialised on purpose. Each row only reads the partials of splits at or below its
+    # position, and those are always written.
+    ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty((T, Hq, lp.num_splits), dtype=torch.float32, device=q.device)
+    _unified_attention_split_kernel[(lp.num_slots, Hkv, lp.num_splits)](
+        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_lse,
+        num_splits=lp.num_splits,
+        **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
+    _launch_merge(lp, ws_o, ws_lse, inputs, out, lse)
+
+
+def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_lse: torch.Tensor,
+                  inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor) -> None:
+    """One program per (query token, KV head) folds its row's partials in split order."""
+    q, k_cache, _, cu_seqlens_q, kv_lens, block_table = inputs
+    T, Hq, D = q.shape
+    Hkv, G = k_cache.shape[2], Hq // k_cache.shape[2]
+    _merge_splits_kernel[(T, Hkv)](
+        ws_o, ws_lse, cu_seqlens_q, kv_lens, out, lse,
+        split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
+        max_kv_len=block_table.shape[1] * k_cache.shape[1],
+        G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G),
+        CHUNK=1 if _interpreting() else _MERGE_CHUNK, num_warps=4)
+
+
+# ------------------------------------------------------------------------------------------------
+# Public entry point
+# ------------------------------------------------------------------------------------------------
 
 def unified_attention(
     q: torch.Tensor,
@@ -210,146 +504,57 @@ def unified_attention(
     split_size: int | None = DEFAULT_SPLIT_SIZE,
     plan: str = "auto",
     validate: bool = True,
-    _block_m: int | None = None,
-    _num_warps: int | None = None,
-    _block_n: int | None = None,
-    _num_stages: int | None = None,
+    tuning: Tuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of a varlen batch of requests over a paged KV cache.
 
+    ``B`` requests with ``T`` query tokens in total; ``Hq`` query heads, ``Hkv`` KV heads
+    (``G = Hq / Hkv`` query heads per KV head), head dim ``D`` (64, 128 or 256).
+
     Args:
-        q: ``[T, Hq, D]`` queries, requests concatenated (float16, bfloat16 or float32).
+        q: ``[T, Hq, D]`` queries, requests concatenated (float16, bfloat16 or float32), last dim
+            contiguous.
         k_cache, v_cache: ``[num_pages, page_size, Hkv, D]``, q's dtype; ``Hq % Hkv == 0``,
-            page_size a power of two.
-        cu_seqlens_q: ``[B + 1]`` int32 query offsets (0, non-decreasing, last == T).
+            ``page_size`` a power of two.
+        cu_seqlens_q: ``[B + 1]`` int32 query offsets: 0, non-decreasing, last == T.
         kv_lens: ``[B]`` int32 KV length of each request, ``kv_lens[b] >= q_len[b]``. Query token
             i of request b sits at position ``kv_lens[b] - q_len[b] + i`` and sees ``[0, pos]``.
-        block_table: ``[B, max_pages]`` int32, logical page -> physical page of ``k/v_cache``.
-        sm_scale: softmax scale, default ``1 / sqrt(D)``.
-        split_size: KV tokens per split (a positive multiple of the tile config's BLOCK_N).
-            Batch-invariant: every row reduces over tiles and splits at absolute positions.
+        block_table: ``[B, max_pages]`` int32, logical page -> physical page of ``k/v_cache``;
+            only the first ``ceil(kv_lens[b] / page_size)`` entries of row b are read.
+        sm_scale: softmax scale, a finite positive real (``sm_scale * log2(e)`` a normal
+            float32); default ``1 / sqrt(D)``.
+        split_size: KV tokens per split, a positive multiple of the tile config's BLOCK_N
+            (bit-defining: every row reduces over tiles and splits at absolute positions).
             ``None`` is the CONTROL mode: the split count comes from the batch (FA2 heuristic),
-            which is deliberately not batch-invariant.
+            deliberately not batch-invariant.
         plan: ``"fused"``, ``"split"`` or ``"auto"``. All plans give identical bits for a given
-            split size; ``"auto"`` picks the faster one for the batch (from the lengths when
-            ``validate`` read them back, else from shapes only: see ``config.choose_plan``).
-        validate: check values (lengths, page ids). This costs a device-to-host copy of
-            ``cu_seqlens_q``, ``kv_lens`` and ``block_table`` and a sync; it is skipped
-            automatically while a CUDA graph is being captured. Shape/dtype checks always run.
-        _block_m, _num_warps, _block_n, _num_stages: TESTING ONLY overrides of the tile config,
-            for experiments that measure whether a row's bits (or the speed) depend on them.
-            ``_block_n`` changes the tile grid, hence the bits, by definition.
+            split size; ``"auto"`` picks the faster one for the batch (see ``plan_attention``).
+        validate: read ``cu_seqlens_q``, ``kv_lens`` and ``block_table`` back to the host (one
+            sync) and check every value; skipped while a CUDA graph is being captured. Type,
+            shape, dtype and device checks always run. With ``validate=False`` the values are
+            trusted (kernels/README.md, "What validate=False trusts"): malformed values give
+            garbage rows but never an out-of-bounds access.
+        tuning: launch-setting overrides (:class:`Tuning`; its docstring says which are
+            bit-neutral). Default: :func:`~kernels.tile_config`.
 
     Returns:
         ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``; lse is the natural log of
         ``sum exp(sm_scale * q.k)``. A row attending to nothing gets ``out = 0, lse = -inf``.
-    """
-    _check_structure(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table)
-    T, Hq, D = q.shape
-    _, page_size, Hkv, _ = k_cache.shape
-    B = kv_lens.shape[0]
-    G = Hq // Hkv
-    cfg = tile_config(q.dtype, D)
-    if _block_m is not None and (_block_m < 1 or _block_m & (_block_m - 1)):
-        raise ValueError(f"_block_m: expected a power of two, got {_block_m}")
-    if _num_warps is not None and _num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"_num_warps: expected one of 1, 2, 4, 8, 16, got {_num_warps}")
-    BLOCK_M, BLOCK_Q = rows_per_block(_block_m if _block_m is not None else cfg.block_m, G)
-    if _block_n is not None and (_block_n < 16 or _block_n & (_block_n - 1)):
-        raise ValueError(f"_block_n: expected a power of two >= 16, got {_block_n}")
-    BLOCK_N = _block_n if _block_n is not None else cfg.block_n
-    num_warps = _num_warps if _num_warps is not None else cfg.num_warps
-    num_stages = _num_stages if _num_stages is not None else cfg.num_stages
-    if split_size is not None and (
-            isinstance(split_size, bool) or not isinstance(split_size, int) or split_size <= 0
-            or split_size % BLOCK_N):
-        raise ValueError(
-            f"split_size: expected a positive multiple of BLOCK_N={BLOCK_N} "
-            f"(dtype {q.dtype}, head_dim {D}) or None, got {split_size!r}")
-    if plan not in PLANS:
-        raise ValueError(f"plan: expected one of {PLANS}, got {plan!r}")
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
 
-    if q.device.type == "cpu" and not _interpreting():
-        raise ValueError(
-            "q: CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before triton is "
-            f"first imported (got device {q.device}, TRITON_INTERPRET unset)")
+    Raises:
+        ValueError: naming the argument, the expected and the actual value.
+    """
+    scale = _check_sm_scale(sm_scale)
+    lp = plan_attention(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table,
+                        split_size=split_size, plan=plan, validate=validate, tuning=tuning)
+    T, Hq, D = q.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse
-
-    cu_seqlens_q = cu_seqlens_q.contiguous()
-    kv_lens = kv_lens.contiguous()
-    capturing = _capturing(q.device)
-    stats: _HostStats | None = None
-    if validate and not capturing:
-        stats = _host_stats(q, k_cache, cu_seqlens_q, kv_lens, block_table, BLOCK_Q, BLOCK_N,
-                            check=True)
-    # Without host statistics, bound from shapes (no sync): every KV length fits the block table.
-    max_kv = stats.max_kv_len if stats is not None else block_table.shape[1] * page_size
-    num_q_blocks = stats.num_q_blocks if stats is not None else T // BLOCK_Q + B
-    num_sms = _num_sms(q.device)
-
-    if split_size is None:
-        n_tiles = max(1, triton.cdiv(max_kv, BLOCK_N))
-        n_splits = control_num_splits(num_q_blocks * Hkv, num_sms, n_tiles)
-        split = triton.cdiv(triton.cdiv(max(max_kv, 1), n_splits), BLOCK_N) * BLOCK_N
-    else:
-        split = split_size
-    if plan == "auto":
-        plan = choose_plan(
-            num_q_blocks * Hkv, num_sms, max_kv, split,
-            longest_tiles=stats.longest_tiles if stats is not None else None,
-            total_tiles=stats.total_tiles * Hkv if stats is not None else None,
-        )
-
-    interpreting = _interpreting()
-    common = dict(
-        G=G,
-        HEAD_DIM=D,
-        PAGE_SIZE=page_size,
-        BLOCK_M=BLOCK_M,
-        BLOCK_Q=BLOCK_Q,
-        BLOCK_N=BLOCK_N,
-        IS_PAGE_PER_TILE=page_size >= BLOCK_N,
-        IS_INTERPRET=interpreting,
-        # NOTE: fp32 must not silently run in tf32: "ieee" is exact fp32 FMA.
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    strides = dict(
-        stride_qt=q.stride(0),
-        stride_qh=q.stride(1),
-        stride_kp=k_cache.stride(0),
-        stride_ks=k_cache.stride(1),
-        stride_kh=k_cache.stride(2),
-        stride_vp=v_cache.stride(0),
-        stride_vs=v_cache.stride(1),
-        stride_vh=v_cache.stride(2),
-        stride_bt=block_table.stride(0),
-    )
-    n_slots = T // BLOCK_Q + B
-    qk_scale = float(sm_scale) * _LOG2E
-    split_tiles = split // BLOCK_N
-    if plan == "fused":
-        _unified_attention_fused_kernel[(n_slots, Hkv)](
-            q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, out, lse,
-            qk_scale, split_tiles, B, Hq, **strides, **common)
-        return out, lse
-
-    NS = max(1, triton.cdiv(max_kv, split))
-    # NOTE: uninitialised on purpose. Each row only reads the partials of splits at or below its
-    # position, and those are always written.
-    ws_o = torch.empty((T, Hq, NS, D), dtype=torch.float32, device=q.device)
-    ws_lse = torch.empty((T, Hq, NS), dtype=torch.float32, device=q.device)
-    _unified_attention_split_kernel[(n_slots, Hkv, NS)](
-        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_lse,
-        qk_scale, split_tiles, B, Hq, NS, **strides, **common)
-    _merge_splits_kernel[(T, Hkv)](
-        ws_o, ws_lse, cu_seqlens_q, kv_lens, out, lse, split, B, Hq, NS,
-        G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G),
-        CHUNK=1 if interpreting else _MERGE_CHUNK, num_warps=4)
+    inputs = (q, k_cache, v_cache, cu_seqlens_q.contiguous(), kv_lens.contiguous(), block_table)
+    launch = _launch_fused if lp.plan == "fused" else _launch_split
+    launch(lp, inputs, out, lse, scale * _LOG2E)
     return out, lse

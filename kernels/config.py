@@ -84,7 +84,7 @@ def control_num_splits(
 
     Picks the smallest split count whose wave efficiency is within 85% of the best one.
     """
-    if batch_nheads_mblocks >= 0.8 * num_sms:
+    if batch_nheads_mblocks >= 0.8 * num_sms or batch_nheads_mblocks <= 0:
         return 1
     max_splits = max(1, min(max_splits, num_sms, num_n_blocks))
 
@@ -109,18 +109,19 @@ def choose_plan(
     num_programs: int,
     num_sms: int,
     max_kv_len: int,
-    split_size: int,
+    split_tokens: int,
     longest_tiles: int | None = None,
     total_tiles: int | None = None,
 ) -> str:
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
     Split when the fused grid (``num_programs`` = query blocks x Hkv) leaves SMs idle and rows span
-    several splits, or (with host statistics: KV tiles of the longest request and over all
-    programs) when the longest program would run longer than a third of the average work per SM
-    (a few programs share an SM, so a long one is a tail). Tuned on an H100 (kernels/NOTES.md).
+    several splits of ``split_tokens`` KV tokens, or (with host statistics: KV tiles of the longest
+    request and over all programs) when the longest program would run longer than a third of the
+    average work per SM (a few programs share an SM, so a long one is a tail). Tuned on an H100
+    (kernels/NOTES.md).
     """
-    if max_kv_len <= split_size:
+    if max_kv_len <= split_tokens:
         return "fused"
     if num_programs < num_sms:
         return "split"

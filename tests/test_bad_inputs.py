@@ -72,6 +72,17 @@ def test_capabilities_turn_the_impossible_into_a_usage_error() -> None:
         invariance.check(half_only, device="cpu", dtype="float16", heads="4:2:128")
 
 
+def test_kernels_declare_their_split_size() -> None:
+    import kernels
+    from invariance.backends.kernels import KernelsBackend
+
+    assert KernelsBackend().capabilities.split_tokens == kernels.DEFAULT_SPLIT_SIZE
+    spec = invariance.CheckSpec.build(KernelsBackend(split_size=128), device="cpu")
+    assert spec.scale.long == 1100  # already > 2.5 splits of 128
+    spec = invariance.CheckSpec.build("kernels", device="cpu")
+    assert spec.scale.long == 1024 * 5 // 2 + 3  # the longest row spans 2.5 default splits
+
+
 def test_kernels_declare_their_head_dims() -> None:
     with pytest.raises(ValueError, match="heads: backend kernels supports head dims 64, 128, "
                                          "256, got head_dim 96"):

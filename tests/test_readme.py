@@ -73,34 +73,34 @@ def test_python_block_runs(line: int, code: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"README.md:{line}\n{proc.stdout}\n{proc.stderr}"
 
 
-def _commands() -> list[tuple[int, str]]:
+def _command_blocks() -> list[tuple[int, list[str]]]:
     setup = _setup_block()
     out = []
     for line, code in _blocks("bash"):
-        if code == setup:
-            continue
-        for i, ln in enumerate(code.splitlines()):
-            if ln.startswith(("invariance ", "pytest")):
-                out.append((line + 1 + i, ln))
+        lines = [ln for ln in code.splitlines() if ln.startswith(("invariance ", "pytest"))]
+        if code != setup and lines:
+            out.append((line, lines))
     return out
 
 
-@pytest.mark.parametrize(("line", "command"), _commands(),
-                         ids=[f"README.md:{line}" for line, _ in _commands()])
-def test_bash_command_runs(line: int, command: str, tmp_path: Path) -> None:
-    text, _, comment = command.partition("#")
-    if "needs a GPU" in comment and not torch.cuda.is_available():
-        pytest.skip("README command needs a GPU")
-    expected = int(m.group(1)) if (m := re.search(r"exit (\d)", comment)) else 0
-    argv = shlex.split(text)
-    if argv[0] == "pytest":
-        tests = [code for _, code in _blocks("python") if re.search(r"^def test_", code, re.M)]
-        assert tests, "a pytest command needs the README's test file"
-        (tmp_path / "test_attention.py").write_text(tests[0], encoding="utf-8")
-        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *argv[1:]]
-    else:
-        argv = [sys.executable, "-m", "invariance.cli", *argv[1:]]
-    proc = subprocess.run(argv, cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == expected, (f"README.md:{line}: {command}\n{proc.stdout[-3000:]}\n"
-                                         f"{proc.stderr[-3000:]}")
+@pytest.mark.parametrize(("line", "commands"), _command_blocks(),
+                         ids=[f"README.md:{line}" for line, _ in _command_blocks()])
+def test_bash_block_runs(line: int, commands: list[str], tmp_path: Path) -> None:
+    """The block's commands, in order, in one fresh directory."""
+    tests = [code for _, code in _blocks("python") if re.search(r"^def test_", code, re.M)]
+    for command in commands:
+        text, _, comment = command.partition("#")
+        if "needs a GPU" in comment and not torch.cuda.is_available():
+            continue
+        expected = int(m.group(1)) if (m := re.search(r"exit (\d)", comment)) else 0
+        argv = shlex.split(text)
+        if argv[0] == "pytest":
+            assert tests, "a pytest command needs the README's test file"
+            (tmp_path / "test_attention.py").write_text(tests[0], encoding="utf-8")
+            argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *argv[1:]]
+        else:
+            argv = [sys.executable, "-m", "invariance.cli", *argv[1:]]
+        proc = subprocess.run(argv, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == expected, (
+            f"README.md:{line}: {command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

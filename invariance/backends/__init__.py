@@ -58,12 +58,16 @@ class Capabilities:
     - ``cuda_graphs``: whether the backend can be captured in a CUDA graph (no host syncs,
       no host-side planning inside the call: that belongs in ``plan``, see the module
       docstring).
+    - ``split_tokens``: the backend's KV split size in tokens, when it splits rows: the check
+      then makes its longest request span at least 2.5 splits, so rows on both sides of
+      several split boundaries are compared.
     """
 
     dtypes: tuple[str, ...] = DTYPE_NAMES
     head_dims: tuple[int, ...] | None = None
     devices: tuple[str, ...] = ("cpu", "cuda")
     cuda_graphs: bool = True
+    split_tokens: int | None = None
 
 
 def capabilities(backend: object) -> Capabilities:
@@ -132,7 +136,7 @@ BUILTIN: dict[str, _Builtin] = {
         "split heuristic", _FLASHINFER, True),
     "flashinfer-fa3": _Builtin(
         f"{_FI}:fa3",
-        "FlashInfer engine-style with backend='fa3' on the prefill wrapper (Hopper)",
+        "FlashInfer's FA3 prefill kernels for every row, decodes included (Hopper)",
         _FLASHINFER, True),
     "flashinfer-fixed-split": _Builtin(
         f"{_FI}:fixed_split",

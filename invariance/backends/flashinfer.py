@@ -481,7 +481,8 @@ class FlashInferBackend:
 flashinfer = FlashInferBackend()
 #: ``flashinfer-prefill``: every row through the prefill wrapper.
 prefill = FlashInferBackend(decode=False)
-#: ``flashinfer-fa3``: engine-style, fa3 prefill kernels.
-fa3 = FlashInferBackend(backend="fa3")
+#: ``flashinfer-fa3``: every row through the prefill wrapper on FA3 kernels (FA3 has no
+#: batch-dependent KV split; the decode wrapper does, so engine-style FA3 fails batch_size).
+fa3 = FlashInferBackend(decode=False, backend="fa3")
 #: ``flashinfer-fixed-split``: engine-style, ``fixed_split_size=2048`` pages (fa2 kernels).
 fixed_split = FlashInferBackend(fixed_split_size=2048)

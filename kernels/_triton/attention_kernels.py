@@ -35,50 +35,68 @@ def _dot(a, b, acc, IS_INTERPRET: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q: tl.constexpr):
-    """Request ``b`` owning query-block slot ``i_qb``: request b owns the slots
-    ``[cu[b] // BLOCK_Q + b, cu[b + 1] // BLOCK_Q + b + 1)`` (an upper bound on its blocks)."""
+def _find_request(cu_seqlens_q_ptr, i, B, BLOCK_Q: tl.constexpr, IS_SLOT: tl.constexpr):
+    """The request owning index ``i``: the last ``b`` in ``[0, B)`` whose first index is ``<= i``.
+
+    ``IS_SLOT``: ``i`` is a query-block slot and request b's first slot is ``cu[b] // BLOCK_Q + b``
+    (request b owns the slots up to ``cu[b + 1] // BLOCK_Q + b + 1``, an upper bound on its
+    blocks). Otherwise ``i`` is a query token and request b's first token is ``cu[b]``.
+    NOTE: clamped to 0, so that even malformed ``cu_seqlens_q`` (``validate=False``) never makes
+    a caller read ``cu_seqlens_q[-1]``; a no-op for valid input, where ``cu[0] == 0``.
+    """
     lo = 0
     hi = B
     while lo < hi:
         mid = (lo + hi) // 2
-        start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
-        if start <= i_qb:
+        if IS_SLOT:
+            start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        else:
+            start = tl.load(cu_seqlens_q_ptr + mid)
+        if start <= i:
             lo = mid + 1
         else:
             hi = mid
-    return lo - 1
+    return tl.maximum(lo - 1, 0)
 
 
 @triton.jit
-def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_Q: tl.constexpr):
+def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr):
     """Rows of query-block slot ``i_qb``.
 
     Returns (i_b, q_start, q_len, kv_len, i_qblk, tok [BM] token index in the request,
     g [BM] head in group, m_row [BM] valid rows, pos [BM] absolute position (-1 on invalid rows),
     min_pos / max_pos scalars = smallest / largest position in the block).
+
+    NOTE: integer guards against malformed indices (``validate=False``), no-ops for valid input
+    (where ``0 <= min_pos <= max_pos < kv_len <= max_kv_len``): ``kv_len`` is clamped to
+    ``[0, max_kv_len]`` (``max_kv_len`` = the KV tokens the block table covers), ``max_pos`` to
+    at most ``max_kv_len - 1`` and ``min_pos`` into ``[-1, max_pos]`` (when ``max_pos >= -1``),
+    so every tile visited lies in ``[0, max_kv_len)``: no key before or past the block table,
+    and loops stay bounded, even under int32 wrap-around of garbage lengths. A row is valid
+    only if its token index lies in ``[0, T)``, so no q load or out store leaves q or out.
     """
-    i_b = _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q)
+    i_b = _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q, True)
     q_start = tl.load(cu_seqlens_q_ptr + i_b)
     q_len = tl.load(cu_seqlens_q_ptr + i_b + 1) - q_start
-    kv_len = tl.load(kv_lens_ptr + i_b)
+    kv_len = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + i_b), 0), max_kv_len)
     i_qblk = i_qb - (q_start // BLOCK_Q + i_b)
     o_m = tl.arange(0, BLOCK_M)
     tok = i_qblk * BLOCK_Q + o_m // G
     g = o_m % G
     # NOTE: when G is not a power of two, BLOCK_Q * G < BLOCK_M and the last rows are padding.
     m_row = (o_m // G < BLOCK_Q) & (tok < q_len)
+    m_row = m_row & (q_start + tok >= 0) & (q_start + tok < T)
     ctx = kv_len - q_len
     pos = tl.where(m_row, ctx + tok, -1)
-    min_pos = ctx + i_qblk * BLOCK_Q
-    max_pos = ctx + tl.minimum((i_qblk + 1) * BLOCK_Q, q_len) - 1
+    max_pos = tl.minimum(ctx + tl.minimum((i_qblk + 1) * BLOCK_Q, q_len) - 1, max_kv_len - 1)
+    min_pos = tl.maximum(tl.minimum(ctx + i_qblk * BLOCK_Q, max_pos), -1)
     return i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos
 
 
 @triton.jit
 def _attend_tile(
-    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -112,6 +130,9 @@ def _attend_tile(
         i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
     else:
         i_page = tl.load(p_bt + o_n // PAGE_SIZE).to(tl.int64)
+    # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
+    # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
+    i_page = tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
     i_slot = (o_n % PAGE_SIZE).to(tl.int64)
     off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
     off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
@@ -154,6 +175,7 @@ def _attend_split(
     k_ptr,  # [P, PS, Hkv, D]
     v_ptr,  # [P, PS, Hkv, D]
     p_bt,  # [max_pages] pointer to this request's block-table row
+    num_pages,  # pages of k/v_cache (page ids are clamped into [0, num_pages))
     qk_scale,  # sm_scale * log2(e)
     stride_kp,
     stride_ks,
@@ -184,13 +206,13 @@ def _attend_split(
     kv_off_h = i_kvh.to(tl.int64)
     for j in range(j_lo, j_mid):
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
             DOT_PRECISION)
     for j in range(j_mid, j_hi):
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
             DOT_PRECISION)
@@ -243,10 +265,13 @@ def _unified_attention_fused_kernel(
     out_ptr,  # [T, Hq, D] contiguous
     lse_ptr,  # [T, Hq] fp32 contiguous
     # Scalars
-    qk_scale,
-    split_tiles,
-    B,
-    Hq,
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
+    B,  # requests
+    T,  # query tokens
+    Hq,  # query heads
+    num_pages,  # pages of k/v_cache (bound of the page-id clamp)
+    max_kv_len,  # KV tokens the block table covers: max_pages * PAGE_SIZE (kv_len clamp)
     stride_qt: tl.int64,
     stride_qh: tl.int64,
     stride_kp: tl.int64,
@@ -273,7 +298,7 @@ def _unified_attention_fused_kernel(
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
-        cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G, BLOCK_M, BLOCK_Q)
+        cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
@@ -292,7 +317,7 @@ def _unified_attention_fused_kernel(
     j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
     for j in range(0, j_mid):
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
             DOT_PRECISION)
@@ -300,7 +325,7 @@ def _unified_attention_fused_kernel(
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
             DOT_PRECISION)
@@ -322,14 +347,17 @@ def _unified_attention_split_kernel(
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
     # Outputs
-    ws_o_ptr,  # [T, Hq, NS, D] fp32 partial outputs
-    ws_lse_ptr,  # [T, Hq, NS] fp32 partial lse (log2 units)
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32 partial outputs
+    ws_lse_ptr,  # [T, Hq, num_splits] fp32 partial lse (log2 units)
     # Scalars
-    qk_scale,
-    split_tiles,
-    B,
-    Hq,
-    NS,
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
+    B,  # requests
+    T,  # query tokens
+    Hq,  # query heads
+    num_pages,  # pages of k/v_cache (bound of the page-id clamp)
+    max_kv_len,  # KV tokens the block table covers: max_pages * PAGE_SIZE (kv_len clamp)
+    num_splits,  # workspace splits per row (grid dim 2)
     stride_qt: tl.int64,
     stride_qh: tl.int64,
     stride_kp: tl.int64,
@@ -355,7 +383,7 @@ def _unified_attention_split_kernel(
     i_kvh = tl.program_id(1)
     i_split = tl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
-        cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, G, BLOCK_M, BLOCK_Q)
+        cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
     # Splits past the block's last position are read by no row: nothing to write.
@@ -365,11 +393,11 @@ def _unified_attention_split_kernel(
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     b_os, b_ls = _attend_split(
         b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
-        qk_scale,
+        num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
     o_d = tl.arange(0, HEAD_DIM)
-    i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * NS + i_split
+    i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
     tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], b_os, mask=m_row[:, None])
     tl.store(ws_lse_ptr + i_ws, b_ls, mask=m_row)
 
@@ -394,18 +422,19 @@ def _take_3d(x, o_c, c):
 @triton.jit
 def _merge_splits_kernel(
     # Inputs
-    ws_o_ptr,  # [T, Hq, NS, D] fp32
-    ws_lse_ptr,  # [T, Hq, NS] fp32 (log2 units)
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32
+    ws_lse_ptr,  # [T, Hq, num_splits] fp32 (log2 units)
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     # Outputs
     out_ptr,  # [T, Hq, D]
     lse_ptr,  # [T, Hq] fp32
     # Scalars
-    split_size,
-    B,
-    Hq,
-    NS,
+    split_tokens,  # KV tokens per split
+    B,  # requests
+    Hq,  # query heads
+    num_splits,  # workspace splits per row
+    max_kv_len,  # KV tokens the block table covers (kv_len clamp, as in _block_rows)
     # Constexprs
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -418,39 +447,44 @@ def _merge_splits_kernel(
     i_t = tl.program_id(0)
     i_kvh = tl.program_id(1)
     # Request of token i_t: the last b with cu[b] <= i_t (empty requests own no token).
-    lo = 0
-    hi = B
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(cu_seqlens_q_ptr + mid) <= i_t:
-            lo = mid + 1
-        else:
-            hi = mid
-    i_b = lo - 1
+    i_b = _find_request(cu_seqlens_q_ptr, i_t, B, 1, False)
     q_start = tl.load(cu_seqlens_q_ptr + i_b)
     q_len = tl.load(cu_seqlens_q_ptr + i_b + 1) - q_start
-    pos = tl.load(kv_lens_ptr + i_b) - q_len + (i_t - q_start)
-    n_splits = pos // split_size + 1
+    kv_len = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + i_b), 0), max_kv_len)
+    pos = kv_len - q_len + (i_t - q_start)
+    # NOTE: the clamp to num_splits is a no-op for valid input (pos < max kv_len, which sized the
+    # workspace); it keeps malformed lengths (validate=False) inside the workspace.
+    n_splits = tl.minimum(pos // split_tokens + 1, num_splits)
     o_g = tl.arange(0, BLOCK_G)
     o_c = tl.arange(0, CHUNK)
     o_d = tl.arange(0, HEAD_DIM)
     m_g = o_g < G
-    i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * NS  # [BG]
+    i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * num_splits  # [BG]
     b_o = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
     b_lse = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     for i_s0 in range(0, n_splits, CHUNK):
-        # NOTE: splits past the row's position are loaded as empty (lse = -inf): exact no-ops.
-        m_cg = ((i_s0 + o_c) < n_splits)[:, None] & m_g[None, :]
-        i_cg = i_ws[None, :] + (i_s0 + o_c)[:, None]  # [CH, BG]
-        # [CH, BG]
-        b_lc = tl.load(ws_lse_ptr + i_cg, mask=m_cg, other=float("-inf"))
-        # [CH, BG, D]
-        b_oc = tl.load(ws_o_ptr + i_cg[:, :, None] * HEAD_DIM + o_d[None, None, :],
-                       mask=m_cg[:, :, None], other=0.0)
-        for c in tl.static_range(CHUNK):
-            b_ls = _take_2d(b_lc, o_c, c)
-            b_os = _take_3d(b_oc, o_c, c)
+        if CHUNK == 1:
+            # One split at a time (the interpreter): load it directly. The same values the chunked
+            # path extracts exactly, without the extraction's cost.
+            # [BG]
+            b_ls = tl.load(ws_lse_ptr + i_ws + i_s0, mask=m_g, other=float("-inf"))
+            # [BG, D]
+            b_os = tl.load(ws_o_ptr + (i_ws + i_s0)[:, None] * HEAD_DIM + o_d[None, :],
+                           mask=m_g[:, None], other=0.0)
             b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
+        else:
+            # NOTE: splits past the row's position are loaded as empty (lse = -inf): exact no-ops.
+            m_cg = ((i_s0 + o_c) < n_splits)[:, None] & m_g[None, :]
+            i_cg = i_ws[None, :] + (i_s0 + o_c)[:, None]  # [CH, BG]
+            # [CH, BG]
+            b_lc = tl.load(ws_lse_ptr + i_cg, mask=m_cg, other=float("-inf"))
+            # [CH, BG, D]
+            b_oc = tl.load(ws_o_ptr + i_cg[:, :, None] * HEAD_DIM + o_d[None, None, :],
+                           mask=m_cg[:, :, None], other=0.0)
+            for c in tl.static_range(CHUNK):
+                b_ls = _take_2d(b_lc, o_c, c)
+                b_os = _take_3d(b_oc, o_c, c)
+                b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
     i_row = i_t.to(tl.int64) * Hq + i_kvh * G + o_g
     tl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
              b_o.to(out_ptr.dtype.element_ty), mask=m_g[:, None])

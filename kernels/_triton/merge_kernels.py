@@ -95,6 +95,8 @@ def _merge_states_kernel(
     m_hd = m_h[:, None] & (o_d[None, :] < D)
     b_o = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     b_lse = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    # Rows that met a NaN or +inf partial LSE (see merge_states: such a row comes out NaN).
+    b_bad = tl.zeros([BLOCK_H], dtype=tl.int1)
     for i_s in range(0, S):
         # [BH, D]
         p_o = o_ptr + i_n * stride_on + i_s * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
@@ -102,7 +104,12 @@ def _merge_states_kernel(
         # [BH]
         p_l = lse_ptr + i_n * stride_ln + i_s * stride_ls + o_h * stride_lh
         b_ls = tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32)
+        b_bad = b_bad | (b_ls != b_ls) | (b_ls == float("inf"))
         b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, True)
+    # NOTE: a select after the fold, so rows without NaN/+inf keep the bits of the shared
+    # state_merge fold (state_merge alone would let a +inf partial after empty ones through).
+    b_o = tl.where(b_bad[:, None], float("nan"), b_o)
+    b_lse = tl.where(b_bad, float("nan"), b_lse)
     p_out = out_ptr + (i_n * H + o_h[:, None]) * D + o_d[None, :]
     tl.store(p_out, b_o, mask=m_hd)
     tl.store(out_lse_ptr + i_n * H + o_h, b_lse, mask=m_h)

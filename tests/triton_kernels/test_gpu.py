@@ -1,31 +1,35 @@
-"""CUDA-only behaviour: graph capture (value checks skipped while capturing). Skipped on CPU."""
+"""CUDA-only behaviour, through the harness's schedules: CUDA-graph capture and replay (value
+checks are skipped while capturing) and a device allocator full of NaN give the eager bits.
+Skipped without CUDA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import unified_attention
-from kernels.testing import build_batch, describe_bit_mismatch, make_request
+import invariance
+from invariance import Chunk, HeadConfig, PageLayout, Request, Schedule, Step, Workload
+from invariance.backends.kernels import KernelsBackend
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# A decode row, a prefill chunk and a whole prefill, longer than the default split size.
+STEP = Step((Chunk(0, 650, 700), Chunk(1, 89, 90), Chunk(2, 0, 1300)))
+WORKLOAD = (Request(0, 700), Request(1, 90), Request(2, 1300))
+PAGES = PageLayout(16, "shuffled")
 
 
 @pytest.mark.parametrize("plan", ["fused", "split", "auto"])
 def test_cuda_graph_replay_matches_eager(dtype: torch.dtype, plan: str) -> None:
-    reqs = [make_request(i, n, 8, 2, 128, dtype, "cuda") for i, n in enumerate([700, 90, 1300])]
-    batch = build_batch([(reqs[0], 650, 700), (reqs[1], 89, 90), (reqs[2], 0, 1300)], 16)
-    eager = unified_attention(*batch.args(), plan=plan)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        unified_attention(*batch.args(), plan=plan)  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = unified_attention(*batch.args(), plan=plan)  # validate=True: skipped here
-    graph.replay()
-    torch.cuda.synchronize()
-    for name, a, b in (("out", eager[0], captured[0]), ("lse", eager[1], captured[1])):
-        msg = describe_bit_mismatch(a, b)
-        assert msg is None, f"graph replay vs eager, {name}: {msg}"
+    workload = Workload(WORKLOAD, HeadConfig(8, 2, 128), dtype)
+    eager = Schedule((STEP,), PAGES)
+    graphed = Schedule((STEP,), PAGES, graph=True)
+    invariance.replay(KernelsBackend(plan=plan), workload, eager, graphed, device="cuda")
+
+
+def test_split_plan_never_reads_uninitialised_workspace(dtype: torch.dtype) -> None:
+    workload = Workload(WORKLOAD, HeadConfig(8, 2, 128), dtype)
+    clean = Schedule((STEP,), PAGES)
+    poisoned = Schedule((STEP,), PAGES, poison=True)
+    invariance.replay(KernelsBackend(plan="split"), workload, clean, poisoned, device="cuda")
