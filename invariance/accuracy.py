@@ -2,9 +2,9 @@
 wrong, so every check also measures error (ARCHITECTURE.md, "Numerics contract").
 
 Rows are picked from every schedule's output (evenly spread, the first and last rows and the last
-row of each of its four longest requests included), recomputed in float64 from the request's own content, and held
-to a bound derived from the dtype's unit roundoff ``u`` (2^-11 float16, 2^-8 bfloat16, 2^-24
-float32; ``u32`` = 2^-24) and the row's own magnitudes:
+row of each of its four longest requests included), recomputed in float64 from the request's own
+content, and held to a bound derived from the dtype's unit roundoff ``u`` (2^-11 float16,
+2^-8 bfloat16, 2^-24 float32; ``u32`` = 2^-24) and the row's own magnitudes:
 
 - output, every element of row ``i`` (KV length ``L``, head ``h``)::
 

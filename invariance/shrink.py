@@ -84,10 +84,10 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
         return bool(cmp.differing_keys(focus))
 
     candidate = replace(case, a=_focus_steps(case.a, focus), b=_focus_steps(case.b, focus))
-    if (len(candidate.a.steps), len(candidate.b.steps)) != (len(case.a.steps),
-                                                             len(case.b.steps)):
-        if still_fails(candidate):
-            case, shrunk = candidate, True
+    fewer = (len(candidate.a.steps), len(candidate.b.steps)) != (len(case.a.steps),
+                                                                 len(case.b.steps))
+    if fewer and still_fails(candidate):
+        case, shrunk = candidate, True
     progressed = True
     while progressed and tries < max_tries:
         progressed = False
