@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import invariance
 from invariance.backends.kernels import KernelsBackend
@@ -27,27 +26,32 @@ PLANS = [
 ]
 
 
+# The interpreter is slow: a subset of perturbations that exercises mixed batches, prefill vs
+# decode, page placement, padding and shared prefix pages, at one dtype. The full default check
+# of every perturbation at three dtypes runs on the GPU (reports/h100-round2/).
+CPU_PERTURBATIONS = ["mixed", "prefill_vs_decode", "paging", "padding", "prefix_sharing"]
+
+
 @pytest.mark.parametrize("backend", PLANS)
-def test_invariant_plans_pass_every_perturbation(backend: KernelsBackend,
-                                                 dtype: torch.dtype) -> None:
-    report = invariance.check(backend, dtype=dtype, device="cpu")
+def test_invariant_plans_pass(backend: KernelsBackend) -> None:
+    report = invariance.check(backend, dtype="float32", device="cpu",
+                              perturbations=CPU_PERTURBATIONS)
     assert report.passed, _why(report)
-    assert report.accuracy[0].rows > 100
+    assert report.accuracy[0].rows > 50
 
 
-def test_registered_backends_pass_with_the_default_split(dtype: torch.dtype) -> None:
-    for name in ("kernels", "kernels-fused", "kernels-split"):
-        report = invariance.check(name, dtype=dtype, device="cpu",
-                                  perturbations=["neighbors", "mixed", "prefill_vs_decode"])
-        assert report.passed, _why(report)
+def test_registered_backend_passes_with_the_default_split() -> None:
+    report = invariance.check("kernels", dtype="bfloat16", device="cpu",
+                              perturbations=["mixed", "prefill_vs_decode"])
+    assert report.passed, _why(report)
 
 
-def test_heuristic_control_is_caught(dtype: torch.dtype) -> None:
-    report = invariance.check("kernels-heuristic", dtype=dtype, device="cpu",
-                              perturbations=["batch_size", "neighbors"])
+def test_heuristic_control_is_caught() -> None:
+    report = invariance.check("kernels-heuristic", dtype="float32", device="cpu",
+                              perturbations=["neighbors"], shrink=False)
     assert report.accurate, _why(report)
     failed = {r.perturbation for r in report.failed_cells()}
-    assert failed & {"batch_size", "neighbors"}, _why(report)
+    assert failed == {"neighbors"}, _why(report)
 
 
 def test_cpu_interpreter_switches_on_by_itself() -> None:

@@ -224,3 +224,26 @@ def test_plot_feature_prefers_the_feature_that_varies() -> None:
     assert plot_feature(pts) == "neighbor_len"
     assert plot_feature([{"page_size": 4.0, "mismatch_rate": 0.0}]) == "page_size"
     assert plot_feature([{"mismatch_rate": 0.0}]) is None
+
+
+def test_html_axes_of_counts_have_whole_ticks_and_no_line_through_a_mean() -> None:
+    from invariance.render.html import _ticks, mismatch_figure
+    from invariance.report import PerturbationResult
+
+    assert _ticks(2, 9, integer=True) == [2, 4, 6, 8]
+    assert all(float(t).is_integer() for t in _ticks(1, 13, integer=True))
+    cell = PerturbationResult("b", "batch_size", "float32", "d", "failed", points=[
+        {"batch_size": 2.0, "mismatch_rate": 0.0}, {"batch_size": 2.0, "mismatch_rate": 1.0},
+        {"batch_size": 8.0, "mismatch_rate": 0.5}])
+    svg = mismatch_figure("batch_size", [cell])
+    assert svg is not None and "<polyline" not in svg and "2.5<" not in svg
+    one_each = PerturbationResult("b", "batch_size", "float32", "d", "failed", points=[
+        {"batch_size": 2.0, "mismatch_rate": 0.0}, {"batch_size": 8.0, "mismatch_rate": 0.5}])
+    assert "<polyline" in (mismatch_figure("batch_size", [one_each]) or "")
+
+
+def test_cosmetic_words_are_singular_when_one() -> None:
+    from invariance.render._common import plural
+
+    assert plural(1, "more violating case") == "1 more violating case"
+    assert plural(2, "more violating case") == "2 more violating cases"

@@ -95,12 +95,17 @@ def _heatmap(g: Grid) -> str:
             f'{"".join(rows)}</tbody></table>')
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> list[float]:
+    """Round tick values over ``[lo, hi]``; whole numbers only when ``integer`` (batch sizes,
+    lengths: no 2.5 on an axis of counts)."""
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    steps = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)
+    step = next(m * mag for m in steps if m * mag >= raw)
+    if integer:
+        step = max(1.0, math.ceil(step))
     start = math.ceil(lo / step) * step
     out = []
     x = start
@@ -144,7 +149,8 @@ def mismatch_figure(perturbation: str, cells: Sequence[PerturbationResult], *,
                      f'stroke="#eaeef2"/>')
         parts.append(f'<text x="{left - 4}" y="{sy(y) + 4:.1f}" font-size="10" '
                      f'text-anchor="end" fill="#57606a">{y:g}</text>')
-    for x in _ticks(x_lo + pad, x_hi - pad) if feature else []:
+    integer = all(float(x).is_integer() for x in xs)
+    for x in _ticks(x_lo + pad, x_hi - pad, integer=integer) if feature else []:
         parts.append(f'<text x="{sx(x):.1f}" y="{top + ph + 14}" font-size="10" '
                      f'text-anchor="middle" fill="#57606a">{x:g}</text>')
     parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 6}" font-size="11" '
@@ -160,9 +166,10 @@ def mismatch_figure(perturbation: str, cells: Sequence[PerturbationResult], *,
         by_x: dict[float, list[float]] = {}
         for x, y, _ in coords:
             by_x.setdefault(x, []).append(y)
-        if len(by_x) > 1:
-            line = " ".join(f"{sx(x):.1f},{sy(sum(v) / len(v)):.1f}"
-                            for x, v in sorted(by_x.items()))
+        # A line only joins one point per x: through several at one x it would pass through
+        # their mean, where no case is.
+        if len(by_x) > 1 and all(len(v) == 1 for v in by_x.values()):
+            line = " ".join(f"{sx(x):.1f},{sy(v[0]):.1f}" for x, v in sorted(by_x.items()))
             parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" '
                          f'stroke-width="1.5" opacity="0.7"/>')
         for x, y, p in coords:
