@@ -48,8 +48,16 @@ def _without(schedule: Schedule, drop: set[int]) -> Schedule:
 
 
 def _prune_workload(case: Case) -> Case:
+    """Keep the requests the schedules use and the prompt-prefix parents their content needs."""
     used = set(_requests(case.a)) | set(_requests(case.b))
     wl = case.workload
+    parents = {r.id: r.prefix[0] for r in wl.requests if r.prefix is not None}
+    todo = list(used)
+    while todo:
+        parent = parents.get(todo.pop())
+        if parent is not None and parent not in used:
+            used.add(parent)
+            todo.append(parent)
     return replace(case, workload=replace(
         wl, requests=tuple(r for r in wl.requests if r.id in used)))
 

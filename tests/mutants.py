@@ -132,8 +132,8 @@ class Planted:
                 first = int(batch.block_table[kvb, 0]) * batch.page_size
                 flat_k = batch.k_cache.reshape(-1, batch.num_kv_heads, batch.head_dim)
                 flat_v = batch.v_cache.reshape(-1, batch.num_kv_heads, batch.head_dim)
-                k = flat_k[first:first + kv_lens[kvb]].float()
-                v = flat_v[first:first + kv_lens[kvb]].float()
+                idx = (first + torch.arange(kv_lens[kvb])) % flat_k.shape[0]
+                k, v = flat_k[idx].float(), flat_v[idx].float()
             if self.defect == "shared_page_zeros":  # a page read twice in a batch reads zeros
                 P = batch.page_size
                 pages = batch.block_table[kvb, : -(-kv_lens[kvb] // P)].tolist()
