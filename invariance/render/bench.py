@@ -8,13 +8,13 @@ graph) are marked with a dagger and explained below the table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from invariance.bench import BenchReport
+from invariance.render.markdown import _esc
+from invariance.render.markdown import _table as _md_table
 
 __all__ = ["bench_table", "bench_to_markdown", "print_bench"]
 
@@ -102,16 +102,6 @@ def print_bench(report: BenchReport, console: Console) -> None:
         console.print(Text(f"error: {line}", style="red"))
 
 
-def _esc(text: str) -> str:
-    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-            .replace("<", "&lt;").replace(">", "&gt;"))
-
-
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(_esc(h) for h in header) + " |",
-             "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_esc(c) for c in row) + " |" for row in rows]
-    return lines
 
 
 def bench_to_markdown(report: BenchReport) -> str:
