@@ -43,6 +43,7 @@ __all__ = [
     "TOLERANCES",
     "UNIT_ROUNDOFF",
     "AccuracyAccumulator",
+    "accuracy_bound",
     "measure_accuracy",
 ]
 
@@ -71,6 +72,27 @@ LONGEST = 4
 def _picks(n: int, max_rows: int) -> list[int]:
     """``max_rows`` row indices spread evenly over ``[0, n)``, first and last included."""
     return sorted({round(i * (n - 1) / max(1, max_rows - 1)) for i in range(min(n, max_rows))})
+
+
+def accuracy_bound(q: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   sm_scale: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bound of the module docstring for query rows ``q`` ``[n, Hq, D]`` at absolute
+    positions ``pos`` ``[n]`` over a request's keys ``k, v`` ``[L, Hkv, D]`` (row ``i`` sees
+    ``[0, pos[i]]``): ``(out_bound, lse_bound)``, each ``[n, Hq]`` float64 (the output bound
+    applies to every element of the row)."""
+    c_out, u32, c_lse = TOLERANCES[dtype]
+    G = q.shape[1] // k.shape[1]
+    k64, v64 = k.to(torch.float64), v.to(torch.float64)
+    # max |v| over keys [0, pos] and dims, per KV head -> per query head  [n, Hq]
+    vmax = v64.abs().amax(-1).cummax(0).values[pos].repeat_interleave(G, dim=1)
+    # sm_scale * max_j sum_d |q_d k_jd| over keys [0, pos]  [n, Hq]
+    dots = torch.einsum("nhd,lhd->nhl", q.to(torch.float64).abs(),
+                        k64.abs().repeat_interleave(G, dim=1))
+    visible = torch.arange(k.shape[0], device=q.device)[None, None, :] <= pos[:, None, None]
+    s_abs = sm_scale * dots.masked_fill(~visible, 0.0).amax(-1)
+    L = (pos + 1).to(torch.float64)[:, None]
+    dot_err = 2 * q.shape[2] * u32 * s_abs  # fp32 dot products  [n, Hq]
+    return (c_out + L * u32 + 2 * dot_err) * vmax, c_lse + L * u32 + dot_err
 
 
 @dataclass
@@ -103,7 +125,6 @@ class AccuracyAccumulator:
 
     def _add_request(self, workload: Workload, out: ScheduleOutput, rid: int,
                      rows: list[int]) -> None:
-        c_out, u32, c_lse = TOLERANCES[self.dtype]
         dev = out.out.device
         tokens = [out.keys[i][1] for i in rows]
         stop = max(tokens) + 1
@@ -111,20 +132,9 @@ class AccuracyAccumulator:
         v = workload.content(rid, "v", 0, stop, dev).to(torch.float64)
         q = torch.cat([workload.content(rid, "q", t, t + 1, dev) for t in tokens])
         ref_out, ref_lse = reference_rows(q, tokens, k, v, workload.sm_scale)
-        G = q.shape[1] // k.shape[1]
         pos = torch.tensor(tokens, device=dev)
-        # max |v| over keys [0, pos] and dims, per KV head -> per query head  [n, Hq]
-        vmax = v.abs().amax(-1).cummax(0).values[pos].repeat_interleave(G, dim=1)
-        # sm_scale * max_j sum_d |q_d k_jd| over keys [0, pos]  [n, Hq]
-        qa = q.to(torch.float64).abs()
-        ka = k.abs().repeat_interleave(G, dim=1)  # [L, Hq, D]
-        dots = torch.einsum("nhd,lhd->nhl", qa, ka)
-        visible = torch.arange(stop, device=dev)[None, None, :] <= pos[:, None, None]
-        s_abs = workload.sm_scale * dots.masked_fill(~visible, 0.0).amax(-1)
-        L = (pos + 1).to(torch.float64)[:, None]
-        dot_err = 2 * workload.heads.head_dim * u32 * s_abs  # fp32 dot products  [n, Hq]
-        out_bound = ((c_out + L * u32 + 2 * dot_err) * vmax).clamp(min=1e-12)[..., None]
-        lse_bound = c_lse + L * u32 + dot_err
+        out_bound, lse_bound = accuracy_bound(q, pos, k, v, workload.sm_scale, self.dtype)
+        out_bound = out_bound.clamp(min=1e-12)[..., None]  # [n, Hq, 1]
         idx = torch.tensor(rows, device=dev)
         got_out = out.out[idx].to(torch.float64)
         got_lse = out.lse[idx].to(torch.float64)

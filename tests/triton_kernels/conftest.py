@@ -2,8 +2,8 @@
 
 Batches come from ``invariance.materialize`` (request content is a pure function of the request
 and token, so the same row can be computed under many batches and compared bit for bit); accuracy
-is judged against the float64 reference ``kernels.reference`` within the bound built from the
-harness's one tolerance table, ``invariance.TOLERANCES``.
+is judged against the float64 reference ``kernels.reference`` within the harness's one bound,
+``invariance.accuracy.accuracy_bound``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from invariance import (
-    TOLERANCES,
     AttentionBatch,
     Chunk,
     HeadConfig,
@@ -29,6 +28,7 @@ from invariance import (
     compare_bits,
     materialize,
 )
+from invariance.accuracy import accuracy_bound
 from kernels.reference import reference_attention
 
 #: The smallest head configuration with a GQA group (2 query heads per KV head) and a supported
@@ -73,15 +73,9 @@ def args_of() -> Callable[[AttentionBatch], tuple[torch.Tensor, ...]]:
 
 
 def _bounds(args: Sequence[torch.Tensor], sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row error bounds ``[T, Hq]`` of out (per element) and lse, from the harness's one
-    tolerance table ``invariance.TOLERANCES[dtype] = (C_OUT u, u32, C_LSE u)`` and the formula of
-    its module docstring (``invariance.accuracy``), on the batch's tensors: with ``L`` the row's
-    visible keys, ``s_abs = sm_scale max_j sum_d |q_d k_jd|`` and ``dot = 2 D u32 s_abs``::
-
-        out: (C_OUT u + L u32 + 2 dot) max_{j, d} |v_jd|      lse: C_LSE u + L u32 + dot
-    """
+    """Per-row error bounds ``[T, Hq]`` of out (per element) and lse: the harness's one bound,
+    ``invariance.accuracy.accuracy_bound``, applied to each request of the batch."""
     q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = args
-    c_out, u32, c_lse = TOLERANCES[q.dtype]
     T, Hq, D = q.shape
     page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
     out_bound = torch.zeros(T, Hq, dtype=torch.float64, device=q.device)
@@ -92,16 +86,11 @@ def _bounds(args: Sequence[torch.Tensor], sm_scale: float) -> tuple[torch.Tensor
         if q1 == q0 or n == 0:
             continue  # no rows, or rows attending to nothing: exact 0 / -inf expected
         pages = block_table[b, : -(-n // page_size)].long()
-        k = k_cache[pages].reshape(-1, Hkv, D)[:n].double().repeat_interleave(Hq // Hkv, 1)
-        v = v_cache[pages].reshape(-1, Hkv, D)[:n].double().repeat_interleave(Hq // Hkv, 1)
+        k = k_cache[pages].reshape(-1, Hkv, D)[:n]
+        v = v_cache[pages].reshape(-1, Hkv, D)[:n]
         pos = torch.arange(n - (q1 - q0), n, device=q.device)
-        visible = (torch.arange(n, device=q.device)[None, :] <= pos[:, None])[:, None, :]
-        v_max = torch.where(visible, v.abs().amax(-1).T[None], 0.0).amax(-1)  # [Q, Hq]
-        dots = torch.einsum("qhd,nhd->qhn", q[q0:q1].double().abs(), k.abs())
-        dot = 2 * D * u32 * sm_scale * torch.where(visible, dots, 0.0).amax(-1)  # [Q, Hq]
-        L = (pos + 1).double()[:, None]
-        out_bound[q0:q1] = (c_out + L * u32 + 2 * dot) * v_max
-        lse_bound[q0:q1] = c_lse + L * u32 + dot
+        out_bound[q0:q1], lse_bound[q0:q1] = accuracy_bound(q[q0:q1], pos, k, v, sm_scale,
+                                                            q.dtype)
     return out_bound, lse_bound
 
 

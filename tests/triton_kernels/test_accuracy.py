@@ -1,5 +1,5 @@
 """unified_attention against the float64 reference (``kernels.reference``), within the bound
-built from the harness's tolerance table ``invariance.TOLERANCES`` (conftest.py)."""
+of the harness, ``invariance.accuracy.accuracy_bound`` (conftest.py)."""
 
 from __future__ import annotations
 
