@@ -1,32 +1,42 @@
 """Shrinking a failing case to the smallest pair of schedules that still disagrees.
 
-A violation is about one *focus* request. Other requests are removed from one schedule at a time
-(halves first, then one by one) while the focus request still differs; a request that only one
-schedule needs (a neighbour, a padding request) is removed from that schedule alone. The budget
-of backend runs is explicit and the result says whether it ran out.
+A violation is about one *focus* request. Shrinking keeps a change only while the focus request
+still differs between the two schedules, and works in three passes:
+
+1. **Requests**: other requests are removed from one schedule at a time (halves first, then one
+   by one); a request that only one schedule needs (a neighbour, a padding request) is removed
+   from that schedule alone.
+2. **KV lengths**: each request is cut shorter in both schedules (its chunks end at a new
+   length, halving while the disagreement persists); the focus request never below its first
+   differing token.
+3. **Chunks**: each chunk computing several query tokens is cut to its last one (other
+   requests) or to the tokens from the first differing one (the focus request); the KV a chunk
+   sees is unchanged, only the query rows it computes shrink.
+
+The budget of backend runs is explicit and the result says whether it ran out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
 
 from invariance.compare import compare_outputs
 from invariance.perturb import Case
-from invariance.schedule import Schedule, Step, run_schedule
+from invariance.schedule import Chunk, Schedule, Step, run_schedule
 
 __all__ = ["ShrinkResult", "shrink"]
 
 #: Backend runs (pairs of schedules) a shrink may spend.
-DEFAULT_MAX_TRIES = 40
+DEFAULT_MAX_TRIES = 100
 
 
 @dataclass(frozen=True)
 class ShrinkResult:
     """The smallest failing case found; ``tries`` runs were spent; ``exhausted`` says the budget
-    ran out before no further removal helped."""
+    ran out before no further change helped."""
 
     case: Case
     shrunk: bool
@@ -38,28 +48,86 @@ def _requests(schedule: Schedule) -> list[int]:
     return sorted({c.request_id for st in schedule.steps for c in st.chunks})
 
 
-def _without(schedule: Schedule, drop: set[int]) -> Schedule:
+def _map_chunks(schedule: Schedule, f: Callable[[Chunk], Chunk | None]) -> Schedule:
+    """``schedule`` with every chunk replaced by ``f(chunk)`` (``None`` drops it; a step left
+    without chunks is dropped)."""
     steps = []
     for step in schedule.steps:
-        chunks = tuple(c for c in step.chunks if c.request_id not in drop)
+        chunks = tuple(c for c in (f(c) for c in step.chunks) if c is not None)
         if chunks:
             steps.append(Step(chunks))
     return replace(schedule, steps=tuple(steps), label="")
 
 
+def _without(schedule: Schedule, drop: set[int]) -> Schedule:
+    return _map_chunks(schedule, lambda c: None if c.request_id in drop else c)
+
+
+def _cut(schedule: Schedule, request: int, length: int) -> Schedule:
+    """Request ``request`` cut to its first ``length`` tokens, keeping its chunks' kinds: a chunk
+    that ends past ``length`` ends there; the first chunk entirely past it moves to end at
+    ``length`` (a decode neighbour stays a decode, of an earlier token) unless an earlier chunk
+    already reaches it; later ones are dropped. A chunk without query tokens keeps its slot."""
+    reached = 0  # the furthest stop of the request's chunks kept so far
+
+    def cut(c: Chunk) -> Chunk | None:
+        nonlocal reached
+        if c.request_id != request:
+            return c
+        if c.q_len == 0:
+            return Chunk(request, min(c.start, length), min(c.stop, length))
+        if c.stop <= length:
+            out = c
+        elif c.start < length:
+            out = Chunk(request, c.start, length)
+        elif reached < length:
+            out = Chunk(request, max(reached, length - c.q_len), length)
+        else:
+            return None
+        reached = max(reached, out.stop)
+        return out
+    return _map_chunks(schedule, cut)
+
+
+def _trim(schedule: Schedule, target: Chunk, start: int) -> Schedule:
+    """``schedule`` with the first chunk equal to ``target`` starting at ``start`` instead."""
+    done = False
+
+    def trim(c: Chunk) -> Chunk:
+        nonlocal done
+        if done or c != target:
+            return c
+        done = True
+        return Chunk(c.request_id, start, c.stop)
+    return _map_chunks(schedule, trim)
+
+
 def _prune_workload(case: Case) -> Case:
-    """Keep the requests the schedules use and the prompt-prefix parents their content needs."""
-    used = set(_requests(case.a)) | set(_requests(case.b))
+    """Keep the requests the schedules use and the prompt-prefix parents their content needs,
+    each only as long as its chunks (and its children's shared prefixes) read."""
     wl = case.workload
-    parents = {r.id: r.prefix[0] for r in wl.requests if r.prefix is not None}
-    todo = list(used)
+    chunks = [c for s in (case.a, case.b) for st in s.steps for c in st.chunks]
+    need: dict[int, int] = {}
+    for c in chunks:
+        need[c.request_id] = max(need.get(c.request_id, 0), c.stop)
+    parents = {r.id: r.prefix for r in wl.requests if r.prefix is not None}
+    todo = list(need)
     while todo:
-        parent = parents.get(todo.pop())
-        if parent is not None and parent not in used:
-            used.add(parent)
+        child = todo.pop()
+        if child not in parents:
+            continue
+        parent, n = parents[child]  # type: ignore[misc]
+        reads = min(need[child], n)
+        if need.get(parent, -1) < reads:
+            need[parent] = reads
             todo.append(parent)
-    return replace(case, workload=replace(
-        wl, requests=tuple(r for r in wl.requests if r.id in used)))
+    requests = []
+    for r in wl.requests:
+        if r.id not in need:
+            continue
+        length = max(need[r.id], r.prefix[1] if r.prefix is not None else 0)
+        requests.append(replace(r, length=min(r.length, length)))
+    return replace(case, workload=replace(wl, requests=tuple(requests)))
 
 
 def _focus_steps(schedule: Schedule, focus: int) -> Schedule:
@@ -70,55 +138,131 @@ def _focus_steps(schedule: Schedule, focus: int) -> Schedule:
     return replace(schedule, steps=steps, label="")
 
 
+def _lengths(case: Case) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for s in (case.a, case.b):
+        for st in s.steps:
+            for c in st.chunks:
+                out[c.request_id] = max(out.get(c.request_id, 0), c.stop)
+    return out
+
+
 def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch.device,
            max_tries: int = DEFAULT_MAX_TRIES) -> ShrinkResult:
-    """Remove steps and requests other than ``focus``'s while ``focus`` still differs between
-    the schedules.
-
-    First every step that computes no token of ``focus`` goes (one try); then each pass tries,
-    for both sides and for each side alone, groups of other requests (halving the group size
-    down to one); a removal is kept when the focus request still differs."""
+    """Shrink ``case`` while ``focus`` still differs between its schedules (module docstring):
+    steps without ``focus`` first (one try), then requests, KV lengths and chunks."""
     tries = 0
     shrunk = False
+    first_diff = 0  # the focus request's first differing token in the current case
 
     def still_fails(candidate: Case) -> bool:
-        nonlocal tries
+        nonlocal tries, first_diff
         tries += 1
         if not candidate.a.steps or not candidate.b.steps:
             return False
         cache: dict[tuple[int, str], torch.Tensor] = {}
         cmp = compare_outputs(run_schedule(backend, candidate.workload, candidate.a, device, cache),
                               run_schedule(backend, candidate.workload, candidate.b, device, cache))
-        return bool(cmp.differing_keys(focus))
+        keys = cmp.differing_keys(focus)
+        if keys:
+            first_diff = min(t for _, t in keys)
+        return bool(keys)
+
+    def attempts() -> Iterator[Case]:
+        """Candidate cases, generated lazily from the current ``case`` (which a kept candidate
+        replaces)."""
+        yield from _remove_requests()
+        yield from _shorten()
+        yield from _trim_chunks()
+
+    def _remove_requests() -> Iterator[Case]:
+        progressed = True
+        while progressed:
+            progressed = False
+            for side in ("both", "a", "b"):
+                # A request in one schedule only was already tried under "both".
+                in_a, in_b = set(_requests(case.a)), set(_requests(case.b))
+                others = sorted((in_a | in_b if side == "both" else in_a & in_b) - {focus})
+                size = max(1, len(others) // 2)
+                while others:
+                    i, removed = 0, False
+                    while i < len(others):
+                        group = set(others[i:i + size])
+                        before = case
+                        yield replace(
+                            case,
+                            a=_without(case.a, group) if side in ("both", "a") else case.a,
+                            b=_without(case.b, group) if side in ("both", "b") else case.b)
+                        if case is not before:  # kept
+                            removed = progressed = True
+                            others = [r for r in others if r not in group]
+                        else:
+                            i += size
+                    if not removed:
+                        if size == 1:
+                            break
+                        size = max(1, size // 2)
+
+    def _shorten() -> Iterator[Case]:
+        while True:  # every other request halved at once, while that still fails
+            lengths = _lengths(case)
+            cuts = {r: n // 2 for r, n in lengths.items() if r != focus and n > 1}
+            if not cuts:
+                break
+            a, b = case.a, case.b
+            for r, n in cuts.items():
+                a, b = _cut(a, r, n), _cut(b, r, n)
+            before = case
+            yield replace(case, a=a, b=b)
+            if case is before:
+                break
+        for rid in [focus, *sorted(set(_lengths(case)) - {focus})]:
+            while True:
+                length = _lengths(case).get(rid, 0)
+                floor = first_diff + 1 if rid == focus else 1
+                new = max(floor, length // 2) if rid != focus else floor
+                if new >= length:
+                    break
+                before = case
+                yield replace(case, a=_cut(case.a, rid, new), b=_cut(case.b, rid, new))
+                if case is before:
+                    if rid == focus and new < length - 1:  # the tight cut failed: try halfway
+                        half = (new + length) // 2
+                        if half < length:
+                            before = case
+                            yield replace(case, a=_cut(case.a, rid, half),
+                                          b=_cut(case.b, rid, half))
+                            if case is not before:
+                                continue
+                    break
+                if rid == focus:
+                    break
+
+    def _trim_chunks() -> Iterator[Case]:
+        for side in ("a", "b"):
+            for chunk in [c for st in getattr(case, side).steps for c in st.chunks
+                          if c.q_len > 1]:
+                start = (max(chunk.start, min(first_diff, chunk.stop - 1))
+                         if chunk.request_id == focus else chunk.stop - 1)
+                if start <= chunk.start:
+                    continue
+                if side == "a":
+                    yield replace(case, a=_trim(case.a, chunk, start))
+                else:
+                    yield replace(case, b=_trim(case.b, chunk, start))
 
     candidate = replace(case, a=_focus_steps(case.a, focus), b=_focus_steps(case.b, focus))
     fewer = (len(candidate.a.steps), len(candidate.b.steps)) != (len(case.a.steps),
                                                                  len(case.b.steps))
     if fewer and still_fails(candidate):
         case, shrunk = candidate, True
-    progressed = True
-    while progressed and tries < max_tries:
-        progressed = False
-        for side in ("both", "a", "b"):
-            others = sorted(
-                (set(_requests(case.a)) | set(_requests(case.b)) if side == "both"
-                 else set(_requests(getattr(case, side)))) - {focus})
-            size = max(1, len(others) // 2)
-            while others and tries < max_tries:
-                i, removed = 0, False
-                while i < len(others) and tries < max_tries:
-                    group = set(others[i:i + size])
-                    a = _without(case.a, group) if side in ("both", "a") else case.a
-                    b = _without(case.b, group) if side in ("both", "b") else case.b
-                    candidate = replace(case, a=a, b=b)
-                    if still_fails(candidate):
-                        case, shrunk, removed, progressed = candidate, True, True, True
-                        others = [r for r in others if r not in group]
-                    else:
-                        i += size
-                if not removed:
-                    if size == 1:
-                        break
-                    size = max(1, size // 2)
-    exhausted = tries >= max_tries
+    else:
+        still_fails(case)  # the first differing token of the original case
+    exhausted = False
+    for candidate in attempts():
+        if tries >= max_tries:
+            exhausted = True
+            break
+        if still_fails(candidate):
+            case, shrunk = candidate, True
     return ShrinkResult(_prune_workload(case) if shrunk else case, shrunk, tries, exhausted)

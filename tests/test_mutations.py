@@ -19,6 +19,16 @@ pytestmark = pytest.mark.mutation
 #: Perturbations the sweep runs (CUDA-only ones cannot run on a CPU).
 PERTURBATIONS = [p.name for p in invariance.PERTURBATIONS.values() if not p.requires_cuda]
 ACCURACY_ONLY = {d for d in DEFECTS if d.startswith("accuracy_") or d == "zeros"}
+#: Requests per schedule a shrunk case may keep: 3 (issue 9's target), except where the defect's
+#: trigger is itself a batch of more requests (tests/mutants.py: B >= 4, B >= 16, B % 8 == 0;
+#: token_threshold fires at 33 query tokens in one call, found with decode rows, i.e. 33
+#: requests, and shrinking removes and shortens, it never merges requests).
+SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33}
+
+
+def _requests_per_schedule(case_data: dict) -> list[int]:
+    return [len({chunk[0] for step in case_data[side]["steps"] for chunk in step})
+            for side in ("a", "b")]
 
 
 def _first_failure(backend: Planted, seed: int) -> invariance.Report | None:
@@ -48,6 +58,13 @@ def test_planted_defect_is_caught(defect: str, mutation_seed: int) -> None:
         assert report.violations or not report.accurate, report.summary()
         for v in report.violations:
             assert v.classification == "batch-variant" and v.case_data
+        if report.violations:  # the first one is the shrunk one: finished, and small enough
+            first = report.violations[0]
+            assert "ran out" not in first.note, first.note
+            limit = SHRUNK_REQUESTS.get(defect, 3)
+            sizes = _requests_per_schedule(first.case_data)
+            assert max(sizes) <= limit, f"{defect}: shrunk to {sizes} requests per schedule " \
+                                        f"(limit {limit}): {first.schedule_a} | {first.schedule_b}"
 
 
 @pytest.mark.parametrize("variant", sorted(FIXED))
