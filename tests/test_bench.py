@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,13 @@ import pytest
 import torch
 from rich.console import Console
 
-from invariance.backends import ResolvedBackend
+from invariance.backends import BUILTIN, ResolvedBackend, capabilities, resolve
+from invariance.backends.kernels import KernelsBackend
 from invariance.backends.reference import reference_backend
 from invariance.batch import AttentionBatch
 from invariance.bench import (
     WORKLOADS,
+    BenchReport,
     BenchWorkload,
     Limits,
     Timing,
@@ -57,17 +61,156 @@ def test_named_workloads() -> None:
         16384, 8192, 4096, 4096, 2048, 1024, 512, 512)
 
 
-def test_workloads_are_the_benchmark_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+def _script(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """benchmarks/attention.py loaded as a module."""
     spec = importlib.util.spec_from_file_location("_bench_script", ROOT / "benchmarks" /
                                                   "attention.py")
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "_bench_script", script)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the script inserts the repository root
     spec.loader.exec_module(script)
-    for name, w in WORKLOADS.items():
-        theirs = script.WORKLOADS[name]
-        assert (tuple(theirs.q_lens), tuple(theirs.kv_lens)) == (w.q_lens, w.kv_lens), name
+    return script
+
+
+def test_benchmark_script_help_runs_without_cuda() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--help"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--out" in proc.stdout and "--split-sizes" in proc.stdout and "--baseline" in proc.stdout
+
+
+@pytest.mark.parametrize("fi", [True, False])
+def test_benchmark_script_is_a_thin_caller_of_run_bench(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fi: bool) -> None:
+    script = _script(monkeypatch)
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def fake_run_bench(*args: Any, **kwargs: Any) -> BenchReport:
+        calls.append((args, kwargs))
+        names = [kwargs["baseline"], *[b for b in args[0] if b != kwargs["baseline"]]]
+        return BenchReport(backends=names, baseline=kwargs["baseline"], dtype="bfloat16",
+                           heads="32:8:128", page_size=16, limits=LIMITS, results=[])
+
+    monkeypatch.setattr(script, "run_bench", fake_run_bench)
+    monkeypatch.setattr(script, "has_flashinfer", lambda: fi)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    out = tmp_path / "res"
+    argv = ["--out", str(out), "--workloads", "mixed64,decode-b8-ctx8k", "--split-sizes",
+            "256,4096", "--backend", "kernels:block_m=128,num_warps=8", "--quick"]
+    assert script.main(argv) == 0
+    ((args, kwargs),) = calls
+    peers = ["flashinfer", "flashinfer-fa3"] if fi else []
+    assert args == (["kernels", "kernels-fused", "kernels-split", "kernels-heuristic",
+                     "sdpa-flash", *peers, "kernels:split_size=256", "kernels:split_size=4096",
+                     "kernels:block_m=128,num_warps=8"],)
+    assert kwargs["names"] == ["mixed64", "decode-b8-ctx8k"]
+    assert kwargs["baseline"] == ("flashinfer" if fi else "kernels-heuristic")
+    assert kwargs["iters"] == script.QUICK_ITERS
+    md = (out / "attention.md").read_text()
+    assert md.startswith("# invariance bench\n") and "benchmarks/attention.py --out" in md
+    data = json.loads((out / "attention.json").read_text())
+    assert data["schema"] == "invariance-bench/1" and data["baseline"] == kwargs["baseline"]
+    # Defaults: every workload, the full iteration count; an explicit baseline is passed on.
+    calls.clear()
+    assert script.main(["--out", str(out), "--baseline", "sdpa-flash"]) == 0
+    ((args, kwargs),) = calls
+    assert kwargs["names"] is None and kwargs["iters"] == script.ITERS
+    assert kwargs["baseline"] == "sdpa-flash"
+
+
+def test_benchmark_script_rejects_bad_arguments_before_cuda(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _script(monkeypatch)
+    monkeypatch.setattr(script, "run_bench", None)  # never reached
+    for argv, match in [(["--workloads", "nope"], "unknown nope"),
+                        (["--split-sizes", "1k"], "expected comma-separated ints"),
+                        (["--backend", "kernels:plan=fast"], "plan: expected one of"),
+                        (["--baseline", "nope"], "unknown name 'nope'")]:
+        with pytest.raises(SystemExit) as exc:
+            script.main(["--out", str(tmp_path), *argv])
+        assert exc.value.code == 2
+        assert match in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            script.main(["--out", str(tmp_path / "res")])
+        assert not (tmp_path / "res").exists()
+
+
+def test_kernels_options_from_the_cli_string() -> None:
+    b = resolve("kernels:split_size=2048")
+    assert b.name == "kernels:split_size=2048" and isinstance(b.fn, KernelsBackend)
+    assert b.fn == KernelsBackend(split_size=2048)
+    assert capabilities(b).split_tokens == 2048
+    b = resolve("kernels:block_m=128, num_warps=8,num_stages=3,plan=split")
+    assert b.fn == KernelsBackend(plan="split", block_m=128, num_warps=8, num_stages=3)
+    assert resolve("kernels-fused:num_warps=4").fn == KernelsBackend(plan="fused", num_warps=4)
+    assert resolve("kernels-split:plan=auto").fn == KernelsBackend()
+    assert resolve("kernels:split_size=none").fn == KernelsBackend(split_size=None)
+    assert resolve("kernels-heuristic:split_size=default").fn == KernelsBackend()
+    assert resolve("kernels:split_size=NONE").fn == resolve("kernels-heuristic").fn
+    assert all(BUILTIN[n].options for n in BUILTIN if n.startswith("kernels"))
+    for bad, match in [
+            ("kernels:nope=1", "kernels option 'nope': unknown; expected one of split_size, "
+                               "plan, block_m, num_warps, num_stages, got 'nope'"),
+            ("kernels:split_size=0", "split_size: expected an int >= 1 or none or default, "
+                                     "got '0'"),
+            ("kernels:split_size=2k", "split_size: expected an int >= 1"),
+            ("kernels:plan=fast", "plan: expected one of auto, fused, split, got 'fast'"),
+            ("kernels:block_m=96", "block_m: expected a power of two, got '96'"),
+            ("kernels:num_warps=3", "num_warps: expected one of 1, 2, 4, 8, 16, got '3'"),
+            ("kernels:num_stages=9", r"num_stages: expected an int in \[1, 8\], got '9'"),
+            ("kernels:num_stages=x", "num_stages: expected an int in"),
+            ("kernels-fused:oops", "key=value"),
+            ("kernels:plan=fused,plan=split", "given twice")]:
+        with pytest.raises(ValueError, match=match):
+            resolve(bad)
+
+
+def test_kernels_option_rules_agree_with_kernels_tuning() -> None:
+    import kernels
+
+    for key in ("block_m", "num_warps", "num_stages"):
+        for value in range(0, 33):
+            try:
+                kernels.Tuning(**{key: value})
+                tuning_ok = True
+            except ValueError:
+                tuning_ok = False
+            try:
+                KernelsBackend().with_options({key: str(value)})
+                ours_ok = True
+            except ValueError:
+                ours_ok = False
+            assert ours_ok == tuning_ok, (key, value)
+
+
+class _Recorder:
+    """A timer that keeps the backends it is given and times nothing."""
+
+    def __init__(self) -> None:
+        self.backends: list[ResolvedBackend] = []
+
+    def time_fn(self, fn: Any) -> float:  # pragma: no cover - limits are injected
+        raise AssertionError("limits are injected")
+
+    def time_backend(self, backend: ResolvedBackend, batch: AttentionBatch) -> Timing:
+        self.backends.append(backend)
+        return Timing(1.0)
+
+
+def test_run_bench_takes_kernels_options() -> None:
+    timer = _Recorder()
+    report = run_bench(["kernels:block_m=128,num_warps=8", "kernels:split_size=2048"],
+                       [parse_lengths("decode:9")], baseline="kernels-heuristic:num_stages=2",
+                       dtype="float32", heads=SMALL, page_size=4, device="cpu", timer=timer,
+                       limits=LIMITS)
+    assert report.backends == ["kernels-heuristic:num_stages=2",
+                               "kernels:block_m=128,num_warps=8", "kernels:split_size=2048"]
+    assert [b.fn for b in timer.backends] == [
+        KernelsBackend(split_size=None, num_stages=2), KernelsBackend(block_m=128, num_warps=8),
+        KernelsBackend(split_size=2048)]
 
 
 def test_parse_lengths() -> None:

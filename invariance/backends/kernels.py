@@ -3,15 +3,18 @@
 ``kernels`` is imported lazily, inside the call, so the harness works where Triton is absent.
 On a CPU tensor the kernels run under the Triton interpreter, which must be switched on with
 ``TRITON_INTERPRET=1`` before Triton is first imported; the adapter does so when it can.
+
+From the CLI the four built-ins take options (:meth:`KernelsBackend.with_options`), e.g.
+``--backend kernels:split_size=2048`` or ``--backend kernels-fused:block_m=128,num_warps=8``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from invariance.backends import Capabilities
 from invariance.batch import AttentionBatch, AttentionResult
@@ -22,6 +25,16 @@ _DEFAULT: Literal["default"] = "default"
 # kernels.DEFAULT_SPLIT_SIZE, not imported here: importing kernels imports triton, which must
 # wait until the interpreter is switched on (see above). tests/test_bad_inputs.py checks they agree.
 _DEFAULT_SPLIT_TOKENS = 1024
+_PLANS = ("auto", "fused", "split")
+# kernels.Tuning's checks, repeated so that options fail when parsed, before anything runs (and
+# without importing triton; tests/test_bench.py checks they agree with kernels.Tuning).
+_NUM_WARPS = (1, 2, 4, 8, 16)
+_TUNING_RULES: dict[str, tuple[Callable[[int], bool], str]] = {
+    "block_m": (lambda v: v >= 1 and v & (v - 1) == 0, "a power of two"),
+    "num_warps": (lambda v: v in _NUM_WARPS, f"one of {', '.join(map(str, _NUM_WARPS))}"),
+    "num_stages": (lambda v: 1 <= v <= 8, "an int in [1, 8]"),
+}
+_OPTION_KEYS = ("split_size", "plan", *_TUNING_RULES)
 
 
 def _enable_interpreter_on_cpu(batch: AttentionBatch) -> None:
@@ -68,6 +81,44 @@ class KernelsBackend:
             tuning=tuning,
         )
         return AttentionResult(out, lse)
+
+    def with_options(self, options: Mapping[str, str]) -> KernelsBackend:
+        """A new backend: this one's settings with ``options`` (strings, from the CLI's
+        ``name:key=value,...``) applied. Keys: ``split_size`` (KV tokens per split, an int >= 1;
+        ``none`` = the batch-variant control heuristic; ``default`` =
+        ``kernels.DEFAULT_SPLIT_SIZE``), ``plan`` (``auto`` / ``fused`` / ``split``),
+        ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (1..8).
+        ``ValueError`` naming the key, what it expects and what it got."""
+        values: dict[str, Any] = {}
+        for key, text in options.items():
+            value = text.strip()
+            if key == "split_size":
+                low = value.lower()
+                values[key] = (None if low == "none" else _DEFAULT if low == _DEFAULT
+                               else _int_option(key, value, lambda v: v >= 1, "an int >= 1",
+                                                " or none or default"))
+            elif key == "plan":
+                if value not in _PLANS:
+                    raise ValueError(f"kernels option plan: expected one of "
+                                     f"{', '.join(_PLANS)}, got {text!r}")
+                values[key] = value
+            elif key in _TUNING_RULES:
+                values[key] = _int_option(key, value, *_TUNING_RULES[key])
+            else:
+                raise ValueError(f"kernels option {key!r}: unknown; expected one of "
+                                 f"{', '.join(_OPTION_KEYS)}, got {key!r}")
+        return replace(self, **values)
+
+
+def _int_option(key: str, text: str, ok: Callable[[int], bool], expected: str,
+                alternatives: str = "") -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ValueError(f"kernels option {key}: expected {expected}{alternatives}, got {text!r}")
+    return value
 
 
 #: ``kernels``: invariant, default split size, plan chosen per batch.
