@@ -5,7 +5,9 @@
 #      flashinfer, flashinfer-fa3, flashinfer-fixed-split, sdpa-flash, sdpa-efficient,
 #      sdpa-cudnn and sdpa-math, going on after failures; each check is interrupted after
 #      CHECK_TIMEOUT seconds (default 45; its partial report is then written, marked incomplete);
-#   3. `invariance bench --backend kernels --baseline flashinfer` (BENCH_TIMEOUT, default 150 s).
+#   3. `invariance bench --backend kernels --baseline flashinfer` (BENCH_TIMEOUT, default 150 s;
+#      0 skips it).
+# BACKENDS (a space-separated list) replaces the list of step 2.
 #
 # Usage: benchmarks/gpu_peers.sh OUTDIR
 # Writes OUTDIR/check-NAME.{json,md,txt}, OUTDIR/bench.{json,md,txt}, OUTDIR/env.txt and
@@ -38,8 +40,8 @@ flashinfer.__file__)" 2>&1 | tee "$OUT/env.txt"
 "${INV[@]}" env >> "$OUT/env.txt" 2>&1
 COLUMNS=200 "${INV[@]}" list >> "$OUT/env.txt" 2>&1
 
-for backend in flashinfer flashinfer-fa3 flashinfer-fixed-split \
-               sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math; do
+for backend in ${BACKENDS:-flashinfer flashinfer-fa3 flashinfer-prefill flashinfer-fixed-split \
+                          sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math}; do
   start=$SECONDS
   timeout -s INT -k 15 "$CHECK_TIMEOUT" "${INV[@]}" check --backend "$backend" --device cuda \
     --dtype bfloat16,float16 --perturb all --budget 1 --no-progress \
@@ -50,6 +52,7 @@ for backend in flashinfer flashinfer-fa3 flashinfer-fixed-split \
 'PASSED|FAILED|error:|interrupted' "$OUT/check-$backend.txt" | cut -c1-200)"
 done
 
+[ "$BENCH_TIMEOUT" = 0 ] && { cat "$OUT/summary.txt"; exit 0; }
 start=$SECONDS
 timeout -s INT -k 15 "$BENCH_TIMEOUT" "${INV[@]}" bench --backend kernels \
   --baseline flashinfer --iters 30 --no-progress \

@@ -19,6 +19,7 @@ import functools
 import math
 import numbers
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +36,10 @@ from kernels.config import (
     NOMINAL_NUM_SMS,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
+    batch_tuning,
     choose_plan,
     control_num_splits,
     rows_per_block,
-    tile_config,
 )
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention", "unified_attention"]
@@ -91,14 +92,14 @@ class Tuning:
     (dtype, head_dim). ``None`` keeps the default. What each may change (kernels/README.md,
     "Bit-defining and bit-neutral settings"):
 
-    - ``num_stages``: software-pipelining depth. It schedules loads, not arithmetic: expected
-      bit-neutral (not yet measured on a GPU).
+    - ``num_stages``: software-pipelining depth. It schedules loads, not arithmetic: 2-4 were
+      bit-neutral on an H100 (half precision, head dim 128).
     - ``block_m`` (tile rows, a power of two; raised to the GQA group size) and ``num_warps``:
-      bit-neutral in the contract's sense (they change neither the tiles and splits a row sees nor
-      their order, and change no bit under the interpreter), but on a GPU they pick the
-      tensor-core layout of ``tl.dot`` and some values changed bits on an H100
-      (kernels/NOTES.md). Vary them per batch only after the harness has shown, on the target GPU,
-      that the values used agree bit for bit.
+      they change neither the tiles and splits a row sees nor their order, but on a GPU they
+      pick the tensor-core layout of ``tl.dot``: on an H100, BLOCK_M 64/128 and 4/8 warps were
+      bit-neutral for half precision at head dim 128 (``wgmma``), BLOCK_M 16/32 (``mma.sync``)
+      and float32's 64 vs 32 were not (kernels/README.md). Vary them per batch only where the
+      harness has shown, on the target GPU, that the values used agree bit for bit.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -124,7 +125,8 @@ class Tuning:
 
 @dataclass(frozen=True)
 class HostStats:
-    """Batch statistics read back to the host (one sync; only with ``validate=True``)."""
+    """Batch statistics on the host: read back from the device (one sync, ``validate=True``) or
+    computed from the caller's ``host_lens`` (no sync; used for speed decisions only)."""
 
     max_kv_len: int  # longest KV length of the batch
     num_q_blocks: int  # sum over requests of ceil(q_len / block_q)
@@ -153,7 +155,7 @@ class LaunchPlan:
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
-    stats: HostStats | None  # present when the lengths were read back (validate=True)
+    stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
 
 
 # ------------------------------------------------------------------------------------------------
@@ -341,6 +343,30 @@ def _host_stats(cu: torch.Tensor, kv: torch.Tensor, block_q: int, block_n: int) 
                      longest_tiles=_cdiv(max_kv, block_n), total_tiles=total_tiles)
 
 
+def _stats_from_host_lens(host_lens: object, B: int, T: int, block_q: int,
+                          block_n: int) -> HostStats:
+    """Statistics of the caller's host copies ``(q_lens, kv_lens)``: checked for shape and sign
+    only, since they only steer the plan (bit-neutral); memory sizes never come from them."""
+    if (not isinstance(host_lens, (tuple, list)) or len(host_lens) != 2
+            or not all(isinstance(x, Sequence) and not isinstance(x, str) for x in host_lens)):
+        raise ValueError(f"host_lens: expected a pair (q_lens, kv_lens) of int sequences or "
+                         f"None, got {type(host_lens).__name__}")
+    q_lens, kv_lens = host_lens
+    for name, xs in (("q_lens", q_lens), ("kv_lens", kv_lens)):
+        if len(xs) != B:
+            raise ValueError(f"host_lens: expected {B} {name} (one per request), got {len(xs)}")
+        bad = [x for x in xs if isinstance(x, bool) or not isinstance(x, numbers.Integral)
+               or x < 0]
+        if bad:
+            raise ValueError(f"host_lens: expected non-negative ints in {name}, got "
+                             f"{bad[0]!r}")
+    if sum(q_lens) != T:
+        raise ValueError(f"host_lens: expected q_lens to sum to q.shape[0]={T}, got "
+                         f"{sum(q_lens)}")
+    cu = torch.tensor([0, *q_lens], dtype=torch.int64).cumsum(0)
+    return _host_stats(cu, torch.tensor(list(kv_lens), dtype=torch.int64), block_q, block_n)
+
+
 def _read_and_check_values(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            kv_lens: torch.Tensor, block_table: torch.Tensor, block_q: int,
                            block_n: int) -> HostStats:
@@ -379,12 +405,14 @@ def plan_attention(
     plan: str = "auto",
     validate: bool = True,
     tuning: Tuning | None = None,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> LaunchPlan:
     """The :class:`LaunchPlan` :func:`unified_attention` would run for these arguments.
 
     Same arguments, shapes and checks as :func:`unified_attention` (without ``sm_scale``). With
     ``validate=True`` (outside CUDA-graph capture) the lengths and page ids are read back and
-    checked, and ``plan="auto"`` uses their statistics; otherwise everything comes from shapes.
+    checked, and ``plan="auto"`` uses their statistics; otherwise it uses ``host_lens`` when
+    given, else shapes alone. Workspace sizes never depend on ``host_lens``.
     """
     _check_structure(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table)
     if tuning is not None and not isinstance(tuning, Tuning):
@@ -393,16 +421,21 @@ def plan_attention(
     T, Hq, D = q.shape
     _, page_size, Hkv, _ = k_cache.shape
     B = kv_lens.shape[0]
-    cfg = tile_config(q.dtype, D)
-    block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, Hq // Hkv)
+    G = Hq // Hkv
+    cfg = batch_tuning(q.dtype, D, G, T, B)
+    block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
     block_n = tuning.block_n or cfg.block_n
     _check_options(split_size, plan, validate, block_n, q)
-    stats = None
+    stats, trusted = None, False
     if validate and not _capturing(q.device):
         stats = _read_and_check_values(q, k_cache, cu_seqlens_q, kv_lens, block_table, block_q,
                                        block_n)
-    # Without host statistics, bounds from shapes (no sync): every KV length fits the table.
-    max_kv = stats.max_kv_len if stats is not None else block_table.shape[1] * page_size
+        trusted = True
+    elif host_lens is not None:
+        stats = _stats_from_host_lens(host_lens, B, T, block_q, block_n)
+    # Without checked statistics, bounds from shapes (no sync): every KV length fits the table.
+    bound = block_table.shape[1] * page_size
+    max_kv = stats.max_kv_len if stats is not None else bound
     num_q_blocks = stats.num_q_blocks if stats is not None else T // block_q + B
     num_sms = _num_sms(q.device)
     split_tokens = _split_tokens(split_size, block_n, max_kv, num_q_blocks * Hkv, num_sms)
@@ -410,13 +443,16 @@ def plan_attention(
         plan = choose_plan(
             num_q_blocks * Hkv, num_sms, max_kv, split_tokens,
             longest_tiles=stats.longest_tiles if stats is not None else None,
-            total_tiles=stats.total_tiles * Hkv if stats is not None else None)
+            total_tiles=stats.total_tiles * Hkv if stats is not None else None,
+            decode=128 * max(B, 1) > T * G)
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=tuning.num_warps or cfg.num_warps,
         num_stages=tuning.num_stages or cfg.num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
-        num_splits=max(1, _cdiv(max_kv, split_tokens)), num_slots=T // block_q + B,
+        # The workspace depth: from checked lengths or the table's bound, never from host_lens.
+        num_splits=max(1, _cdiv(max_kv if trusted else bound, split_tokens)),
+        num_slots=T // block_q + B,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -505,6 +541,7 @@ def unified_attention(
     plan: str = "auto",
     validate: bool = True,
     tuning: Tuning | None = None,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of a varlen batch of requests over a paged KV cache.
 
@@ -535,7 +572,11 @@ def unified_attention(
             trusted (kernels/README.md, "What validate=False trusts"): malformed values give
             garbage rows but never an out-of-bounds access.
         tuning: launch-setting overrides (:class:`Tuning`; its docstring says which are
-            bit-neutral). Default: :func:`~kernels.tile_config`.
+            bit-neutral). Default: :func:`~kernels.config.batch_tuning` (shapes only).
+        host_lens: optional host copies ``(q_lens, kv_lens)`` of the batch's lengths (an engine
+            has them before it launches or captures a CUDA graph): they steer ``plan="auto"``
+            when the lengths are not read back (``validate=False`` or during capture), without a
+            sync. Speed only: plans are bit-identical, and memory sizes never come from them.
 
     Returns:
         ``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32)``; lse is the natural log of
@@ -546,7 +587,8 @@ def unified_attention(
     """
     scale = _check_sm_scale(sm_scale)
     lp = plan_attention(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table,
-                        split_size=split_size, plan=plan, validate=validate, tuning=tuning)
+                        split_size=split_size, plan=plan, validate=validate, tuning=tuning,
+                        host_lens=host_lens)
     T, Hq, D = q.shape
     if scale is None:
         scale = 1.0 / math.sqrt(D)

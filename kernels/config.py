@@ -1,15 +1,16 @@
 """Tile configurations and launch heuristics (pure functions, no tensors touched).
 
-Everything that can change a row's bits (BLOCK_N, BLOCK_M, warps, stages) comes from
-:func:`tile_config`, a pure function of (dtype, head_dim). The plan choice and the control mode's
-split count are the only things computed from the batch; the plan does not change bits, the control
-mode does (on purpose).
+The bit-defining settings (BLOCK_N, the split size, and for float32 BLOCK_M too) come from
+:func:`tile_config`, a pure function of (dtype, head_dim). :func:`batch_tuning` may change only
+settings measured bit-neutral on the target GPU (kernels/README.md, "Bit-defining and bit-neutral
+settings"), from shapes the host knows without a sync. The plan is bit-neutral by construction;
+the control mode's split count is computed from the batch and changes bits (on purpose).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,6 +20,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_DIMS",
     "TileConfig",
+    "batch_tuning",
     "control_num_splits",
     "tile_config",
 ]
@@ -71,6 +73,25 @@ def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
     return TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2)
 
 
+def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
+                 batch_size: int) -> TileConfig:
+    """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 for
+    half precision at head dim 128 when the batch's requests fill 128-row tiles on average
+    (``num_tokens * group_size >= 128 * batch_size``: prefill and mixed batches; decode keeps 64).
+
+    Shapes only (no device read, so CUDA graphs can capture it). BLOCK_M 128 vs 64 (and 4 vs 8
+    warps, 2-4 stages) changed no bit of out or LSE in any of 13 workloads x both plans on an
+    H100 at bfloat16 and 3 at float16, all on the same wgmma instruction family; BLOCK_M 32
+    (mma.sync) did change bits there, and for float32 (FMA dots) BLOCK_M 64 vs 32 did too, so
+    float32 keeps its fixed BLOCK_M (reports/h100-round3/README.md). Worth 21% on a varlen
+    prefill and 5% on a mixed batch."""
+    cfg = tile_config(dtype, head_dim)
+    if (dtype in (torch.float16, torch.bfloat16) and head_dim == 128
+            and num_tokens * group_size >= 128 * max(batch_size, 1)):
+        return replace(cfg, block_m=128)
+    return cfg
+
+
 def rows_per_block(block_m: int, group_size: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_Q): tile rows and query tokens per tile for a GQA group of ``group_size``."""
     m = max(block_m, 1 << (group_size - 1).bit_length())
@@ -112,20 +133,23 @@ def choose_plan(
     split_tokens: int,
     longest_tiles: int | None = None,
     total_tiles: int | None = None,
+    decode: bool = False,
 ) -> str:
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
     Split when the fused grid (``num_programs`` = query blocks x Hkv) leaves SMs idle and rows span
     several splits of ``split_tokens`` KV tokens, or (with host statistics: KV tiles of the longest
     request and over all programs) when the longest program would run longer than a third of the
-    average work per SM (a few programs share an SM, so a long one is a tail). Tuned on an H100
-    (kernels/NOTES.md).
+    average work per SM (a few programs share an SM, so a long one is a tail). Without statistics
+    (``max_kv_len`` is then the block table's bound), a decode batch (``decode``) splits too: its
+    lengths may differ, and on an H100 the split plan took 1.26 ms where fused took 1.83 ms on 64
+    decodes of 4k-32k tokens, while costing 3-6% on equal lengths. Prefill batches stay fused
+    (the split plan's partials cost 3x there). Tuned on an H100 (kernels/NOTES.md).
     """
     if max_kv_len <= split_tokens:
         return "fused"
     if num_programs < num_sms:
         return "split"
-    if (longest_tiles is not None and total_tiles is not None
-            and 3 * longest_tiles * num_sms > total_tiles):
-        return "split"
-    return "fused"
+    if longest_tiles is not None and total_tiles is not None:
+        return "split" if 3 * longest_tiles * num_sms > total_tiles else "fused"
+    return "split" if decode else "fused"

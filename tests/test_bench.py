@@ -144,8 +144,9 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert b.fn == KernelsBackend(split_size=2048)
     assert capabilities(b).split_tokens == 2048
     b = resolve("kernels:block_m=128, num_warps=8,num_stages=3,plan=split")
-    assert b.fn == KernelsBackend(plan="split", block_m=128, num_warps=8, num_stages=3)
-    assert resolve("kernels-fused:num_warps=4").fn == KernelsBackend(plan="fused", num_warps=4)
+    assert b.fn == KernelsBackend(kernel_plan="split", block_m=128, num_warps=8, num_stages=3)
+    assert resolve("kernels-fused:num_warps=4").fn == KernelsBackend(kernel_plan="fused",
+                                                                      num_warps=4)
     assert resolve("kernels-split:plan=auto").fn == KernelsBackend()
     assert resolve("kernels:split_size=none").fn == KernelsBackend(split_size=None)
     assert resolve("kernels-heuristic:split_size=default").fn == KernelsBackend()

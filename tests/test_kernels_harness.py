@@ -21,8 +21,8 @@ from invariance.backends.kernels import KernelsBackend
 SPLIT = 64
 
 PLANS = [
-    pytest.param(KernelsBackend(split_size=SPLIT, plan="fused"), id="fused-split64"),
-    pytest.param(KernelsBackend(split_size=SPLIT, plan="split"), id="split-split64"),
+    pytest.param(KernelsBackend(split_size=SPLIT, kernel_plan="fused"), id="fused-split64"),
+    pytest.param(KernelsBackend(split_size=SPLIT, kernel_plan="split"), id="split-split64"),
 ]
 
 

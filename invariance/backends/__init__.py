@@ -3,8 +3,8 @@
 Resolve one by name with :func:`resolve`: a built-in name (see :data:`BUILTIN`), a name
 registered by another package under the ``invariance.backends`` entry-point group, or a
 ``"module:attr"`` string. A plain Python callable is used as it is. Built-ins that take options
-(the FlashInfer adapters) are configured as ``"name:key=value,key=value"``; for any other name
-before the ``':'`` the string keeps its ``"module:attr"`` meaning.
+(the FlashInfer and kernels adapters) are configured as ``"name:key=value,key=value"``; for any
+other name before the ``':'`` the string keeps its ``"module:attr"`` meaning.
 
 **Planning protocol (graph-safe backends).** A backend object may have a method
 ``plan(batch: AttentionBatch) -> None`` (optionally ``plan(batch, *, graph: bool)``). The harness
@@ -96,8 +96,8 @@ _KERNELS = ("kernels", "triton")
 _FLASHINFER = ("flashinfer",)
 _FI = "invariance.backends.flashinfer"
 _SDPA = "invariance.backends.sdpa"
-_SDPA_LSE = "; lse by a separate float32 logsumexp of q·kᵀ over the same padded batch (SDPA " \
-            "returns none)"
+_SDPA_LSE = "; lse by a separate float64 logsumexp of q·kᵀ per request, in the same row blocks " \
+            "(SDPA returns none)"
 
 #: Built-in backends: name -> (target, description, modules it needs).
 BUILTIN: dict[str, _Builtin] = {
@@ -113,18 +113,20 @@ BUILTIN: dict[str, _Builtin] = {
         "(deliberately not invariant)"),
     "kernels": _Builtin(
         "invariance.backends.kernels:invariant",
-        "Triton paged attention, fixed split size, plan chosen per batch (invariant)", _KERNELS),
+        "Triton paged attention, fixed split size, plan chosen per batch (invariant); options: "
+        "kernels:split_size=N|none,plan=...,block_m=...,num_warps=...,num_stages=...",
+        _KERNELS, True),
     "kernels-fused": _Builtin(
         "invariance.backends.kernels:fused",
-        "Triton paged attention, fixed split size, fused plan (invariant)", _KERNELS),
+        "Triton paged attention, fixed split size, fused plan (invariant)", _KERNELS, True),
     "kernels-split": _Builtin(
         "invariance.backends.kernels:split",
         "Triton paged attention, fixed split size, split-parallel plan + merge (invariant)",
-        _KERNELS),
+        _KERNELS, True),
     "kernels-heuristic": _Builtin(
         "invariance.backends.kernels:heuristic",
         "CONTROL: Triton paged attention with FA2-style split count from the batch "
-        "(deliberately not invariant)", _KERNELS),
+        "(deliberately not invariant)", _KERNELS, True),
     "flashinfer": _Builtin(
         f"{_FI}:flashinfer",
         "FlashInfer, engine-style: q_len == 1 rows through BatchDecodeWithPagedKVCacheWrapper, "
@@ -144,19 +146,20 @@ BUILTIN: dict[str, _Builtin] = {
         "kernels, tensor-core decode)", _FLASHINFER, True),
     "sdpa-flash": _Builtin(
         f"{_SDPA}:flash",
-        "torch SDPA forced to FLASH_ATTENTION, one dense call per request (lower-right causal)"
-        + _SDPA_LSE),
+        "torch SDPA forced to FLASH_ATTENTION, one call per request on its K/V gathered from "
+        "the pages (lower-right causal, enable_gqa)" + _SDPA_LSE),
     "sdpa-efficient": _Builtin(
         f"{_SDPA}:efficient",
-        "torch SDPA forced to EFFICIENT_ATTENTION on the batch padded to dense with a boolean "
-        "mask" + _SDPA_LSE),
+        "torch SDPA forced to EFFICIENT_ATTENTION, one request at a time with a boolean "
+        "lower-right causal mask, in row blocks under a 1 GiB memory budget" + _SDPA_LSE),
     "sdpa-cudnn": _Builtin(
         f"{_SDPA}:cudnn",
-        "torch SDPA forced to CUDNN_ATTENTION on the batch padded to dense with a boolean mask"
-        + _SDPA_LSE),
+        "torch SDPA forced to CUDNN_ATTENTION, one request at a time with a boolean "
+        "lower-right causal mask, in row blocks under a 1 GiB memory budget" + _SDPA_LSE),
     "sdpa-math": _Builtin(
         f"{_SDPA}:math",
-        "torch SDPA forced to MATH on the batch padded to dense with a boolean mask" + _SDPA_LSE),
+        "torch SDPA forced to MATH, one request at a time with a boolean lower-right causal "
+        "mask, in row blocks under a 1 GiB memory budget" + _SDPA_LSE),
 }
 
 

@@ -425,6 +425,14 @@ class FlashInferBackend:
                 ws, "NHD", use_cuda_graph=graph, backend=o.prefill_backend, **kwargs)
         if not graph:
             self._eager[kind] = wrapper
+        else:
+            # NOTE: a CUDA-graph plan may launch padded CTAs that read scheduler entries the plan
+            # never wrote when it does not split KV (FlashInfer issues #4002, PR #5176; seen here
+            # as an illegal memory access with fixed_split_size under `cuda_graph`). FlashInfer
+            # allocates the int workspace uninitialised: zeroed, those entries are harmless.
+            int_ws = getattr(wrapper, "_int_workspace_buffer", None)
+            if isinstance(int_ws, torch.Tensor):
+                int_ws.zero_()
         return wrapper
 
     # -- the planning protocol ----------------------------------------------------------------

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from invariance.backends import Capabilities
@@ -52,13 +53,31 @@ class KernelsBackend:
     the tile configuration ``kernels.tile_config`` fixes per (dtype, head_dim); its docstring says
     which are bit-neutral). They are for experiments that measure whether they change bits; a
     callable ``block_m`` picks it per batch, as a non-invariant library would.
+
+    :meth:`plan` (the planning protocol of :mod:`invariance.backends`) takes the batch's lengths
+    on the host before a CUDA-graph capture, so that the captured call picks its plan from them
+    (``kernels.unified_attention(host_lens=...)``), as an engine that knows its lengths would.
     """
 
     split_size: int | Literal["default"] | None = _DEFAULT
-    plan: Literal["auto", "fused", "split"] = "auto"
+    #: The launch plan (``kernels.unified_attention``'s ``plan``; the option key is ``plan``).
+    kernel_plan: Literal["auto", "fused", "split"] = "auto"
     block_m: int | Callable[[AttentionBatch], int] | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    #: The last planned batch (a weak reference) and its host lengths.
+    _planned: dict[str, Any] = field(default_factory=dict, init=False, compare=False,
+                                     repr=False)
+
+    def plan(self, batch: AttentionBatch) -> None:
+        """Host copies of the batch's lengths for its next call (one sync, outside capture)."""
+        self._planned.clear()
+        self._planned.update(batch=weakref.ref(batch), lens=(
+            batch.q_lens(), [int(x) for x in batch.kv_lens.tolist()]))
+
+    def _host_lens(self, batch: AttentionBatch) -> tuple[list[int], list[int]] | None:
+        ref = self._planned.get("batch")
+        return self._planned["lens"] if ref is not None and ref() is batch else None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -77,8 +96,8 @@ class KernelsBackend:
             num_warps=self.num_warps, num_stages=self.num_stages)
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
-            batch.block_table, sm_scale=batch.sm_scale, split_size=split, plan=self.plan,
-            tuning=tuning,
+            batch.block_table, sm_scale=batch.sm_scale, split_size=split, plan=self.kernel_plan,
+            tuning=tuning, host_lens=self._host_lens(batch),
         )
         return AttentionResult(out, lse)
 
@@ -101,7 +120,7 @@ class KernelsBackend:
                 if value not in _PLANS:
                     raise ValueError(f"kernels option plan: expected one of "
                                      f"{', '.join(_PLANS)}, got {text!r}")
-                values[key] = value
+                values["kernel_plan"] = value
             elif key in _TUNING_RULES:
                 values[key] = _int_option(key, value, *_TUNING_RULES[key])
             else:
@@ -124,8 +143,8 @@ def _int_option(key: str, text: str, ok: Callable[[int], bool], expected: str,
 #: ``kernels``: invariant, default split size, plan chosen per batch.
 invariant = KernelsBackend()
 #: ``kernels-fused``: invariant, one program per query block walks all splits.
-fused = KernelsBackend(plan="fused")
+fused = KernelsBackend(kernel_plan="fused")
 #: ``kernels-split``: invariant, split-parallel partials + fixed-order merge kernel.
-split = KernelsBackend(plan="split")
+split = KernelsBackend(kernel_plan="split")
 #: ``kernels-heuristic``: CONTROL, split count chosen from the batch (FA2-style); NOT invariant.
 heuristic = KernelsBackend(split_size=None)

@@ -1,22 +1,39 @@
 """torch ``scaled_dot_product_attention`` forced to one backend each: ``sdpa-flash``,
 ``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math``.
 
-The batch is padded to dense per request with the ``sdpa`` backend's code
-(:func:`invariance.backends.torch_backends.pad_dense`: request ``b`` in slot ``b`` of ``[B, H,
-max_q, max_kv]``, a boolean causal + padding mask) and run under
+Every kernel runs **one request at a time**, never on a padded batch: request ``b``'s K/V are
+gathered straight from the paged cache (its first ``ceil(kv_len / page_size)`` pages of
+``block_table``), and its query rows go through SDPA under
 ``torch.nn.attention.sdpa_kernel(SDPBackend.X)``, so that torch cannot fall back to another
-kernel (it raises instead):
+kernel (it raises instead). Causal alignment is bottom-right: query row ``i`` of a request with
+``q_len = n`` and ``kv_len = L`` sits at position ``L - n + i`` and sees keys ``0 .. L - n + i``.
 
-- **efficient / cudnn / math**: one call on the padded batch with the boolean mask, K/V heads
-  repeated to the query heads (GQA without ``enable_gqa``, which not every kernel takes);
-- **flash**: FlashAttention takes no mask, so one dense call per request on its slot, causal
-  aligned bottom-right (``torch.nn.attention.bias.causal_lower_right``; plain ``is_causal`` when
-  ``q_len == kv_len``, no mask for one query row), ``enable_gqa``.
+- **flash**: FlashAttention takes no mask: one call per request, plain ``is_causal`` when
+  ``n == L``, no mask for one query row (it sees every key),
+  ``torch.nn.attention.bias.causal_lower_right`` otherwise, ``enable_gqa``;
+- **efficient / cudnn / math**: an explicit boolean mask ``[1, 1, rows, keys]`` per call, K/V
+  heads repeated to the query heads (GQA without ``enable_gqa``, which not every kernel takes);
+  cuDNN, which refuses a single key, gets a request of ``kv_len == 1`` with one masked-out zero
+  key appended.
 
-SDPA returns no LSE: ``lse`` is a separate float32 ``logsumexp`` of ``q·kᵀ`` under the same mask,
-as the ``sdpa`` backend computes it (:func:`~invariance.backends.torch_backends.dense_lse`), one
-request at a time so that its memory follows the largest request rather than ``B * max_q *
-max_kv``; only ``out`` comes from the kernel.
+**Row blocks (a memory bound of the adapter).** A request's query rows are split into
+contiguous row blocks when one call on all of them would need more than ``max_bytes``
+(:data:`MAX_BYTES`, 1 GiB, unless the constructor's ``max_bytes`` says otherwise) of transient
+memory: per row, the boolean mask row plus the additive bias torch derives from it (``L × (1 +
+2 × itemsize)`` bytes) for efficient / cudnn; the float32 score rows, a few copies
+(``Hq × L × 4 × 4`` bytes) for math; nothing for flash, which is never split. Every block holds
+``max(1, max_bytes // bytes_per_row)`` rows, the last one fewer; the block of rows ``[a, b)`` is
+called over all ``L`` keys of the request with those rows of its mask. Rows are independent in
+attention, so the blocking changes nothing but the number of query rows the kernel is called
+with; it is deterministic and a function of the request alone (its ``q_len``, ``kv_len``, the
+head count and dtype), never of the batch around it. Besides the blocks, a call holds only
+copies of one request's Q/K/V at a time (K/V repeated to the query heads: ``O(Hq × L × D)``).
+
+SDPA returns no LSE: ``lse`` is a separate ``logsumexp`` of ``q·kᵀ`` under the same causal
+mask (:func:`invariance.backends.torch_backends.causal_lse`), per request, in row blocks under
+the same budget (it never holds ``Hq × q_len × kv_len`` at once beyond it), computed in float64
+and rounded to float32, so that the adapter's own rounding does not make a kernel look
+batch-variant; only ``out`` comes from the kernel.
 
 CUDA graphs: :meth:`SdpaBackend.plan` (the planning protocol of :mod:`invariance.backends`)
 takes the batch's lengths on the host, so the call itself does no host sync.
@@ -32,20 +49,30 @@ import torch.nn.functional as F
 
 from invariance.backends import Capabilities
 from invariance.backends.torch_backends import (
-    DenseBatch,
+    ROW_BLOCK_BYTES,
     batch_lengths,
-    dense_lse,
-    pad_dense,
-    unpad,
+    causal_lse,
+    row_blocks,
 )
 from invariance.batch import AttentionBatch, AttentionResult
 
-__all__ = ["KERNELS", "SdpaBackend", "cudnn", "efficient", "flash", "math"]
+__all__ = ["KERNELS", "MAX_BYTES", "SdpaBackend", "cudnn", "efficient", "flash", "math"]
 
 Kernel = Literal["flash", "efficient", "cudnn", "math"]
 #: Our kernel names -> ``torch.nn.attention.SDPBackend`` member names.
 KERNELS: dict[str, str] = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                            "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+
+#: Default budget, in bytes, of one call's transient memory (module docstring, "Row blocks").
+MAX_BYTES: int = ROW_BLOCK_BYTES
+
+#: The fewest keys a kernel takes (cuDNN refuses a key/value sequence length of 1): a shorter
+#: request gets zero keys appended, masked out (they sit after its last query position).
+_MIN_KEYS: dict[str, int] = {"cudnn": 2}
+
+#: Float32 ``[Hq, rows, L]`` buffers the math kernel is counted for per call (the scores, the
+#: additive mask, the softmax and its temporaries).
+_MATH_COPIES = 4
 
 _CAPABILITIES: dict[str, Capabilities] = {
     "flash": Capabilities(dtypes=("float16", "bfloat16"), devices=("cuda",)),
@@ -56,15 +83,18 @@ _CAPABILITIES: dict[str, Capabilities] = {
 
 
 class SdpaBackend:
-    """SDPA forced to ``kernel`` (module docstring). ``per_request`` (default: only for flash)
-    runs one dense call per request instead of one masked call on the padded batch."""
+    """SDPA forced to ``kernel``, one request at a time in row blocks of at most ``max_bytes``
+    transient bytes (default :data:`MAX_BYTES`; module docstring)."""
 
-    def __init__(self, kernel: Kernel, *, per_request: bool | None = None) -> None:
+    def __init__(self, kernel: Kernel, *, max_bytes: int | None = None) -> None:
         if kernel not in KERNELS:
             raise ValueError(f"SdpaBackend kernel: expected one of {', '.join(KERNELS)}, got "
                              f"{kernel!r}")
+        budget = MAX_BYTES if max_bytes is None else max_bytes
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+            raise ValueError(f"SdpaBackend max_bytes: expected a positive int, got {budget!r}")
         self.kernel: Kernel = kernel
-        self.per_request = kernel == "flash" if per_request is None else per_request
+        self.max_bytes: int = budget
         self._planned: tuple[weakref.ref[AttentionBatch],
                              tuple[list[int], list[int], list[int]]] | None = None
 
@@ -73,7 +103,20 @@ class SdpaBackend:
         return _CAPABILITIES[self.kernel]
 
     def __repr__(self) -> str:
-        return f"SdpaBackend({self.kernel!r}, per_request={self.per_request})"
+        return f"SdpaBackend({self.kernel!r}, max_bytes={self.max_bytes})"
+
+    def bytes_per_row(self, kv_len: int, num_q_heads: int, dtype: torch.dtype) -> int:
+        """Transient bytes one query row over ``kv_len`` keys costs this kernel (0 for flash)."""
+        if self.kernel == "flash":
+            return 0
+        if self.kernel == "math":
+            return num_q_heads * kv_len * 4 * _MATH_COPIES
+        return kv_len * (1 + 2 * torch.empty((), dtype=dtype).element_size())
+
+    def blocks(self, q_len: int, kv_len: int, num_q_heads: int,
+               dtype: torch.dtype) -> list[tuple[int, int]]:
+        """The row blocks ``[(start, stop), ...]`` of a request: a function of these alone."""
+        return row_blocks(q_len, self.bytes_per_row(kv_len, num_q_heads, dtype), self.max_bytes)
 
     def plan(self, batch: AttentionBatch) -> None:
         """Take the batch's lengths on the host (the only sync of a call)."""
@@ -87,49 +130,84 @@ class SdpaBackend:
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        dense = pad_dense(batch, self._lengths(batch))
-        if dense is None:
-            return unpad(batch, None, None, None)
+        out = torch.zeros_like(batch.q)
+        lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"),
+                         dtype=torch.float32, device=batch.device)
+        if batch.num_tokens == 0:
+            return AttentionResult(out, lse)
+        q_lens, kv_lens, cu = self._lengths(batch)
+        scale = batch.sm_scale
         with sdpa_kernel(getattr(SDPBackend, KERNELS[self.kernel])):
-            o = self._per_request(dense, batch.sm_scale) if self.per_request else \
-                self._padded(dense, batch.sm_scale)
-        return unpad(batch, dense, o, dense_lse(dense, batch.sm_scale, per_request=True))
+            for b, (n, L) in enumerate(zip(q_lens, kv_lens, strict=True)):
+                if n == 0:
+                    continue
+                q = batch.q[cu[b]:cu[b] + n]  # [n, Hq, D]
+                k, v = _request_kv(batch, b, L)  # [L, Hkv, D]
+                attend = self._flash if self.kernel == "flash" else self._masked
+                out[cu[b]:cu[b] + n] = attend(q, k, v, scale)
+                lse[cu[b]:cu[b] + n] = causal_lse(q, k, scale, self.max_bytes)
+        return AttentionResult(out, lse)
 
     @staticmethod
-    def _padded(dense: DenseBatch, scale: float) -> torch.Tensor:
-        G = dense.q.shape[1] // dense.k.shape[1]
-        k = dense.k.repeat_interleave(G, dim=1) if G > 1 else dense.k
-        v = dense.v.repeat_interleave(G, dim=1) if G > 1 else dense.v
-        return F.scaled_dot_product_attention(dense.q, k, v, attn_mask=dense.mask, scale=scale)
-
-    @staticmethod
-    def _per_request(dense: DenseBatch, scale: float) -> torch.Tensor:
+    def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float) -> torch.Tensor:
         from torch.nn.attention.bias import causal_lower_right
 
-        gqa = dense.q.shape[1] != dense.k.shape[1]
-        o = torch.zeros_like(dense.q)
-        for b, (n, kv) in enumerate(zip(dense.q_lens, dense.kv_lens, strict=True)):
-            if n == 0:
-                continue
-            q = dense.q[b:b + 1, :, :n]
-            k, v = dense.k[b:b + 1, :, :kv], dense.v[b:b + 1, :, :kv]
-            if n == 1:  # the last position sees every key
-                r = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
-            elif n == kv:
-                r = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                   enable_gqa=gqa)
-            else:
-                r = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, kv),
-                                                   scale=scale, enable_gqa=gqa)
-            o[b:b + 1, :, :n] = r
+        n, L = q.shape[0], k.shape[0]
+        gqa = q.shape[1] != k.shape[1]
+        qd, kd, vd = (_bhsd(t) for t in (q, k, v))
+        if n == 1:  # the last position sees every key
+            r = F.scaled_dot_product_attention(qd, kd, vd, scale=scale, enable_gqa=gqa)
+        elif n == L:
+            r = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale,
+                                               enable_gqa=gqa)
+        else:
+            r = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=causal_lower_right(n, L),
+                                               scale=scale, enable_gqa=gqa)
+        return r[0].transpose(0, 1)
+
+    def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                scale: float) -> torch.Tensor:
+        n, Hq, _ = q.shape
+        L, Hkv = k.shape[0], k.shape[1]
+        G = Hq // Hkv
+        qd, kd, vd = (_bhsd(t) for t in (q, k, v))
+        if G > 1:
+            kd, vd = kd.repeat_interleave(G, dim=1), vd.repeat_interleave(G, dim=1)
+        keys = max(L, _MIN_KEYS.get(self.kernel, 1))
+        if keys > L:  # zero keys after the last position: masked out below
+            kd, vd = (F.pad(t, (0, 0, 0, keys - L)) for t in (kd, vd))
+        o = torch.empty_like(q)
+        for a, b in self.blocks(n, L, Hq, q.dtype):
+            # Rows a..b-1 of the request over all its keys: row a + i sits at L - n + a + i.
+            mask = torch.ones(1, 1, b - a, keys, dtype=torch.bool, device=q.device)
+            mask.tril_(L - n + a)
+            res = F.scaled_dot_product_attention(qd[:, :, a:b], kd, vd, attn_mask=mask,
+                                                 scale=scale)
+            o[a:b] = res[0].transpose(0, 1)
         return o
 
 
-#: ``sdpa-flash``: FLASH_ATTENTION, one dense call per request.
+def _request_kv(batch: AttentionBatch, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[kv_len, Hkv, D]`` of request ``b`` from its pages, with the host length (no
+    sync): the first ``ceil(kv_len / page_size)`` entries of its ``block_table`` row."""
+    Hkv, D = batch.num_kv_heads, batch.head_dim
+    pages = batch.block_table[b, : -(-kv_len // batch.page_size)].long()
+    k = batch.k_cache[pages].reshape(-1, Hkv, D)[:kv_len]
+    v = batch.v_cache[pages].reshape(-1, Hkv, D)[:kv_len]
+    return k, v
+
+
+def _bhsd(t: torch.Tensor) -> torch.Tensor:
+    """``[S, H, D]`` -> a contiguous ``[1, H, S, D]`` (SDPA's layout)."""
+    return t.transpose(0, 1).unsqueeze(0).contiguous()
+
+
+#: ``sdpa-flash``: FLASH_ATTENTION, one call per request.
 flash = SdpaBackend("flash")
-#: ``sdpa-efficient``: EFFICIENT_ATTENTION, the padded batch with a boolean mask.
+#: ``sdpa-efficient``: EFFICIENT_ATTENTION, per request in row blocks, boolean mask.
 efficient = SdpaBackend("efficient")
-#: ``sdpa-cudnn``: CUDNN_ATTENTION, the padded batch with a boolean mask.
+#: ``sdpa-cudnn``: CUDNN_ATTENTION, per request in row blocks, boolean mask.
 cudnn = SdpaBackend("cudnn")
-#: ``sdpa-math``: MATH, the padded batch with a boolean mask.
+#: ``sdpa-math``: MATH, per request in row blocks, boolean mask.
 math = SdpaBackend("math")

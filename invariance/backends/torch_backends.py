@@ -12,11 +12,14 @@ from invariance.backends.reference import gather_kv
 from invariance.batch import AttentionBatch, AttentionResult
 
 __all__ = [
+    "ROW_BLOCK_BYTES",
     "DenseBatch",
     "batch_lengths",
     "batch_variant_backend",
+    "causal_lse",
     "dense_lse",
     "pad_dense",
+    "row_blocks",
     "sdpa_backend",
     "unpad",
 ]
@@ -78,12 +81,14 @@ def pad_dense(batch: AttentionBatch,
     return DenseBatch(qd, kd, vd, mask, q_lens, kv_lens, cu)
 
 
-def dense_lse(dense: DenseBatch, sm_scale: float, per_request: bool = False) -> torch.Tensor:
+def dense_lse(dense: DenseBatch, sm_scale: float, per_request: bool = False,
+              max_bytes: int | None = None) -> torch.Tensor:
     """The natural-log LSE ``[B, Hq, max_q]`` of the dense problem, in float32: a separate
     ``logsumexp`` of ``q·kᵀ`` under the same mask (SDPA itself returns no LSE).
 
     ``per_request`` computes it one request at a time on its ``[q_len, kv_len]`` block (the
-    masked-out padding adds nothing), so that memory follows the largest request instead of
+    masked-out padding adds nothing) with :func:`causal_lse`, in row blocks under ``max_bytes``
+    (default :data:`ROW_BLOCK_BYTES`), so that memory stays bounded instead of following
     ``B * max_q * max_kv``; padded rows are then left at ``-inf``."""
     G = dense.q.shape[1] // dense.k.shape[1]
     if not per_request:
@@ -96,10 +101,69 @@ def dense_lse(dense: DenseBatch, sm_scale: float, per_request: bool = False) -> 
     for b, (n, kv) in enumerate(zip(dense.q_lens, dense.kv_lens, strict=True)):
         if n == 0:
             continue
-        k = dense.k[b, :, :kv].float().repeat_interleave(G, dim=0)  # [Hq, kv, D]
-        s = torch.matmul(dense.q[b, :, :n].float(), k.transpose(-1, -2))  # [Hq, n, kv]
-        s = (s * sm_scale).masked_fill(~dense.mask[b, :, :n, :kv], float("-inf"))
-        out[b, :, :n] = torch.logsumexp(s, dim=-1)
+        out[b, :, :n] = causal_lse(dense.q[b, :, :n].transpose(0, 1),
+                                   dense.k[b, :, :kv].transpose(0, 1), sm_scale,
+                                   max_bytes).transpose(0, 1)
+    return out
+
+
+#: Default budget, in bytes, of the transient memory of one row block of the row-blocked helpers
+#: (:func:`causal_lse`, the ``sdpa-*`` adapters of :mod:`invariance.backends.sdpa`).
+ROW_BLOCK_BYTES = 1 << 30
+
+#: Float32 ``[Hq, rows, kv_len]`` buffers :func:`causal_lse` counts per block: the scores and
+#: the temporaries of ``logsumexp`` (max-shifted scores, their ``exp``).
+_LSE_COPIES = 3
+
+
+def row_blocks(q_len: int, bytes_per_row: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` blocks covering ``q_len`` query rows, each of
+    ``max(1, max_bytes // bytes_per_row)`` rows (the last one shorter): as many rows as fit in
+    ``max_bytes`` when one row needs ``bytes_per_row`` transient bytes (one block when that is
+    ``<= 0``). A function of its arguments alone; no row is split."""
+    if q_len <= 0:
+        return []
+    rows = q_len if bytes_per_row <= 0 else max(1, max_bytes // bytes_per_row)
+    return [(a, min(q_len, a + rows)) for a in range(0, q_len, rows)]
+
+
+def causal_lse(q: torch.Tensor, k: torch.Tensor, sm_scale: float,
+               max_bytes: int | None = None) -> torch.Tensor:
+    """The natural-log LSE ``[n, Hq]`` (float32) of one request's query rows ``q`` ``[n, Hq, D]``
+    over its keys ``k`` ``[L, Hkv, D]`` (query head ``h`` reads key head ``h // (Hq // Hkv)``),
+    causal aligned bottom-right: row ``i`` sits at position ``L - n + i`` and sees keys
+    ``0 .. L - n + i``.
+
+    Computed in float64 and rounded to float32 once, in contiguous row blocks
+    (:func:`row_blocks`) so that the score buffers of a block, ``Hq × rows × L`` float64 a few
+    times over, stay under ``max_bytes`` (default :data:`ROW_BLOCK_BYTES`; at least one row per
+    block): it never materialises ``Hq × n × L`` at once beyond that budget. Every block reads
+    all ``L`` keys with its rows of the causal mask.
+
+    Why float64: this LSE is the adapter's, not the kernel's, and it must not make a kernel look
+    batch-variant. A matrix product's rounding depends on its row count (the block, the chunk a
+    schedule computes), which moved float32 results by 1-2 ULP between schedules on an H100;
+    in float64 such differences are ~2^-29 of a float32 ULP and vanish in the final rounding
+    unless a value sits that close to a rounding boundary. Besides the blocks it keeps one
+    float64 copy of ``k`` (``L × Hkv × D``). No host sync. ``n == 0`` gives an empty
+    ``[0, Hq]``."""
+    n, Hq, D = q.shape
+    L, Hkv = k.shape[0], k.shape[1]
+    G = Hq // Hkv
+    budget = ROW_BLOCK_BYTES if max_bytes is None else max_bytes
+    out = torch.empty(n, Hq, dtype=torch.float32, device=q.device)
+    if n == 0:
+        return out
+    kf = k.double().transpose(0, 1).contiguous()  # [Hkv, L, D]
+    for a, b in row_blocks(n, L * (Hq * 8 * _LSE_COPIES + 1), budget):
+        r = b - a
+        qb = q[a:b].double().reshape(r, Hkv, G, D).permute(1, 2, 0, 3).reshape(Hkv, G * r, D)
+        s = torch.matmul(qb, kf.transpose(-1, -2)).view(Hkv, G, r, L)
+        s.mul_(sm_scale)
+        # Row a + i sits at L - n + a + i: the keys after it are masked.
+        s.masked_fill_(torch.ones(r, L, dtype=torch.bool, device=q.device).triu_(L - n + a + 1),
+                       float("-inf"))
+        out[a:b] = torch.logsumexp(s, dim=-1).reshape(Hq, r).transpose(0, 1).float()
     return out
 
 

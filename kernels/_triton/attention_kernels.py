@@ -252,7 +252,10 @@ def _store_out(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, i_kvh, Hq,
     tl.store(lse_ptr + i_row, b_lse2 * LN2, mask=m_row)
 
 
-@triton.jit
+# NOTE: per-batch integers are not specialised (Triton would compile a variant per "== 1" /
+# "divisible by 16" combination of B, T, page count and lengths: ~20 compiles per dtype in one
+# check). Strides stay specialised: their alignment enables vector loads.
+@triton.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len"])
 def _unified_attention_fused_kernel(
     # Inputs
     q_ptr,  # [T, Hq, D]
@@ -337,7 +340,8 @@ def _unified_attention_fused_kernel(
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len",
+                               "num_splits"])
 def _unified_attention_split_kernel(
     # Inputs
     q_ptr,  # [T, Hq, D]
@@ -419,7 +423,7 @@ def _take_3d(x, o_c, c):
     return row.to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_tokens", "B", "num_splits", "max_kv_len"])
 def _merge_splits_kernel(
     # Inputs
     ws_o_ptr,  # [T, Hq, num_splits, D] fp32

@@ -25,11 +25,11 @@ def test_cuda_graph_replay_matches_eager(dtype: torch.dtype, plan: str) -> None:
     workload = Workload(WORKLOAD, HeadConfig(8, 2, 128), dtype)
     eager = Schedule((STEP,), PAGES)
     graphed = Schedule((STEP,), PAGES, graph=True)
-    invariance.replay(KernelsBackend(plan=plan), workload, eager, graphed, device="cuda")
+    invariance.replay(KernelsBackend(kernel_plan=plan), workload, eager, graphed, device="cuda")
 
 
 def test_split_plan_never_reads_uninitialised_workspace(dtype: torch.dtype) -> None:
     workload = Workload(WORKLOAD, HeadConfig(8, 2, 128), dtype)
     clean = Schedule((STEP,), PAGES)
     poisoned = Schedule((STEP,), PAGES, poison=True)
-    invariance.replay(KernelsBackend(plan="split"), workload, clean, poisoned, device="cuda")
+    invariance.replay(KernelsBackend(kernel_plan="split"), workload, clean, poisoned, device="cuda")

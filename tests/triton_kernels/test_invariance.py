@@ -44,7 +44,7 @@ def backend(dtype: torch.dtype) -> KernelsBackend:
     """The invariant kernels with a split of two tiles, fused plan. (The plans give identical
     bits, test_plans.py; the fused one is the cheaper one under the interpreter.)"""
     return KernelsBackend(split_size=2 * tile_config(dtype, HEADS.head_dim).block_n,
-                          plan="fused")
+                          kernel_plan="fused")
 
 
 # Neighbour sets: (q_len, kv_len) of the other requests. Longer and shorter than the target,
@@ -112,7 +112,7 @@ def test_control_mode_is_not_invariant(dtype, device, backend, args_of) -> None:
                for s in (alone, batched)]
     splits = [plan_attention(*args_of(b), split_size=None).split_tokens for b in batches]
     assert splits[0] != splits[1], f"setup: the control picks one split size {splits[0]} for both"
-    control = KernelsBackend(split_size=None, plan="fused")
+    control = KernelsBackend(split_size=None, kernel_plan="fused")
     a = _target_rows(control, workload, alone, device)
     b = _target_rows(control, workload, batched, device)
     differ = [not invariance.compare_bits(x, y).equal for x, y in zip(a, b, strict=True)]

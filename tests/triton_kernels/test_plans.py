@@ -63,3 +63,69 @@ def test_split_plan_ignores_uninitialised_workspace(dtype: torch.dtype, make_bat
     del junk
     second = unified_attention(*args_of(batch), split_size=split, plan="split")
     assert_same_bits(first, second, "split plan, run 1 vs run 2 after NaN garbage")
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-batch choices from shapes and host lengths (speed only: checked bit-neutral on the GPU)
+# ------------------------------------------------------------------------------------------------
+
+def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
+    from kernels.config import batch_tuning
+
+    for dt in (torch.float16, torch.bfloat16):
+        assert batch_tuning(dt, 128, 4, 8 * 32, 8).block_m == 128  # 32 tokens x 4 heads each
+        assert batch_tuning(dt, 128, 4, 8, 8).block_m == tile_config(dt, 128).block_m  # decode
+        assert batch_tuning(dt, 64, 4, 4096, 8) == tile_config(dt, 64)  # not measured
+        batch_tuning(dt, 128, 4, 0, 0)  # an empty batch: no error
+    # float32: BLOCK_M 64 vs 32 changed bits on an H100: never varied.
+    assert batch_tuning(torch.float32, 128, 4, 4096, 1) == tile_config(torch.float32, 128)
+    for dt in (torch.float16, torch.bfloat16, torch.float32):  # BLOCK_N never moves
+        assert batch_tuning(dt, 128, 4, 4096, 1).block_n == tile_config(dt, 128).block_n
+
+
+def test_auto_plan_without_statistics_splits_decode_batches() -> None:
+    from kernels.config import choose_plan
+
+    # 64 decodes (544 programs >= 132 SMs) under a 32k table bound: split, since lengths may
+    # differ; a prefill batch of the same size stays fused; statistics override both.
+    assert choose_plan(544, 132, 32768, 1024, decode=True) == "split"
+    assert choose_plan(544, 132, 32768, 1024, decode=False) == "fused"
+    assert choose_plan(544, 132, 32768, 1024, longest_tiles=128, total_tiles=544 * 128,
+                       decode=True) == "fused"
+    assert choose_plan(544, 132, 1024, 1024, decode=True) == "fused"  # one split: nothing to split
+
+
+def test_host_lens_steer_the_plan_without_a_sync(dtype: torch.dtype, make_batch, args_of,
+                                                 assert_same_bits) -> None:
+    shape = [(1, 90), (1, 20), (1, 5)]
+    batch = make_batch(dtype, shape, PageLayout(16, "shuffled"))
+    split = tile_config(dtype, 64).block_n
+    q_lens, kv_lens = [q for q, _ in shape], [kv for _, kv in shape]
+    lp = plan_attention(*args_of(batch), split_size=split, validate=False,
+                        host_lens=(q_lens, kv_lens))
+    assert lp.stats is not None and lp.stats.max_kv_len == 90
+    # The workspace depth follows the table's bound, never the (untrusted) host lengths.
+    bound = plan_attention(*args_of(batch), split_size=split, validate=False)
+    assert lp.num_splits == bound.num_splits
+    understated = plan_attention(*args_of(batch), split_size=split, validate=False,
+                                 host_lens=(q_lens, [1, 1, 1]))
+    assert understated.num_splits == bound.num_splits
+    out = unified_attention(*args_of(batch), split_size=split, validate=False,
+                            host_lens=(q_lens, kv_lens))
+    assert_same_bits(out, unified_attention(*args_of(batch), split_size=split), "host_lens")
+
+
+@pytest.mark.parametrize(("host_lens", "expected"), [
+    ("12", "a pair (q_lens, kv_lens)"),
+    (([1, 1], [5, 5, 5]), "expected 3 q_lens"),
+    (([1, 1, 1], [5, 5]), "expected 3 kv_lens"),
+    (([1, 1, -1], [5, 5, 5]), "non-negative ints in q_lens"),
+    (([1, 1, 1.5], [5, 5, 5]), "non-negative ints in q_lens"),
+    (([1, 1, 2], [5, 5, 5]), "sum to q.shape[0]=3"),
+])
+def test_bad_host_lens_are_named(dtype: torch.dtype, make_batch, args_of, host_lens: object,
+                                 expected: str) -> None:
+    batch = make_batch(dtype, [(1, 5)] * 3, PageLayout(4))
+    with pytest.raises(ValueError, match="host_lens") as info:
+        plan_attention(*args_of(batch), validate=False, host_lens=host_lens)  # type: ignore[arg-type]
+    assert expected in str(info.value)
