@@ -117,7 +117,7 @@ def _prune_workload(case: Case) -> Case:
         if child not in parents:
             continue
         parent, n = parents[child]  # type: ignore[misc]
-        reads = min(need[child], n)
+        reads = n  # the child keeps >= n tokens (below), and its content reads parent[0, n)
         if need.get(parent, -1) < reads:
             need[parent] = reads
             todo.append(parent)
@@ -203,10 +203,17 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                             break
                         size = max(1, size // 2)
 
+    # Requests in a prompt-prefix relation keep their lengths: a shared page cut short would be
+    # rewritten with fill by one owner and read by the other, a difference of the harness's
+    # making, not the backend's.
+    linked = {r.id for r in case.workload.requests if r.prefix is not None} | {
+        r.prefix[0] for r in case.workload.requests if r.prefix is not None}
+
     def _shorten() -> Iterator[Case]:
         while True:  # every other request halved at once, while that still fails
             lengths = _lengths(case)
-            cuts = {r: n // 2 for r, n in lengths.items() if r != focus and n > 1}
+            cuts = {r: n // 2 for r, n in lengths.items()
+                    if r != focus and n > 1 and r not in linked}
             if not cuts:
                 break
             a, b = case.a, case.b
@@ -217,6 +224,8 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
             if case is before:
                 break
         for rid in [focus, *sorted(set(_lengths(case)) - {focus})]:
+            if rid in linked:
+                continue
             while True:
                 length = _lengths(case).get(rid, 0)
                 floor = first_diff + 1 if rid == focus else 1

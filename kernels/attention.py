@@ -64,6 +64,19 @@ def _cuda_num_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+@functools.cache
+def _cuda_sm_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def _sm_major(device: torch.device) -> int | None:
+    """Compute capability major of a CUDA device; ``None`` elsewhere (the interpreter)."""
+    if device.type != "cuda" or _interpreting():
+        return None
+    return _cuda_sm_major(device.index if device.index is not None else
+                          torch.cuda.current_device())
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return _cuda_num_sms(device.index if device.index is not None else 0)
@@ -347,18 +360,20 @@ def _stats_from_host_lens(host_lens: object, B: int, T: int, block_q: int,
                           block_n: int) -> HostStats:
     """Statistics of the caller's host copies ``(q_lens, kv_lens)``: checked for shape and sign
     only, since they only steer the plan (bit-neutral); memory sizes never come from them."""
-    if (not isinstance(host_lens, (tuple, list)) or len(host_lens) != 2
-            or not all(isinstance(x, Sequence) and not isinstance(x, str) for x in host_lens)):
+    if not isinstance(host_lens, (tuple, list)) or len(host_lens) != 2:
         raise ValueError(f"host_lens: expected a pair (q_lens, kv_lens) of int sequences or "
                          f"None, got {type(host_lens).__name__}")
     q_lens, kv_lens = host_lens
     for name, xs in (("q_lens", q_lens), ("kv_lens", kv_lens)):
+        if not isinstance(xs, Sequence) or isinstance(xs, str):
+            raise ValueError(f"host_lens: expected {name} as a list or tuple of host ints (e.g. "
+                             f"tensor.tolist()), got {type(xs).__name__}")
         if len(xs) != B:
             raise ValueError(f"host_lens: expected {B} {name} (one per request), got {len(xs)}")
         bad = [x for x in xs if isinstance(x, bool) or not isinstance(x, numbers.Integral)
-               or x < 0]
+               or not 0 <= int(x) < 2**31]
         if bad:
-            raise ValueError(f"host_lens: expected non-negative ints in {name}, got "
+            raise ValueError(f"host_lens: expected ints in [0, 2**31) in {name}, got "
                              f"{bad[0]!r}")
     if sum(q_lens) != T:
         raise ValueError(f"host_lens: expected q_lens to sum to q.shape[0]={T}, got "
@@ -422,23 +437,26 @@ def plan_attention(
     _, page_size, Hkv, _ = k_cache.shape
     B = kv_lens.shape[0]
     G = Hq // Hkv
-    cfg = batch_tuning(q.dtype, D, G, T, B)
+    cfg = batch_tuning(q.dtype, D, G, T, B, _sm_major(q.device))
     block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
     block_n = tuning.block_n or cfg.block_n
     _check_options(split_size, plan, validate, block_n, q)
-    stats, trusted = None, False
+    hinted = (None if host_lens is None
+              else _stats_from_host_lens(host_lens, B, T, block_q, block_n))
+    stats, trusted = hinted, False
     if validate and not _capturing(q.device):
         stats = _read_and_check_values(q, k_cache, cu_seqlens_q, kv_lens, block_table, block_q,
                                        block_n)
         trusted = True
-    elif host_lens is not None:
-        stats = _stats_from_host_lens(host_lens, B, T, block_q, block_n)
     # Without checked statistics, bounds from shapes (no sync): every KV length fits the table.
     bound = block_table.shape[1] * page_size
     max_kv = stats.max_kv_len if stats is not None else bound
     num_q_blocks = stats.num_q_blocks if stats is not None else T // block_q + B
     num_sms = _num_sms(q.device)
-    split_tokens = _split_tokens(split_size, block_n, max_kv, num_q_blocks * Hkv, num_sms)
+    # The split size (the control mode's too) and so the workspace: from checked statistics or
+    # shapes, never from host_lens.
+    split_tokens = _split_tokens(split_size, block_n, max_kv if trusted else bound,
+                                 (num_q_blocks if trusted else T // block_q + B) * Hkv, num_sms)
     if plan == "auto":
         plan = choose_plan(
             num_q_blocks * Hkv, num_sms, max_kv, split_tokens,

@@ -74,19 +74,22 @@ def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
 
 
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
-                 batch_size: int) -> TileConfig:
+                 batch_size: int, sm_major: int | None = None) -> TileConfig:
     """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 for
-    half precision at head dim 128 when the batch's requests fill 128-row tiles on average
-    (``num_tokens * group_size >= 128 * batch_size``: prefill and mixed batches; decode keeps 64).
+    half precision at head dim 128 on Hopper (``sm_major == 9``, where both compile to
+    ``wgmma``) when the batch's requests fill 128-row tiles on average (``num_tokens *
+    group_size >= 128 * batch_size``: prefill and mixed batches; decode keeps 64). Elsewhere
+    (other GPUs, where 64 and 128 both take ``mma.sync``, the family whose row counts changed
+    bits on the H100; the interpreter: ``None``) it is :func:`tile_config` itself.
 
     Shapes only (no device read, so CUDA graphs can capture it). BLOCK_M 128 vs 64 (and 4 vs 8
-    warps, 2-4 stages) changed no bit of out or LSE in any of 13 workloads x both plans on an
+    warps, 2-4 stages) changed no bit of out or LSE in any of 11 workloads x both plans on an
     H100 at bfloat16 and 3 at float16, all on the same wgmma instruction family; BLOCK_M 32
     (mma.sync) did change bits there, and for float32 (FMA dots) BLOCK_M 64 vs 32 did too, so
     float32 keeps its fixed BLOCK_M (reports/h100-round3/README.md). Worth 21% on a varlen
     prefill and 5% on a mixed batch."""
     cfg = tile_config(dtype, head_dim)
-    if (dtype in (torch.float16, torch.bfloat16) and head_dim == 128
+    if (sm_major == 9 and dtype in (torch.float16, torch.bfloat16) and head_dim == 128
             and num_tokens * group_size >= 128 * max(batch_size, 1)):
         return replace(cfg, block_m=128)
     return cfg

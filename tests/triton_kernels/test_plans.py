@@ -73,14 +73,17 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
     from kernels.config import batch_tuning
 
     for dt in (torch.float16, torch.bfloat16):
-        assert batch_tuning(dt, 128, 4, 8 * 32, 8).block_m == 128  # 32 tokens x 4 heads each
-        assert batch_tuning(dt, 128, 4, 8, 8).block_m == tile_config(dt, 128).block_m  # decode
-        assert batch_tuning(dt, 64, 4, 4096, 8) == tile_config(dt, 64)  # not measured
-        batch_tuning(dt, 128, 4, 0, 0)  # an empty batch: no error
+        assert batch_tuning(dt, 128, 4, 8 * 32, 8, 9).block_m == 128  # 32 tokens x 4 heads each
+        assert batch_tuning(dt, 128, 4, 8, 8, 9).block_m == tile_config(dt, 128).block_m  # decode
+        assert batch_tuning(dt, 64, 4, 4096, 8, 9) == tile_config(dt, 64)  # not measured
+        batch_tuning(dt, 128, 4, 0, 0, 9)  # an empty batch: no error
+        # Not Hopper (64 and 128 both mma.sync there, unmeasured) or the interpreter: fixed.
+        for sm in (8, 10, None):
+            assert batch_tuning(dt, 128, 4, 4096, 1, sm) == tile_config(dt, 128)
     # float32: BLOCK_M 64 vs 32 changed bits on an H100: never varied.
-    assert batch_tuning(torch.float32, 128, 4, 4096, 1) == tile_config(torch.float32, 128)
+    assert batch_tuning(torch.float32, 128, 4, 4096, 1, 9) == tile_config(torch.float32, 128)
     for dt in (torch.float16, torch.bfloat16, torch.float32):  # BLOCK_N never moves
-        assert batch_tuning(dt, 128, 4, 4096, 1).block_n == tile_config(dt, 128).block_n
+        assert batch_tuning(dt, 128, 4, 4096, 1, 9).block_n == tile_config(dt, 128).block_n
 
 
 def test_auto_plan_without_statistics_splits_decode_batches() -> None:
@@ -119,13 +122,28 @@ def test_host_lens_steer_the_plan_without_a_sync(dtype: torch.dtype, make_batch,
     ("12", "a pair (q_lens, kv_lens)"),
     (([1, 1], [5, 5, 5]), "expected 3 q_lens"),
     (([1, 1, 1], [5, 5]), "expected 3 kv_lens"),
-    (([1, 1, -1], [5, 5, 5]), "non-negative ints in q_lens"),
-    (([1, 1, 1.5], [5, 5, 5]), "non-negative ints in q_lens"),
+    (([1, 1, -1], [5, 5, 5]), "ints in [0, 2**31) in q_lens, got -1"),
+    (([1, 1, 1.5], [5, 5, 5]), "ints in [0, 2**31) in q_lens, got 1.5"),
+    (([1, 1, 1], [5, 5, 2**40]), "in kv_lens, got 1099511627776"),
+    ((torch.ones(3, dtype=torch.int32), [5, 5, 5]), "q_lens as a list or tuple"),
     (([1, 1, 2], [5, 5, 5]), "sum to q.shape[0]=3"),
 ])
 def test_bad_host_lens_are_named(dtype: torch.dtype, make_batch, args_of, host_lens: object,
                                  expected: str) -> None:
     batch = make_batch(dtype, [(1, 5)] * 3, PageLayout(4))
-    with pytest.raises(ValueError, match="host_lens") as info:
-        plan_attention(*args_of(batch), validate=False, host_lens=host_lens)  # type: ignore[arg-type]
-    assert expected in str(info.value)
+    for validate in (False, True):  # checked even when the lengths are read back
+        with pytest.raises(ValueError, match="host_lens") as info:
+            plan_attention(*args_of(batch), validate=validate,
+                           host_lens=host_lens)  # type: ignore[arg-type]
+        assert expected in str(info.value)
+
+
+def test_control_mode_ignores_host_lens_for_sizes(dtype: torch.dtype, make_batch,
+                                                  args_of) -> None:
+    # The control's split count follows the batch, but from checked lengths or shapes: host
+    # lengths that understate everything must not shrink the split (and grow the workspace).
+    batch = make_batch(dtype, [(1, 90), (1, 20)], PageLayout(16))
+    plain = plan_attention(*args_of(batch), split_size=None, validate=False)
+    hinted = plan_attention(*args_of(batch), split_size=None, validate=False,
+                            host_lens=([1, 1], [1, 1]))
+    assert (hinted.split_tokens, hinted.num_splits) == (plain.split_tokens, plain.num_splits)
