@@ -176,6 +176,9 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
         yield from _trim_chunks()
 
     def _remove_requests() -> Iterator[Case]:
+        # Removals that did not fail are not tried again in later passes (delta debugging's
+        # cache): a batch needing many requests would otherwise spend its budget re-trying them.
+        tried: set[tuple[str, frozenset[int]]] = set()
         progressed = True
         while progressed:
             progressed = False
@@ -187,12 +190,16 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                 while others:
                     i, removed = 0, False
                     while i < len(others):
-                        group = set(others[i:i + size])
+                        group = frozenset(others[i:i + size])
+                        if (side, group) in tried:
+                            i += size
+                            continue
+                        tried.add((side, group))
                         before = case
                         yield replace(
                             case,
-                            a=_without(case.a, group) if side in ("both", "a") else case.a,
-                            b=_without(case.b, group) if side in ("both", "b") else case.b)
+                            a=_without(case.a, set(group)) if side in ("both", "a") else case.a,
+                            b=_without(case.b, set(group)) if side in ("both", "b") else case.b)
                         if case is not before:  # kept
                             removed = progressed = True
                             others = [r for r in others if r not in group]
@@ -201,7 +208,7 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                     if not removed:
                         if size == 1:
                             break
-                        size = max(1, size // 2)
+                        size = (size + 1) // 2  # 3 -> 2 -> 1: pairs too (a slot's parity)
 
     # Requests in a prompt-prefix relation keep their lengths: a shared page cut short would be
     # rewritten with fill by one owner and read by the other, a difference of the harness's
