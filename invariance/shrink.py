@@ -102,14 +102,21 @@ def _trim(schedule: Schedule, target: Chunk, start: int) -> Schedule:
     return _map_chunks(schedule, trim)
 
 
+def _lengths(case: Case) -> dict[int, int]:
+    """Each request's furthest chunk stop over both schedules: the tokens the case reads."""
+    out: dict[int, int] = {}
+    for s in (case.a, case.b):
+        for st in s.steps:
+            for c in st.chunks:
+                out[c.request_id] = max(out.get(c.request_id, 0), c.stop)
+    return out
+
+
 def _prune_workload(case: Case) -> Case:
     """Keep the requests the schedules use and the prompt-prefix parents their content needs,
     each only as long as its chunks (and its children's shared prefixes) read."""
     wl = case.workload
-    chunks = [c for s in (case.a, case.b) for st in s.steps for c in st.chunks]
-    need: dict[int, int] = {}
-    for c in chunks:
-        need[c.request_id] = max(need.get(c.request_id, 0), c.stop)
+    need = _lengths(case)
     parents = {r.id: r.prefix for r in wl.requests if r.prefix is not None}
     todo = list(need)
     while todo:
@@ -138,22 +145,16 @@ def _focus_steps(schedule: Schedule, focus: int) -> Schedule:
     return replace(schedule, steps=steps, label="")
 
 
-def _lengths(case: Case) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for s in (case.a, case.b):
-        for st in s.steps:
-            for c in st.chunks:
-                out[c.request_id] = max(out.get(c.request_id, 0), c.stop)
-    return out
-
-
 def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch.device,
-           max_tries: int = DEFAULT_MAX_TRIES) -> ShrinkResult:
+           max_tries: int = DEFAULT_MAX_TRIES, first_token: int | None = None) -> ShrinkResult:
     """Shrink ``case`` while ``focus`` still differs between its schedules (module docstring):
-    steps without ``focus`` first (one try), then requests, KV lengths and chunks."""
+    steps without ``focus`` first (one try), then requests, KV lengths and chunks.
+
+    ``first_token``: the focus request's first differing token in ``case``, when the caller has
+    compared it already (else one more run finds it)."""
     tries = 0
     shrunk = False
-    first_diff = 0  # the focus request's first differing token in the current case
+    first_diff = first_token or 0  # the focus request's first differing token, current case
 
     def still_fails(candidate: Case) -> bool:
         nonlocal tries, first_diff
@@ -272,7 +273,7 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                                                                  len(case.b.steps))
     if fewer and still_fails(candidate):
         case, shrunk = candidate, True
-    else:
+    elif first_token is None:
         still_fails(case)  # the first differing token of the original case
     exhausted = False
     for candidate in attempts():

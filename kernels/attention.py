@@ -39,6 +39,7 @@ from kernels.config import (
     batch_tuning,
     choose_plan,
     control_num_splits,
+    prefill_like,
     rows_per_block,
 )
 
@@ -462,7 +463,7 @@ def plan_attention(
             num_q_blocks * Hkv, num_sms, max_kv, split_tokens,
             longest_tiles=stats.longest_tiles if stats is not None else None,
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
-            decode=128 * max(B, 1) > T * G)
+            decode=not prefill_like(T, G, B))
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=tuning.num_warps or cfg.num_warps,

@@ -73,12 +73,23 @@ def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
     return TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2)
 
 
+#: Tile rows a request fills on average (``num_tokens * group_size / batch_size``) from which a
+#: batch counts as prefill-like: it gets 128-row tiles and the fused plan; below it is decode-like.
+PREFILL_ROWS_PER_REQUEST = 128
+
+
+def prefill_like(num_tokens: int, group_size: int, batch_size: int) -> bool:
+    """Whether the batch's requests fill a 128-row tile on average (prefill and mixed batches);
+    from shapes alone (no sync)."""
+    return num_tokens * group_size >= PREFILL_ROWS_PER_REQUEST * max(batch_size, 1)
+
+
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
                  batch_size: int, sm_major: int | None = None) -> TileConfig:
     """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 for
     half precision at head dim 128 on Hopper (``sm_major == 9``, where both compile to
     ``wgmma``) when the batch's requests fill 128-row tiles on average (``num_tokens *
-    group_size >= 128 * batch_size``: prefill and mixed batches; decode keeps 64). Elsewhere
+    group_size >= 128 * batch_size``, :func:`prefill_like`; decode keeps 64). Elsewhere
     (other GPUs, where 64 and 128 both take ``mma.sync``, the family whose row counts changed
     bits on the H100; the interpreter: ``None``) it is :func:`tile_config` itself.
 
@@ -90,7 +101,7 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     prefill and 5% on a mixed batch."""
     cfg = tile_config(dtype, head_dim)
     if (sm_major == 9 and dtype in (torch.float16, torch.bfloat16) and head_dim == 128
-            and num_tokens * group_size >= 128 * max(batch_size, 1)):
+            and prefill_like(num_tokens, group_size, batch_size)):
         return replace(cfg, block_m=128)
     return cfg
 

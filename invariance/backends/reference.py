@@ -14,9 +14,13 @@ from invariance.batch import AttentionBatch, AttentionResult
 __all__ = ["gather_kv", "reference_backend", "reference_rows"]
 
 
-def gather_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of request ``b`` of ``batch``, ``[kv_len, Hkv, D]`` each, gathered from pages."""
-    kv_len = int(batch.kv_lens[b])
+def gather_kv(batch: AttentionBatch, b: int,
+              kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of request ``b`` of ``batch``, ``[kv_len, Hkv, D]`` each, gathered from its first
+    ``ceil(kv_len / page_size)`` pages. ``kv_len`` is the host copy of ``batch.kv_lens[b]``
+    when the caller has it (then no sync: CUDA-graph safe); default: read it from the device."""
+    if kv_len is None:
+        kv_len = int(batch.kv_lens[b])
     P = batch.page_size
     needed = -(-kv_len // P)
     pages = batch.block_table[b, :needed].long()

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from invariance.backends import Capabilities
+from invariance.backends.reference import gather_kv
 from invariance.backends.torch_backends import (
     ROW_BLOCK_BYTES,
     batch_lengths,
@@ -142,7 +143,7 @@ class SdpaBackend:
                 if n == 0:
                     continue
                 q = batch.q[cu[b]:cu[b] + n]  # [n, Hq, D]
-                k, v = _request_kv(batch, b, L)  # [L, Hkv, D]
+                k, v = gather_kv(batch, b, L)  # [L, Hkv, D], host length: no sync
                 attend = self._flash if self.kernel == "flash" else self._masked
                 out[cu[b]:cu[b] + n] = attend(q, k, v, scale)
                 lse[cu[b]:cu[b] + n] = causal_lse(q, k, scale, self.max_bytes)
@@ -186,16 +187,6 @@ class SdpaBackend:
                                                  scale=scale)
             o[a:b] = res[0].transpose(0, 1)
         return o
-
-
-def _request_kv(batch: AttentionBatch, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V ``[kv_len, Hkv, D]`` of request ``b`` from its pages, with the host length (no
-    sync): the first ``ceil(kv_len / page_size)`` entries of its ``block_table`` row."""
-    Hkv, D = batch.num_kv_heads, batch.head_dim
-    pages = batch.block_table[b, : -(-kv_len // batch.page_size)].long()
-    k = batch.k_cache[pages].reshape(-1, Hkv, D)[:kv_len]
-    v = batch.v_cache[pages].reshape(-1, Hkv, D)[:kv_len]
-    return k, v
 
 
 def _bhsd(t: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,7 @@ def pad_dense(batch: AttentionBatch,
     if batch.num_tokens == 0:
         return None
     B, Hq, D = batch.batch_size, batch.num_q_heads, batch.head_dim
-    Hkv, P = batch.num_kv_heads, batch.page_size
+    Hkv = batch.num_kv_heads
     max_q, max_kv = max(q_lens), max(kv_lens)
     dev, dt = batch.device, batch.dtype
     qd = torch.zeros(B, Hq, max_q, D, dtype=dt, device=dev)
@@ -67,10 +67,7 @@ def pad_dense(batch: AttentionBatch,
     for b in range(B):
         if q_lens[b] == 0:
             continue
-        # gather_kv with the host length (no sync): the first ceil(kv_len / P) pages of row b.
-        pages = batch.block_table[b, : -(-kv_lens[b] // P)].long()
-        k = batch.k_cache[pages].reshape(-1, Hkv, D)[: kv_lens[b]]
-        v = batch.v_cache[pages].reshape(-1, Hkv, D)[: kv_lens[b]]
+        k, v = gather_kv(batch, b, kv_lens[b])  # the host length: no sync
         qd[b, :, : q_lens[b]] = batch.q[cu[b]:cu[b + 1]].transpose(0, 1)
         kd[b, :, : kv_lens[b]] = k.transpose(0, 1)
         vd[b, :, : kv_lens[b]] = v.transpose(0, 1)
@@ -111,7 +108,7 @@ def dense_lse(dense: DenseBatch, sm_scale: float, per_request: bool = False,
 #: (:func:`causal_lse`, the ``sdpa-*`` adapters of :mod:`invariance.backends.sdpa`).
 ROW_BLOCK_BYTES = 1 << 30
 
-#: Float32 ``[Hq, rows, kv_len]`` buffers :func:`causal_lse` counts per block: the scores and
+#: Float64 ``[Hq, rows, kv_len]`` buffers :func:`causal_lse` counts per block: the scores and
 #: the temporaries of ``logsumexp`` (max-shifted scores, their ``exp``).
 _LSE_COPIES = 3
 
