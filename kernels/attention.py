@@ -51,9 +51,20 @@ _LOG2E = 1.4426950408889634
 _FP32_MIN_NORMAL = 1.1754943508222875e-38
 _FP32_MAX = 3.4028234663852886e38
 _NUM_WARPS = (1, 2, 4, 8, 16)
-# Split partials the merge kernel loads at once (hides load latency on long folds; 1 under the
+# Split partials the merge kernel loads per step (their loads are in flight together; 1 under the
 # interpreter, where it only costs time: the chunk size never changes the merge order).
 _MERGE_CHUNK = 8
+# Head-dim columns per merge program on a GPU: more programs when there are few tokens (decode at
+# small batch); every column runs the same arithmetic, so the block is bit-neutral. Measured on an
+# H100 (reports/h100-round4): 32 columns with 1 warp, 64 with 2 and 128 with 4 took the same time;
+# the merge itself went from 12.8 to 2.9 us (batch 1, 1k) and 47.6 to 9.3 us (batch 1, 32k).
+_MERGE_BLOCK_D = 32
+_MERGE_NUM_WARPS = 1
+
+
+def _merge_block_d(head_dim: int) -> int:
+    """Head-dim columns per merge program (the whole head under the interpreter: fewer programs)."""
+    return head_dim if _interpreting() else min(_MERGE_BLOCK_D, head_dim)
 
 
 def _interpreting() -> bool:
@@ -514,19 +525,26 @@ def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
 
 def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
                   lse: torch.Tensor, qk_scale: float) -> None:
-    """One program per (query-block slot, KV head, split) writes a partial; then the merge."""
+    """One program per (query-block slot, KV head, split) writes a partial; then the merge. With
+    one split per row (``num_splits == 1``: from checked lengths or the block table's bound) the
+    programs write the results themselves and there is no merge (same bits, see the kernel)."""
     q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = inputs
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    # NOTE: uninitialised on purpose. Each row only reads the partials of splits at or below its
-    # position, and those are always written.
-    ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
-    ws_lse = torch.empty((T, Hq, lp.num_splits), dtype=torch.float32, device=q.device)
+    direct = lp.num_splits == 1
+    if direct:
+        ws_o, ws_lse = out, lse  # not read: the kernel writes out and lse
+    else:
+        # NOTE: uninitialised on purpose. Each row only reads the partials of splits at or below
+        # its position, and those are always written.
+        ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
+        ws_lse = torch.empty((T, Hq, lp.num_splits), dtype=torch.float32, device=q.device)
     _unified_attention_split_kernel[(lp.num_slots, Hkv, lp.num_splits)](
-        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_lse,
-        num_splits=lp.num_splits,
+        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_lse, out, lse,
+        num_splits=lp.num_splits, IS_DIRECT=direct,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
-    _launch_merge(lp, ws_o, ws_lse, inputs, out, lse)
+    if not direct:
+        _launch_merge(lp, ws_o, ws_lse, inputs, out, lse)
 
 
 def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_lse: torch.Tensor,
@@ -535,12 +553,13 @@ def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_lse: torch.Tensor,
     q, k_cache, _, cu_seqlens_q, kv_lens, block_table = inputs
     T, Hq, D = q.shape
     Hkv, G = k_cache.shape[2], Hq // k_cache.shape[2]
-    _merge_splits_kernel[(T, Hkv)](
+    block_d = _merge_block_d(D)
+    _merge_splits_kernel[(T, Hkv, D // block_d)](
         ws_o, ws_lse, cu_seqlens_q, kv_lens, out, lse,
         split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
-        G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G),
-        CHUNK=1 if _interpreting() else _MERGE_CHUNK, num_warps=4)
+        G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
+        CHUNK=1 if _interpreting() else _MERGE_CHUNK, num_warps=_MERGE_NUM_WARPS)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -25,10 +25,12 @@ __all__ = [
     "tile_config",
 ]
 
-# KV tokens per split, a multiple of every BLOCK_N below. Measured on an H100 (kernels/NOTES.md):
-# 1024 beats 512 and 256 on long contexts (decode b1/b8 at 8k-32k: 113 vs 163 vs 261 us at b1-32k;
-# fewer partials to write and fold) and on prefill (fewer merges), and loses ~8 us on 1k contexts.
-# Decode at batch 1 with 32k context gets 32 splits per KV head (256 programs with Hkv = 8).
+# KV tokens per split, a multiple of every BLOCK_N below. Bit-defining. Measured on an H100 with
+# the round-4 merge (reports/h100-round4/README.md): 1024 beats 512 and 256 on long contexts
+# (decode b1-32k 75 vs 91 vs 116 us, b8-32k 414 vs 443 vs 489 us), on prefill (9.5 vs 10.3 vs
+# 11.7 ms: the fused plan folds a split every split/64 tiles) and on mixed batches, and loses on
+# short ones (b1-1k 38 vs 27 vs 20 us, b8-1k 47 vs 34 vs 30 us). Decode at batch 1 with 32k
+# context gets 32 splits per KV head (256 programs with Hkv = 8).
 DEFAULT_SPLIT_SIZE: int = 1024
 
 # SM count used when the tensors are not on a CUDA device (the interpreter); the H100 SXM value.
@@ -151,19 +153,22 @@ def choose_plan(
 ) -> str:
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
-    Split when the fused grid (``num_programs`` = query blocks x Hkv) leaves SMs idle and rows span
-    several splits of ``split_tokens`` KV tokens, or (with host statistics: KV tiles of the longest
-    request and over all programs) when the longest program would run longer than a third of the
-    average work per SM (a few programs share an SM, so a long one is a tail). Without statistics
-    (``max_kv_len`` is then the block table's bound), a decode batch (``decode``) splits too: its
-    lengths may differ, and on an H100 the split plan took 1.26 ms where fused took 1.83 ms on 64
-    decodes of 4k-32k tokens, while costing 3-6% on equal lengths. Prefill batches stay fused
-    (the split plan's partials cost 3x there). Tuned on an H100 (kernels/NOTES.md).
+    Split when the fused grid (``num_programs`` = query blocks x Hkv) leaves SMs idle (even for
+    one split), or when rows span several splits of ``split_tokens`` KV tokens and, with host
+    statistics (KV tiles of the longest request and over all programs), the longest program would
+    run longer than a third of the average work per SM (a few programs share an SM, so a long one
+    is a tail). Without statistics (``max_kv_len`` is then the block table's bound), a decode
+    batch (``decode``) splits too: its lengths may differ, and on an H100 the split plan took
+    1.14 ms where fused took 1.81 ms on 64 decodes of 4k-32k tokens, while costing 0-1% on equal
+    lengths. Prefill batches stay fused (the split plan took 11.0 ms where fused took 9.5 ms on a
+    varlen prefill). Tuned on an H100 (reports/h100-round4/README.md).
     """
+    if num_programs < num_sms:
+        # Even with one split: the split kernel's tile loop has no split-boundary branch, and on
+        # an H100 it ran one 1024-token decode in 24 us where the fused loop took 35 us.
+        return "split"
     if max_kv_len <= split_tokens:
         return "fused"
-    if num_programs < num_sms:
-        return "split"
     if longest_tiles is not None and total_tiles is not None:
         return "split" if 3 * longest_tiles * num_sms > total_tiles else "fused"
     return "split" if decode else "fused"

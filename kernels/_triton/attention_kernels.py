@@ -95,19 +95,42 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.con
 
 
 @triton.jit
+def _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                IS_MASKED: tl.constexpr, IS_PAGE_PER_TILE: tl.constexpr):
+    """Physical page of every key of KV tile ``j`` (int64 [BLOCK_N], or a scalar when the tile
+    lies in one page). Masked: keys at or past ``kv_len`` read no block-table column."""
+    o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    if IS_PAGE_PER_TILE:
+        # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
+        if IS_MASKED:
+            i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE, mask=j * BLOCK_N < kv_len,
+                             other=0).to(tl.int64)
+        else:
+            i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
+    elif IS_MASKED:
+        # NOTE: gather the page of every key; unused block-table columns are never read.
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
+    else:
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE).to(tl.int64)
+    # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
+    # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
+    return tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
+
+
+@triton.jit
 def _attend_tile(
-    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+    b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_MASKED: tl.constexpr,
-    IS_PAGE_PER_TILE: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
+    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``),
+    whose pages ``i_page`` come from :func:`_tile_pages`.
 
     ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
     keys at or before the block's first position, hence < kv_len): no load masks, no select.
@@ -122,17 +145,6 @@ def _attend_tile(
     """
     o_d = tl.arange(0, HEAD_DIM)
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    if IS_PAGE_PER_TILE:
-        # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
-        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
-    elif IS_MASKED:
-        # NOTE: gather the page of every key; unused block-table columns are never read.
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
-    else:
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE).to(tl.int64)
-    # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
-    # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
-    i_page = tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
     i_slot = (o_n % PAGE_SIZE).to(tl.int64)
     off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
     off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
@@ -205,17 +217,19 @@ def _attend_split(
     j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
     kv_off_h = i_kvh.to(tl.int64)
     for j in range(j_lo, j_mid):
+        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, False,
+                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_INTERPRET, DOT_PRECISION)
     for j in range(j_mid, j_hi):
+        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, True,
+                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_INTERPRET, DOT_PRECISION)
     return state_normalize(acc, l_i, m_i)
 
 
@@ -306,9 +320,9 @@ def _unified_attention_fused_kernel(
         return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
-    kv_off_h = i_kvh.to(tl.int64)
     b_o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     b_lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    kv_off_h = i_kvh.to(tl.int64)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -319,19 +333,21 @@ def _unified_attention_fused_kernel(
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
     for j in range(0, j_mid):
+        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, False,
+                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
+        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, True,
+                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
@@ -353,6 +369,8 @@ def _unified_attention_split_kernel(
     # Outputs
     ws_o_ptr,  # [T, Hq, num_splits, D] fp32 partial outputs
     ws_lse_ptr,  # [T, Hq, num_splits] fp32 partial lse (log2 units)
+    out_ptr,  # [T, Hq, D] contiguous (IS_DIRECT only)
+    lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
     # Scalars
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
@@ -381,8 +399,14 @@ def _unified_attention_split_kernel(
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    IS_DIRECT: tl.constexpr,
 ):
-    """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial."""
+    """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial.
+
+    ``IS_DIRECT`` (every row has one split, ``num_splits == 1``): the partial is the result, so
+    it goes straight to ``out`` / ``lse`` and there is no merge. The same bits: merging one
+    state into the empty state returns it unchanged (:func:`state_merge`), and the stores round
+    it to ``out``'s dtype and scale the LSE exactly as the merge kernel's do."""
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_split = tl.program_id(2)
@@ -400,27 +424,13 @@ def _unified_attention_split_kernel(
         num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
-    o_d = tl.arange(0, HEAD_DIM)
-    i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
-    tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], b_os, mask=m_row[:, None])
-    tl.store(ws_lse_ptr + i_ws, b_ls, mask=m_row)
-
-
-@triton.jit
-def _take_2d(x, o_c, c):
-    """Row ``c`` of ``x`` [CH, BG] fp32, exactly: an integer sum of one value and zeros keeps
-    every bit (-0.0 and NaN included), which a float sum or max would not."""
-    x_bits = x.to(tl.int32, bitcast=True)
-    row = tl.sum(tl.where(o_c[:, None] == c, x_bits, 0), 0)
-    return row.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _take_3d(x, o_c, c):
-    """Row ``c`` of ``x`` [CH, BG, D] fp32, exactly (see :func:`_take_2d`)."""
-    x_bits = x.to(tl.int32, bitcast=True)
-    row = tl.sum(tl.where(o_c[:, None, None] == c, x_bits, 0), 0)
-    return row.to(tl.float32, bitcast=True)
+    if IS_DIRECT:
+        _store_out(out_ptr, lse_ptr, b_os, b_ls, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
+    else:
+        o_d = tl.arange(0, HEAD_DIM)
+        i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+        tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], b_os, mask=m_row[:, None])
+        tl.store(ws_lse_ptr + i_ws, b_ls, mask=m_row)
 
 
 @triton.jit(do_not_specialize=["split_tokens", "B", "num_splits", "max_kv_len"])
@@ -443,13 +453,19 @@ def _merge_splits_kernel(
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    """Split plan, phase 2: one program per (query token, kv head) folds the partials of the
-    group's heads in increasing split order. Loads CHUNK splits at once (latency), then merges
-    them one by one (order)."""
+    """Split plan, phase 2: one program per (query token, kv head, BLOCK_D columns of the head
+    dim) folds the partials of the group's heads in increasing split order.
+
+    Every column of a row runs the same merge arithmetic on the same LSEs, so cutting the head dim
+    into column blocks is bit-neutral (it only adds programs when there are few tokens). CHUNK
+    splits are loaded per step (unrolled, so their loads are in flight together) and merged one by
+    one, in order; splits past the row's last one load as empty states, exact no-ops."""
     i_t = tl.program_id(0)
     i_kvh = tl.program_id(1)
+    i_db = tl.program_id(2)
     # Request of token i_t: the last b with cu[b] <= i_t (empty requests own no token).
     i_b = _find_request(cu_seqlens_q_ptr, i_t, B, 1, False)
     q_start = tl.load(cu_seqlens_q_ptr + i_b)
@@ -460,36 +476,21 @@ def _merge_splits_kernel(
     # workspace); it keeps malformed lengths (validate=False) inside the workspace.
     n_splits = tl.minimum(pos // split_tokens + 1, num_splits)
     o_g = tl.arange(0, BLOCK_G)
-    o_c = tl.arange(0, CHUNK)
-    o_d = tl.arange(0, HEAD_DIM)
+    o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
     m_g = o_g < G
     i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * num_splits  # [BG]
-    b_o = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    b_o = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     b_lse = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     for i_s0 in range(0, n_splits, CHUNK):
-        if CHUNK == 1:
-            # One split at a time (the interpreter): load it directly. The same values the chunked
-            # path extracts exactly, without the extraction's cost.
+        for c in tl.static_range(CHUNK):
+            m_s = m_g & (o_g * 0 + (i_s0 + c) < n_splits)
             # [BG]
-            b_ls = tl.load(ws_lse_ptr + i_ws + i_s0, mask=m_g, other=float("-inf"))
-            # [BG, D]
-            b_os = tl.load(ws_o_ptr + (i_ws + i_s0)[:, None] * HEAD_DIM + o_d[None, :],
-                           mask=m_g[:, None], other=0.0)
+            b_ls = tl.load(ws_lse_ptr + i_ws + i_s0 + c, mask=m_s, other=float("-inf"))
+            # [BG, BD]
+            b_os = tl.load(ws_o_ptr + (i_ws + i_s0 + c)[:, None] * HEAD_DIM + o_d[None, :],
+                           mask=m_s[:, None], other=0.0)
             b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
-        else:
-            # NOTE: splits past the row's position are loaded as empty (lse = -inf): exact no-ops.
-            m_cg = ((i_s0 + o_c) < n_splits)[:, None] & m_g[None, :]
-            i_cg = i_ws[None, :] + (i_s0 + o_c)[:, None]  # [CH, BG]
-            # [CH, BG]
-            b_lc = tl.load(ws_lse_ptr + i_cg, mask=m_cg, other=float("-inf"))
-            # [CH, BG, D]
-            b_oc = tl.load(ws_o_ptr + i_cg[:, :, None] * HEAD_DIM + o_d[None, None, :],
-                           mask=m_cg[:, :, None], other=0.0)
-            for c in tl.static_range(CHUNK):
-                b_ls = _take_2d(b_lc, o_c, c)
-                b_os = _take_3d(b_oc, o_c, c)
-                b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
     i_row = i_t.to(tl.int64) * Hq + i_kvh * G + o_g
     tl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
              b_o.to(out_ptr.dtype.element_ty), mask=m_g[:, None])
-    tl.store(lse_ptr + i_row, b_lse * LN2, mask=m_g)
+    tl.store(lse_ptr + i_row, b_lse * LN2, mask=m_g & (o_g * 0 + i_db == 0))

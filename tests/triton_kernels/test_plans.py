@@ -41,6 +41,34 @@ def test_fused_equals_split(dtype: torch.dtype, make_batch, args_of, assert_same
     assert_same_bits(split_plan, fused, "plan split vs fused")
 
 
+@pytest.mark.parametrize("block_d", [16, 32])
+def test_merge_column_blocks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of,
+                                             assert_same_bits, monkeypatch,
+                                             block_d: int) -> None:
+    # On a GPU the merge kernel cuts the head dim into column blocks (one program each); the
+    # interpreter merges whole heads. Every column runs the same arithmetic on the same LSEs, so
+    # the split plan must give the same bits with any column block.
+    import kernels.attention as attention
+
+    batch = make_batch(dtype, [*_random_shape(3), (2, 150)], PageLayout(4, "shuffled", seed=3))
+    split = tile_config(dtype, 64).block_n
+    whole = unified_attention(*args_of(batch), split_size=split, plan="split")
+    monkeypatch.setattr(attention, "_merge_block_d", lambda head_dim: block_d)
+    blocked = unified_attention(*args_of(batch), split_size=split, plan="split")
+    assert_same_bits(blocked, whole, f"merge in {block_d}-column blocks vs whole heads")
+
+
+def test_split_plan_with_one_split_writes_directly(dtype: torch.dtype, make_batch, args_of,
+                                                  assert_same_bits) -> None:
+    # Every row within one split: the split kernel writes out and LSE itself (no merge launch).
+    batch = make_batch(dtype, [(1, 60), (5, 64), (0, 10), (12, 30)], PageLayout(4, "shuffled"))
+    split = 2 * tile_config(dtype, 64).block_n
+    assert plan_attention(*args_of(batch), split_size=split, plan="split").num_splits == 1
+    direct = unified_attention(*args_of(batch), split_size=split, plan="split")
+    fused = unified_attention(*args_of(batch), split_size=split, plan="fused")
+    assert_same_bits(direct, fused, "split plan writing directly vs fused")
+
+
 def test_auto_runs_a_plan_with_the_same_bits(dtype: torch.dtype, make_batch, args_of,
                                              assert_same_bits) -> None:
     # Small batches (few programs) of rows longer than a split: auto picks the split plan.
@@ -96,6 +124,9 @@ def test_auto_plan_without_statistics_splits_decode_batches() -> None:
     assert choose_plan(544, 132, 32768, 1024, longest_tiles=128, total_tiles=544 * 128,
                        decode=True) == "fused"
     assert choose_plan(544, 132, 1024, 1024, decode=True) == "fused"  # one split: nothing to split
+    # A grid smaller than the GPU splits even with one split (the split kernel's loop is faster).
+    assert choose_plan(8, 132, 1024, 1024, decode=True) == "split"
+    assert choose_plan(64, 132, 512, 1024, decode=False) == "split"
 
 
 def test_host_lens_steer_the_plan_without_a_sync(dtype: torch.dtype, make_batch, args_of,

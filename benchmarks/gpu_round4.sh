@@ -1,0 +1,61 @@
+#!/bin/sh
+# The round-4 H100 runs (reports/h100-round4/README.md), one step per device call (each under
+# 10 minutes): sh benchmarks/gpu_round4.sh STEP, with $OUT the output folder.
+#   probe: benchmarks/probe_round4.py's split sizes, per-kernel profile and compiled-kernel facts
+#   blockn: BLOCK_N 128 vs 64 (bit-defining, timed only) with BLOCK_M and warps
+#   a: the full default check of kernels (3 dtypes, cold Triton cache), the control, the tuning
+#      fuzz, and the probe's plan / merge-block timings with bit comparisons
+#   b: invariance bench kernels + kernels-heuristic + flashinfer-fa3 vs FlashInfer; sanitizer
+# b needs the FlashInfer wheels in .whl/ (DEVELOPERS notes: carry them to the GPU).
+set -u
+STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|a|b}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+INV="python3 -m invariance.cli"
+
+step_probe() {
+  P=$OUT/p; mkdir -p $P
+  timeout 300 python3 benchmarks/probe_round4.py $P splits > $P/splits.log 2>&1; echo "splits rc=$?"
+  timeout 100 python3 benchmarks/probe_round4.py $P profile > $P/profile.log 2>&1; echo "profile rc=$?"
+  timeout 100 python3 benchmarks/probe_round4.py $P ttgir > $P/ttgir.log 2>&1; echo "ttgir rc=$?"
+  tar czf $OUT/p.tgz -C $OUT p
+  grep -A14 "^workload" $P/splits.log
+}
+
+step_blockn() {
+  N=$OUT/n; mkdir -p $N
+  timeout 400 python3 benchmarks/probe_round4.py $N blockn > $N/blockn.log 2>&1; echo "blockn rc=$?"
+  grep -A14 "^workload" $N/blockn.log; grep -i error $N/blockn.jsonl | head -5
+}
+
+step_a() {
+  A=$OUT/a; mkdir -p $A
+  nvidia-smi --query-gpu=name,driver_version --format=csv > $A/gpu.txt
+  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $A/gpu.txt
+  s=$(date +%s)
+  timeout 220 $INV check --backend kernels --device cuda --no-progress --json $A/kernels-all-dtypes.json --markdown $A/kernels-all-dtypes.md > $A/kernels.txt 2>&1
+  echo "kernels rc=$? wall $(( $(date +%s) - s )) s"
+  timeout 80 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $A/kernels-heuristic-bf16.json --markdown $A/kernels-heuristic-bf16.md > $A/heuristic.txt 2>&1
+  echo "heuristic rc=$?"
+  timeout 120 $INV check --backend benchmarks/tile_sweep.py:fuzz --device cuda --dtype bf16,fp16 --no-progress --json $A/tuning-fuzz.json --markdown $A/tuning-fuzz.md > $A/fuzz.txt 2>&1
+  echo "fuzz rc=$?"
+  timeout 150 python3 benchmarks/probe_round4.py $A times > $A/probe-times.log 2>&1
+  echo "probe rc=$?"
+  tar czf $OUT/a.tgz -C $OUT a
+  for f in kernels heuristic fuzz; do grep -h -E "passed|failed|PASSED|FAILED|error" $A/$f.txt | tail -2; done
+  grep -A10 "^workload" $A/probe-times.log
+}
+
+step_b() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PWD:/tmp/site
+  B=/tmp/b; mkdir -p $B
+  timeout -s INT -k 15 380 $INV bench --backend kernels --backend kernels-heuristic --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $B/bench-kernels-vs-flashinfer.md --json $B/bench-kernels-vs-flashinfer.json > $B/bench.txt 2>&1
+  echo "bench rc=$?"
+  timeout 170 bash benchmarks/gpu_sanitize.sh $B/sanitizer > $B/sanitize.txt 2>&1
+  echo "sanitizer rc=$?"
+  rm -rf $B/sanitizer/triton-cache
+  tar czf $OUT/b.tgz -C /tmp b
+  tail -22 $B/bench.txt; cat $B/sanitizer/summary.txt
+}
+
+"step_$STEP"
