@@ -19,6 +19,7 @@ import sys
 import torch
 
 import kernels
+from benchmarks.tile_sweep import _graphed as graphed
 from invariance.bench import WORKLOADS, CudaTimer, build_batch
 from invariance.compare import compare_bits
 
@@ -43,16 +44,11 @@ def batch_qlens(batch):
     return [b - a for a, b in itertools.pairwise(cu)]
 
 
-def graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+def save(out_dir, name, rows):
+    """Write ``rows`` as JSON lines to ``out_dir/name``."""
+    with open(os.path.join(out_dir, name), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
 
 
 # (label, plan, merge columns per program, merge warps, stages)
@@ -94,9 +90,7 @@ def times(out_dir):
             print(json.dumps(rows[-1]), flush=True)
         del batch
         torch.cuda.empty_cache()
-    with open(os.path.join(out_dir, "times.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    save(out_dir, "times.jsonl", rows)
     labels = [c[0] for c in CONFIGS]
     print("\nworkload | " + " | ".join(labels))
     for name in ALL:
@@ -127,9 +121,7 @@ def splits(out_dir):
                 print(json.dumps(rows[-1]), flush=True)
         del batch
         torch.cuda.empty_cache()
-    with open(os.path.join(out_dir, "splits.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    save(out_dir, "splits.jsonl", rows)
     print("\nworkload | " + " | ".join(f"{p}-{s}" for s in (1024, 512, 256)
                                         for p in ("fused", "split")))
     for name in SPLIT_WORKLOADS:
@@ -161,9 +153,7 @@ def blockn(out_dir):
             print(json.dumps(rows[-1]), flush=True)
         del batch
         torch.cuda.empty_cache()
-    with open(os.path.join(out_dir, "blockn.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    save(out_dir, "blockn.jsonl", rows)
     labels = [f"{bn}/{bm}/{w}/{st}" for bn, bm, w, st in BLOCKN_CONFIGS]
     print("\nworkload (BLOCK_N/BLOCK_M/warps/stages) | " + " | ".join(labels))
     for name in SPLIT_WORKLOADS:
