@@ -5,10 +5,11 @@
 #   blockn: BLOCK_N 128 vs 64 (bit-defining, timed only) with BLOCK_M and warps
 #   a: the full default check of kernels (3 dtypes, cold Triton cache), the control, the tuning
 #      fuzz, and the probe's plan / merge-block timings with bit comparisons
+#   final: step a's checks (no control), the probe and the sanitizer again after the review's mends
 #   b: invariance bench kernels + kernels-heuristic + flashinfer-fa3 vs FlashInfer; sanitizer
 # b needs the FlashInfer wheels in .whl/ (DEVELOPERS notes: carry them to the GPU).
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|a|b}
+STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|a|b|final}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 INV="python3 -m invariance.cli"
 
@@ -45,13 +46,31 @@ step_a() {
   grep -A10 "^workload" $A/probe-times.log
 }
 
+step_final() {
+  # After the review's mends (host-side and malformed-input paths only): the full check, the
+  # fuzz, the probe's bit comparisons and the sanitizer once more.
+  F=$OUT/f; mkdir -p $F
+  s=$(date +%s)
+  timeout 220 $INV check --backend kernels --device cuda --no-progress --json $F/kernels-all-dtypes.json --markdown $F/kernels-all-dtypes.md > $F/kernels.txt 2>&1
+  echo "kernels rc=$? wall $(( $(date +%s) - s )) s"
+  timeout 100 $INV check --backend benchmarks/tile_sweep.py:fuzz --device cuda --dtype bf16,fp16 --no-progress --json $F/tuning-fuzz.json --markdown $F/tuning-fuzz.md > $F/fuzz.txt 2>&1
+  echo "fuzz rc=$?"
+  timeout 150 python3 benchmarks/probe_round4.py $F times > $F/probe-times.log 2>&1
+  echo "probe rc=$?"
+  timeout 200 bash benchmarks/gpu_sanitize.sh /tmp/sanitizer > $F/sanitize.txt 2>&1
+  echo "sanitizer rc=$?"; cp /tmp/sanitizer/summary.txt $F/sanitizer-summary.txt
+  tar czf $OUT/f.tgz -C $OUT f
+  for f in kernels fuzz; do grep -h -E "PASSED|FAILED" $F/$f.txt | tail -1; done
+  grep -A10 "^workload" $F/probe-times.log; cat $F/sanitizer-summary.txt
+}
+
 step_b() {
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
   export PYTHONPATH=$PWD:/tmp/site
   B=/tmp/b; mkdir -p $B
   timeout -s INT -k 15 380 $INV bench --backend kernels --backend kernels-heuristic --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $B/bench-kernels-vs-flashinfer.md --json $B/bench-kernels-vs-flashinfer.json > $B/bench.txt 2>&1
   echo "bench rc=$?"
-  timeout 170 bash benchmarks/gpu_sanitize.sh $B/sanitizer > $B/sanitize.txt 2>&1
+  timeout 420 bash benchmarks/gpu_sanitize.sh $B/sanitizer > $B/sanitize.txt 2>&1
   echo "sanitizer rc=$?"
   rm -rf $B/sanitizer/triton-cache
   tar czf $OUT/b.tgz -C /tmp b

@@ -246,3 +246,6 @@ if __name__ == "__main__":
         ttgir(out_dir)
     elif what == "ncu":
         ncu(sys.argv[3], sys.argv[4])
+    else:
+        sys.exit(f"probe_round4: unknown mode {what!r}; expected times, splits, blockn, profile, "
+                 "ttgir or ncu")

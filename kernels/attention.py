@@ -67,6 +67,11 @@ def _merge_block_d(head_dim: int) -> int:
     return head_dim if _interpreting() else min(_MERGE_BLOCK_D, head_dim)
 
 
+def _merge_chunk() -> int:
+    """Split partials the merge kernel loads per step."""
+    return 1 if _interpreting() else _MERGE_CHUNK
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -549,17 +554,19 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
 
 def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_lse: torch.Tensor,
                   inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor) -> None:
-    """One program per (query token, KV head) folds its row's partials in split order."""
+    """One program per (query token, KV head, block of head-dim columns) folds its row's partials
+    in split order."""
     q, k_cache, _, cu_seqlens_q, kv_lens, block_table = inputs
     T, Hq, D = q.shape
     Hkv, G = k_cache.shape[2], Hq // k_cache.shape[2]
     block_d = _merge_block_d(D)
+    assert D % block_d == 0, (D, block_d)  # internal: every column belongs to one program
     _merge_splits_kernel[(T, Hkv, D // block_d)](
         ws_o, ws_lse, cu_seqlens_q, kv_lens, out, lse,
         split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
         G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
-        CHUNK=1 if _interpreting() else _MERGE_CHUNK, num_warps=_MERGE_NUM_WARPS)
+        CHUNK=_merge_chunk(), num_warps=_MERGE_NUM_WARPS)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -159,9 +159,9 @@ def choose_plan(
     run longer than a third of the average work per SM (a few programs share an SM, so a long one
     is a tail). Without statistics (``max_kv_len`` is then the block table's bound), a decode
     batch (``decode``) splits too: its lengths may differ, and on an H100 the split plan took
-    1.14 ms where fused took 1.81 ms on 64 decodes of 4k-32k tokens, while costing 0-1% on equal
-    lengths. Prefill batches stay fused (the split plan took 11.0 ms where fused took 9.5 ms on a
-    varlen prefill). Tuned on an H100 (reports/h100-round4/README.md).
+    1.14 ms where fused took 1.81 ms on 64 decodes of 4k-32k tokens, while costing -1 to +1.4%
+    on equal lengths. Prefill batches stay fused (the split plan took 11.0 ms where fused took
+    9.5 ms on a varlen prefill). Tuned on an H100 (reports/h100-round4/README.md).
     """
     if num_programs < num_sms:
         # Even with one split: the split kernel's tile loop has no split-boundary branch, and on

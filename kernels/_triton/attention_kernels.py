@@ -101,12 +101,9 @@ def _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N: tl.constexpr, PAGE_SIZE: tl
     lies in one page). Masked: keys at or past ``kv_len`` read no block-table column."""
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     if IS_PAGE_PER_TILE:
-        # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
-        if IS_MASKED:
-            i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE, mask=j * BLOCK_N < kv_len,
-                             other=0).to(tl.int64)
-        else:
-            i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
+        # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two); a visited
+        # tile starts before the block's last position, hence before kv_len: no mask needed.
+        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
     elif IS_MASKED:
         # NOTE: gather the page of every key; unused block-table columns are never read.
         i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
@@ -414,9 +411,13 @@ def _unified_attention_split_kernel(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
-    # Splits past the block's last position are read by no row: nothing to write.
-    if i_split * split_tiles * BLOCK_N > max_pos:
-        return
+    # Splits past the block's last position are read by no row: nothing to write. NOTE: with
+    # IS_DIRECT (split 0 only) the program writes even a block with no position (max_pos < 0,
+    # only for malformed lengths with validate=False): its rows get the empty state (0, -inf),
+    # as under the fused plan, never unwritten memory.
+    if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
+        if i_split * split_tiles * BLOCK_N > max_pos:
+            return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     b_os, b_ls = _attend_split(

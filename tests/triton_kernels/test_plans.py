@@ -52,10 +52,25 @@ def test_merge_column_blocks_are_bit_neutral(dtype: torch.dtype, make_batch, arg
 
     batch = make_batch(dtype, [*_random_shape(3), (2, 150)], PageLayout(4, "shuffled", seed=3))
     split = tile_config(dtype, 64).block_n
+    monkeypatch.setattr(attention, "_merge_block_d", lambda head_dim: head_dim)
     whole = unified_attention(*args_of(batch), split_size=split, plan="split")
     monkeypatch.setattr(attention, "_merge_block_d", lambda head_dim: block_d)
     blocked = unified_attention(*args_of(batch), split_size=split, plan="split")
     assert_same_bits(blocked, whole, f"merge in {block_d}-column blocks vs whole heads")
+
+
+def test_merge_chunks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of, assert_same_bits,
+                                      monkeypatch) -> None:
+    # On a GPU the merge kernel loads 8 partials per step (unrolled); the interpreter 1. Loads of
+    # splits past a row's last one must be exact no-ops: chunks of 3 over rows of 1 to 10 splits.
+    import kernels.attention as attention
+
+    batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70)], PageLayout(4, "shuffled", seed=4))
+    split = tile_config(dtype, 64).block_n
+    one = unified_attention(*args_of(batch), split_size=split, plan="split")
+    monkeypatch.setattr(attention, "_merge_chunk", lambda: 3)
+    chunked = unified_attention(*args_of(batch), split_size=split, plan="split")
+    assert_same_bits(chunked, one, "merge loading 3 splits per step vs 1")
 
 
 def test_split_plan_with_one_split_writes_directly(dtype: torch.dtype, make_batch, args_of,

@@ -221,12 +221,16 @@ def test_validate_false_never_reads_out_of_bounds(args: Args, assert_same_bits, 
                                                   mutate: Callable[[Args], torch.Tensor]) -> None:
     bad = {**args, name: mutate(args)}
     _raises(error, lambda: unified_attention(**bad))  # what validate=True says
+    results = {}
     for plan in ("fused", "split"):
-        out, lse = unified_attention(**bad, validate=False, plan=plan)
+        out, lse = results[plan] = unified_attention(**bad, validate=False, plan=plan)
         ref = unified_attention(**args, validate=False, plan=plan)
         assert out.shape == ref[0].shape and lse.shape == ref[1].shape
         assert_same_bits((out[:8], lse[:8]), (ref[0][:8], ref[1][:8]),
                          f"request 0 next to garbage in {name} ({plan} plan)")
+    # The garbage rows too are the same under both plans (every row is written: none is left
+    # as uninitialised memory, e.g. by the split plan's direct write of a row with no position).
+    assert_same_bits(results["split"], results["fused"], f"garbage in {name}: split vs fused")
 
 
 @GARBAGE_WARNINGS
