@@ -6,10 +6,11 @@
 #   a: the full default check of kernels (3 dtypes, cold Triton cache), the control, the tuning
 #      fuzz, and the probe's plan / merge-block timings with bit comparisons
 #   final: step a's checks (no control), the probe and the sanitizer again after the review's mends
+#   c: the bench again after the FlashInfer adapter's gather-free path, with tensor-core decode
 #   b: invariance bench kernels + kernels-heuristic + flashinfer-fa3 vs FlashInfer; sanitizer
 # b needs the FlashInfer wheels in .whl/ (DEVELOPERS notes: carry them to the GPU).
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|a|b|final}
+STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|a|b|final|c}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 INV="python3 -m invariance.cli"
 
@@ -62,6 +63,21 @@ step_final() {
   tar czf $OUT/f.tgz -C $OUT f
   for f in kernels fuzz; do grep -h -E "PASSED|FAILED" $F/$f.txt | tail -1; done
   grep -A10 "^workload" $F/probe-times.log; cat $F/sanitizer-summary.txt
+}
+
+step_c() {
+  # The bench again after the FlashInfer adapter stopped gathering/scattering when one wrapper
+  # serves every row, with FlashInfer's tensor-core decode as a further peer; then a short check
+  # of the adapter's new path.
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PWD:/tmp/site
+  C=/tmp/c; mkdir -p $C
+  timeout -s INT -k 15 400 $INV bench --backend kernels --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"
+  timeout -s INT -k 15 100 $INV check --backend flashinfer --device cuda --dtype bf16 --perturb batch_size,position,order,repeat,cuda_graph --no-progress --json $C/flashinfer-check.json --markdown $C/flashinfer-check.md > $C/check.txt 2>&1
+  echo "check rc=$?"
+  tar czf $OUT/c.tgz -C /tmp c
+  grep -h -E "PASSED|FAILED" $C/check.txt | tail -1
 }
 
 step_b() {

@@ -83,6 +83,7 @@ class _FakeWrapper:
             out[lo:hi] = o.to(q.dtype)
             lse[lo:hi] = (s / math.log(2.0)).float()  # FlashInfer: base 2
         self.log.append({"event": "run", "kind": self.kind, "rows": q.shape[0]})
+        self.log[-1]["out"] = out
         return out, lse
 
 
@@ -244,6 +245,26 @@ def test_prefill_only_runs_every_row_through_the_prefill_wrapper(
     assert not _events(fake_fi, "plan", "decode")
     (pplan,) = _events(fake_fi, "plan", "prefill")
     assert pplan["qo_indptr"].tolist() == [0, 1, 8, 15, 16, 17]  # request 4 (no token) left out
+
+
+def test_one_wrapper_for_every_row_returns_its_output_as_is(
+        fake_fi: list[dict[str, Any]]) -> None:
+    # A pure decode batch: the decode wrapper's output is the result (no gather, no scatter: what
+    # `invariance bench` times is FlashInfer's kernels and one LSE scaling); a mixed batch is
+    # scattered into a fresh tensor.
+    wl = Workload(tuple(Request(i, n) for i, n in enumerate((33, 2, 17))), HeadConfig(4, 4, 64),
+                  torch.float16, seed=9)
+    step = Step((Chunk(0, 32, 33), Chunk(1, 1, 2), Chunk(2, 16, 17)))
+    batch = materialize(wl, step, PageLayout(page_size=16), "cpu")
+    result = FlashInferBackend(workspace_mb=1)(batch)
+    (run,) = _events(fake_fi, "run")
+    assert result.out is run["out"]
+    assert torch.equal(result.out, reference_backend(batch).out)
+    fake_fi.clear()
+    mixed = _mixed_batch()
+    result = FlashInferBackend(workspace_mb=1)(mixed)
+    assert all(result.out is not e["out"] for e in _events(fake_fi, "run"))
+    assert torch.equal(result.out, reference_backend(mixed).out)
 
 
 def test_lse_base_change_and_row_order(fake_fi: list[dict[str, Any]]) -> None:
