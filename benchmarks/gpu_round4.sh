@@ -3,6 +3,7 @@
 # 10 minutes): sh benchmarks/gpu_round4.sh STEP, with $OUT the output folder.
 #   probe: benchmarks/probe_round4.py's split sizes, per-kernel profile and compiled-kernel facts
 #   blockn: BLOCK_N 128 vs 64 (bit-defining, timed only) with BLOCK_M and warps
+#   small: short decode at batch 1-8 (stages x warps; ncu stall reasons at batch 1, 1k tokens)
 #   a: the full default check of kernels (3 dtypes, cold Triton cache), the control, the tuning
 #      fuzz, and the probe's plan / merge-block timings with bit comparisons
 #   final: step a's checks (no control), the probe and the sanitizer again after the review's mends
@@ -10,7 +11,7 @@
 #   b: invariance bench kernels + kernels-heuristic + flashinfer-fa3 vs FlashInfer; sanitizer
 # b needs the FlashInfer wheels in .whl/ (DEVELOPERS notes: carry them to the GPU).
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|a|b|final|c}
+STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|small|a|b|final|c}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 INV="python3 -m invariance.cli"
 
@@ -27,6 +28,16 @@ step_blockn() {
   N=$OUT/n; mkdir -p $N
   timeout 400 python3 benchmarks/probe_round4.py $N blockn > $N/blockn.log 2>&1; echo "blockn rc=$?"
   grep -A14 "^workload" $N/blockn.log; grep -i error $N/blockn.jsonl | head -5
+}
+
+step_small() {
+  S=$OUT/s; mkdir -p $S
+  timeout 200 python3 benchmarks/probe_round4.py $S small > $S/small.log 2>&1; echo "small rc=$?"
+  timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section SourceCounters -k regex:split_kernel -s 1 -c 1 python3 benchmarks/probe_round4.py $S ncu decode-b1-ctx1k split > $S/ncu-b1-ctx1k.txt 2>&1; echo "ncu rc=$?"
+  grep -v "^{" $S/small.log | tail -3; python3 -c "
+import json
+for l in open('$S/small.jsonl'): r=json.loads(l); print(r['workload'], r['stages'], r['warps'], r['us'], r['bits_differing'])"
+  grep -E "Duration|DRAM Throughput|Stall|Warp Cycles Per|Issued Warp|No Eligible|Active Warps" $S/ncu-b1-ctx1k.txt | head -30
 }
 
 step_a() {

@@ -161,6 +161,27 @@ def blockn(out_dir):
         print(name + " | " + " | ".join(str(got.get(lb, "-")) for lb in labels))
 
 
+def small(out_dir):
+    """Short decode at batch 1-8 under the split plan: pipeline stages x warps (bit-neutral
+    where measured; compared bit for bit with the default launch)."""
+    timer = CudaTimer(iters=30, warmup=5)
+    rows = []
+    for name in ("decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx1k"):
+        batch = build_batch(WORKLOADS[name])
+        ref = call(batch, "split")()
+        for st in (1, 2, 3, 4):
+            for w in (4, 8):
+                tuning = kernels.Tuning(num_stages=st, num_warps=w)
+                out, lse = call(batch, "split", tuning)()
+                d = (compare_bits(out, ref[0], name="out").num_different
+                     + compare_bits(lse, ref[1], name="lse").num_different)
+                ms = timer.time_fn(graphed(call(batch, "split", tuning)))
+                rows.append(dict(workload=name, stages=st, warps=w, us=round(ms * 1000, 1),
+                                 bits_differing=d))
+                print(json.dumps(rows[-1]), flush=True)
+    save(out_dir, "small.jsonl", rows)
+
+
 def profile(out_dir):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
@@ -236,6 +257,8 @@ if __name__ == "__main__":
     what = sys.argv[2] if len(sys.argv) > 2 else "times"
     if what == "times":
         times(out_dir)
+    elif what == "small":
+        small(out_dir)
     elif what == "blockn":
         blockn(out_dir)
     elif what == "splits":
