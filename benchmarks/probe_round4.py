@@ -1,10 +1,11 @@
 """Round-4 probe (H100): where the decode time goes (reports/h100-round4/README.md).
 
-    python benchmarks/probe_round4.py OUT_DIR [times|splits|profile|ttgir|ncu WORKLOAD PLAN]
+    python benchmarks/probe_round4.py OUT_DIR [times|small|blockn|splits|profile|ttgir|ncu W P]
 
 ``times``: every workload x plan x pipeline stages x merge column block, CUDA-graph replay (L2
-flushed, median), each compared bit for bit with the fused plan. ``splits``: each plan at split
-sizes 1024 / 512 / 256 (bit-defining, so timed only). ``profile``: device time per kernel
+flushed, median), each compared bit for bit with the fused plan. ``small``: short decode, stages x
+warps. ``blockn``: BLOCK_N 128 (bit-defining, timed only). ``splits``: each plan at split sizes
+1024 / 512 / 256 (bit-defining, timed only). ``profile``: device time per kernel
 (torch.profiler). ``ttgir``: registers, spills, shared memory and what the pipeliner made of the
 loops (async copies, wgmma waits). ``ncu``: runs a workload twice, for ``ncu -k ... -s 1``.
 """
@@ -251,24 +252,17 @@ def ncu(workload, plan):
     torch.cuda.synchronize()
 
 
+MODES = {"times": times, "small": small, "blockn": blockn, "splits": splits,
+         "profile": profile, "ttgir": ttgir}
+
 if __name__ == "__main__":
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     what = sys.argv[2] if len(sys.argv) > 2 else "times"
-    if what == "times":
-        times(out_dir)
-    elif what == "small":
-        small(out_dir)
-    elif what == "blockn":
-        blockn(out_dir)
-    elif what == "splits":
-        splits(out_dir)
-    elif what == "profile":
-        profile(out_dir)
-    elif what == "ttgir":
-        ttgir(out_dir)
-    elif what == "ncu":
+    if what == "ncu":
         ncu(sys.argv[3], sys.argv[4])
+    elif what in MODES:
+        MODES[what](out_dir)
     else:
-        sys.exit(f"probe_round4: unknown mode {what!r}; expected times, splits, blockn, profile, "
-                 "ttgir or ncu")
+        sys.exit(f"probe_round4: unknown mode {what!r}; expected one of {', '.join(MODES)} or "
+                 "ncu WORKLOAD PLAN")
