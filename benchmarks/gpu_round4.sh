@@ -8,10 +8,11 @@
 #      fuzz, and the probe's plan / merge-block timings with bit comparisons
 #   final: step a's checks (no control), the probe and the sanitizer again after the review's mends
 #   c: the bench again after the FlashInfer adapter's gather-free path, with tensor-core decode
+#   warm: the full check cold, then warm
 #   b: invariance bench kernels + kernels-heuristic + flashinfer-fa3 vs FlashInfer; sanitizer
 # b needs the FlashInfer wheels in .whl/ (DEVELOPERS notes: carry them to the GPU).
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|small|a|b|final|c}
+STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|small|a|b|final|c|warm}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 INV="python3 -m invariance.cli"
 
@@ -89,6 +90,16 @@ step_c() {
   echo "check rc=$?"
   tar czf $OUT/c.tgz -C /tmp c
   grep -h -E "PASSED|FAILED" $C/check.txt | tail -1
+}
+
+step_warm() {
+  # The full check on a fresh machine, then again with Triton's cache warm.
+  W=$OUT/w; mkdir -p $W
+  for r in cold warm; do
+    s=$(date +%s)
+    timeout 240 $INV check --backend kernels --device cuda --no-progress --json $W/kernels-$r.json > $W/$r.txt 2>&1
+    echo "$r rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $W/$r.txt | tail -1
+  done
 }
 
 step_b() {
