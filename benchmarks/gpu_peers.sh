@@ -2,8 +2,8 @@
 # Peer backends on one CUDA GPU, in about 8 minutes at most:
 #   1. install the FlashInfer wheels carried in .whl/ (no index, no dependencies) into /tmp/site;
 #   2. `invariance check` (bf16 and fp16, every perturbation including cuda_graph, budget 1) of
-#      flashinfer, flashinfer-fa3, flashinfer-fixed-split, sdpa-flash, sdpa-efficient,
-#      sdpa-cudnn and sdpa-math, going on after failures; each check is interrupted after
+#      flashinfer, flashinfer-fa3, flashinfer-prefill, flashinfer-fixed-split, sdpa-flash,
+#      sdpa-efficient, sdpa-cudnn and sdpa-math, going on after failures; each check is interrupted after
 #      CHECK_TIMEOUT seconds (default 45; its partial report is then written, marked incomplete);
 #   3. `invariance bench --backend kernels --baseline flashinfer` (BENCH_TIMEOUT, default 150 s;
 #      0 skips it).

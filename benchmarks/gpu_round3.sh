@@ -21,8 +21,7 @@ step_a() {
   echo sweep rc=$?
   timeout 200 python3 -m cProfile -o $OUT/a/check.prof -m invariance.cli check --backend kernels --device cuda --dtype bf16 --json $OUT/a/check-bf16.json > $OUT/a/check-bf16.txt 2>&1
   echo check rc=$?
-  python3 -c "
-  import pstats; p=pstats.Stats('$OUT/a/check.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(30)" > $OUT/a/profile.txt 2>&1
+  python3 -c "import pstats; p=pstats.Stats('$OUT/a/check.prof'); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(30)" > $OUT/a/profile.txt 2>&1
   tail -5 $OUT/a/check-bf16.txt; tail -3 $OUT/a/sweep.log
 }
 

@@ -10,7 +10,7 @@
 #   c: the bench again after the FlashInfer adapter's gather-free path, with tensor-core decode
 #   warm: the full check cold, then warm
 #   b: invariance bench kernels + kernels-heuristic + flashinfer-fa3 vs FlashInfer; sanitizer
-# b needs the FlashInfer wheels in .whl/ (DEVELOPERS notes: carry them to the GPU).
+# b and c need the FlashInfer wheels in .whl/ (carry them to the GPU).
 set -u
 STEP=${1:?usage: sh benchmarks/gpu_round4.sh probe|blockn|small|a|b|final|c|warm}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

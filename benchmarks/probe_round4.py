@@ -12,7 +12,6 @@ loops (async copies, wgmma waits). ``ncu``: runs a workload twice, for ``ncu -k 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -29,8 +28,8 @@ DECODE = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-c
 ALL = [*DECODE, "mixed64", "prefill-varlen"]
 
 
-def call(batch, plan="auto", tuning=None, split_size=1024):
-    lens = (batch_qlens(batch), batch.kv_lens.tolist())
+def call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+    lens = (batch.q_lens(), batch.kv_lens.tolist())
 
     def fn():
         return kernels.unified_attention(
@@ -38,11 +37,6 @@ def call(batch, plan="auto", tuning=None, split_size=1024):
             batch.block_table, sm_scale=batch.sm_scale, plan=plan, tuning=tuning,
             validate=False, host_lens=lens, split_size=split_size)
     return fn
-
-
-def batch_qlens(batch):
-    cu = batch.cu_seqlens_q.tolist()
-    return [b - a for a, b in itertools.pairwise(cu)]
 
 
 def save(out_dir, name, rows):
@@ -71,6 +65,7 @@ def times(out_dir):
 
     timer = CudaTimer(iters=20, warmup=3)
     rows = []
+    saved = attention._merge_block_d, attention._MERGE_NUM_WARPS
     for name in ALL:
         batch = build_batch(WORKLOADS[name])
         ref = call(batch, "fused")()
@@ -91,6 +86,7 @@ def times(out_dir):
             print(json.dumps(rows[-1]), flush=True)
         del batch
         torch.cuda.empty_cache()
+    attention._merge_block_d, attention._MERGE_NUM_WARPS = saved
     save(out_dir, "times.jsonl", rows)
     labels = [c[0] for c in CONFIGS]
     print("\nworkload | " + " | ".join(labels))
@@ -101,10 +97,7 @@ def times(out_dir):
             if lb in got else "-" for lb in labels))
 
 
-SPLIT_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-ctx1k",
-                   "decode-b8-ctx8k", "decode-b8-ctx32k", "decode-b64-ctx1k", "decode-b64-ctx8k",
-                   "decode-b64-ctx32k", "decode-b256-ctx8k", "decode-prod64", "mixed64",
-                   "prefill-varlen"]
+SPLIT_WORKLOADS = list(WORKLOADS)  # every bench workload
 
 
 def splits(out_dir):

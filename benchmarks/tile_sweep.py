@@ -44,7 +44,7 @@ def candidates(dtype: torch.dtype) -> list[tuple[int, int, int]]:
 
 
 class _Families:
-    """Records the MMA instruction family of every kernel compiled while active."""
+    """Records the MMA instruction family of every kernel launched while active."""
 
     def __init__(self) -> None:
         import triton.runtime.jit as jit
@@ -150,7 +150,7 @@ def to_markdown(rows: list[dict[str, Any]], header: str) -> str:
         lines.append(
             f"| {r['dtype']} | {r['workload']} | {r['plan']} | {r['block_m']}{tag} | "
             f"{r['num_warps']} | {r['num_stages']} | {r['ms']:.4f} | {r['out_different']} | "
-            f"{r['lse_different']} | {', '.join(r['families']) or '(cached)'} |")
+            f"{r['lse_different']} | {', '.join(r['families'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -177,9 +177,8 @@ class Fuzz:
         if batch.dtype == torch.float32:
             raise ValueError("fuzz: float32 has no bit-neutral BLOCK_M choice to draw from "
                              "(kernels/README.md); check float16 or bfloat16")
-        options = FUZZ_CANDIDATES
-        bm, w, s = options[h % len(options)]
-        plan = self.plans[(h // len(options)) % len(self.plans)]
+        bm, w, s = FUZZ_CANDIDATES[h % len(FUZZ_CANDIDATES)]
+        plan = self.plans[(h // len(FUZZ_CANDIDATES)) % len(self.plans)]
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, plan=plan,

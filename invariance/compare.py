@@ -228,6 +228,10 @@ class CaseComparison:
         return [self.keys[i] for i in self.differing_rows
                 if request_id is None or self.keys[i][0] == request_id]
 
+    def first_differing_token(self, request_id: int) -> int | None:
+        """The smallest differing token index of ``request_id``; ``None`` when none differs."""
+        return min((t for _, t in self.differing_keys(request_id)), default=None)
+
 
 def compare_outputs(a: ScheduleOutput, b: ScheduleOutput) -> CaseComparison:
     """Compare every (request, token) computed by both ``a`` and ``b``, in ``a``'s order."""

@@ -233,7 +233,7 @@ def _violation(spec: CheckSpec, p: Perturbation, dt: torch.dtype, i: int, case: 
     if spec.shrink and first and not nondeterministic:
         try:
             result = shrink(spec.backend, case, focus, spec.device,
-                            first_token=min(t for _, t in cmp.differing_keys(focus)))
+                            first_token=cmp.first_differing_token(focus))
         except Exception as exc:  # the original case still stands
             note = f"shrinking failed: {type(exc).__name__}: {exc}"
         else:

@@ -258,13 +258,15 @@ def materialize(
     for b, (c, phys) in enumerate(zip(step.chunks, placement, strict=True)):
         if phys:
             pages = torch.tensor(phys, dtype=torch.long, device=device)
+            full, rem = divmod(c.stop, P)
             for kind, cache in (("k", k_cache), ("v", v_cache)):
                 kv = _full_content(workload, c.request_id, kind, device, content_cache)[:c.stop]
-                # Whole pages at once; the tail of the last page keeps the layout's fill.
-                padded = torch.full((len(phys) * P, *kv.shape[1:]), fill_value, dtype=dtype,
-                                    device=device)
-                padded[: c.stop] = kv
-                cache[pages] = padded.view(len(phys), P, *kv.shape[1:])
+                # Only the chunk's own slots: the tail of its last page keeps the layout's fill,
+                # or a longer sharer's tokens when prefix pages are shared (writing whole pages
+                # would overwrite those with fill).
+                cache[pages[:full]] = kv[: full * P].view(full, P, *kv.shape[1:])
+                if rem:
+                    cache[pages[full], :rem] = kv[full * P:]
             table[b, : len(phys)] = torch.tensor(phys, dtype=torch.int32)
         # Only the chunk's query tokens (a decode needs one row, not the whole request's q).
         queries.append(workload.content(c.request_id, "q", c.start, c.stop, device))

@@ -19,6 +19,7 @@ The budget of backend runs is explicit and the result says whether it ran out.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 import torch
@@ -59,7 +60,7 @@ def _map_chunks(schedule: Schedule, f: Callable[[Chunk], Chunk | None]) -> Sched
     return replace(schedule, steps=tuple(steps), label="")
 
 
-def _without(schedule: Schedule, drop: set[int]) -> Schedule:
+def _without(schedule: Schedule, drop: AbstractSet[int]) -> Schedule:
     return _map_chunks(schedule, lambda c: None if c.request_id in drop else c)
 
 
@@ -124,7 +125,7 @@ def _prune_workload(case: Case) -> Case:
         if child not in parents:
             continue
         parent, n = parents[child]  # type: ignore[misc]
-        reads = n  # the child keeps >= n tokens (below), and its content reads parent[0, n)
+        reads = n  # the child's content reads parent[0, n) (the child request keeps >= n, below)
         if need.get(parent, -1) < reads:
             need[parent] = reads
             todo.append(parent)
@@ -164,10 +165,10 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
         cache: dict[tuple[int, str], torch.Tensor] = {}
         cmp = compare_outputs(run_schedule(backend, candidate.workload, candidate.a, device, cache),
                               run_schedule(backend, candidate.workload, candidate.b, device, cache))
-        keys = cmp.differing_keys(focus)
-        if keys:
-            first_diff = min(t for _, t in keys)
-        return bool(keys)
+        token = cmp.first_differing_token(focus)
+        if token is not None:
+            first_diff = token
+        return token is not None
 
     def attempts() -> Iterator[Case]:
         """Candidate cases, generated lazily from the current ``case`` (which a kept candidate
@@ -177,9 +178,10 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
         yield from _trim_chunks()
 
     def _remove_requests() -> Iterator[Case]:
-        # Removals that did not fail are not tried again in later passes (delta debugging's
-        # cache): a batch needing many requests would otherwise spend its budget re-trying them.
-        tried: set[tuple[str, frozenset[int]]] = set()
+        # Candidates already run are not run again (delta debugging's cache, keyed on the
+        # candidate's requests per schedule; lengths do not change in this phase): a batch needing
+        # many requests would otherwise spend its budget re-trying them.
+        tried: set[tuple[frozenset[int], frozenset[int]]] = set()
         progressed = True
         while progressed:
             progressed = False
@@ -192,15 +194,15 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                     i, removed = 0, False
                     while i < len(others):
                         group = frozenset(others[i:i + size])
-                        if (side, group) in tried:
+                        new_a = _without(case.a, group) if side in ("both", "a") else case.a
+                        new_b = _without(case.b, group) if side in ("both", "b") else case.b
+                        key = (frozenset(_requests(new_a)), frozenset(_requests(new_b)))
+                        if key in tried:
                             i += size
                             continue
-                        tried.add((side, group))
+                        tried.add(key)
                         before = case
-                        yield replace(
-                            case,
-                            a=_without(case.a, set(group)) if side in ("both", "a") else case.a,
-                            b=_without(case.b, set(group)) if side in ("both", "b") else case.b)
+                        yield replace(case, a=new_a, b=new_b)
                         if case is not before:  # kept
                             removed = progressed = True
                             others = [r for r in others if r not in group]
@@ -211,17 +213,10 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                             break
                         size = (size + 1) // 2  # 3 -> 2 -> 1: pairs too (a slot's parity)
 
-    # Requests in a prompt-prefix relation keep their lengths: a shared page cut short would be
-    # rewritten with fill by one owner and read by the other, a difference of the harness's
-    # making, not the backend's.
-    linked = {r.id for r in case.workload.requests if r.prefix is not None} | {
-        r.prefix[0] for r in case.workload.requests if r.prefix is not None}
-
     def _shorten() -> Iterator[Case]:
         while True:  # every other request halved at once, while that still fails
             lengths = _lengths(case)
-            cuts = {r: n // 2 for r, n in lengths.items()
-                    if r != focus and n > 1 and r not in linked}
+            cuts = {r: n // 2 for r, n in lengths.items() if r != focus and n > 1}
             if not cuts:
                 break
             a, b = case.a, case.b
@@ -232,8 +227,6 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
             if case is before:
                 break
         for rid in [focus, *sorted(set(_lengths(case)) - {focus})]:
-            if rid in linked:
-                continue
             while True:
                 length = _lengths(case).get(rid, 0)
                 floor = first_diff + 1 if rid == focus else 1

@@ -373,10 +373,9 @@ def _host_stats(cu: torch.Tensor, kv: torch.Tensor, block_q: int, block_n: int) 
                      longest_tiles=_cdiv(max_kv, block_n), total_tiles=total_tiles)
 
 
-def _stats_from_host_lens(host_lens: object, B: int, T: int, block_q: int,
-                          block_n: int) -> HostStats:
-    """Statistics of the caller's host copies ``(q_lens, kv_lens)``: checked for shape and sign
-    only, since they only steer the plan (bit-neutral); memory sizes never come from them."""
+def _check_host_lens(host_lens: object, B: int, T: int) -> tuple[Sequence[int], Sequence[int]]:
+    """The caller's host copies ``(q_lens, kv_lens)``, checked for shape and sign only: they only
+    steer the plan (bit-neutral); memory sizes never come from them."""
     if not isinstance(host_lens, (tuple, list)) or len(host_lens) != 2:
         raise ValueError(f"host_lens: expected a pair (q_lens, kv_lens) of int sequences or "
                          f"None, got {type(host_lens).__name__}")
@@ -395,8 +394,7 @@ def _stats_from_host_lens(host_lens: object, B: int, T: int, block_q: int,
     if sum(q_lens) != T:
         raise ValueError(f"host_lens: expected q_lens to sum to q.shape[0]={T}, got "
                          f"{sum(q_lens)}")
-    cu = torch.tensor([0, *q_lens], dtype=torch.int64).cumsum(0)
-    return _host_stats(cu, torch.tensor(list(kv_lens), dtype=torch.int64), block_q, block_n)
+    return q_lens, kv_lens
 
 
 def _read_and_check_values(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -458,13 +456,15 @@ def plan_attention(
     block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
     block_n = tuning.block_n or cfg.block_n
     _check_options(split_size, plan, validate, block_n, q)
-    hinted = (None if host_lens is None
-              else _stats_from_host_lens(host_lens, B, T, block_q, block_n))
-    stats, trusted = hinted, False
-    if validate and not _capturing(q.device):
+    hint = None if host_lens is None else _check_host_lens(host_lens, B, T)
+    trusted = validate and not _capturing(q.device)
+    stats: HostStats | None = None
+    if trusted:
         stats = _read_and_check_values(q, k_cache, cu_seqlens_q, kv_lens, block_table, block_q,
                                        block_n)
-        trusted = True
+    elif hint is not None:  # the caller's lengths: statistics for the plan only
+        cu = torch.tensor([0, *hint[0]], dtype=torch.int64).cumsum(0)
+        stats = _host_stats(cu, torch.tensor(list(hint[1]), dtype=torch.int64), block_q, block_n)
     # Without checked statistics, bounds from shapes (no sync): every KV length fits the table.
     bound = block_table.shape[1] * page_size
     max_kv = stats.max_kv_len if stats is not None else bound

@@ -82,3 +82,17 @@ def test_run_schedule_collects_rows_and_skips_padding() -> None:
     words = schedule.describe()
     assert "one call of 2 requests" in words and "; then request 0 prefill" in words
     assert "page size 2" in words
+
+
+def test_shared_prefix_page_keeps_the_longer_sharers_tokens() -> None:
+    # A child sharing the parent's prompt ends mid-page (20 of a 16-token page pair): writing
+    # whole pages would overwrite the parent's tokens 20..31 on the shared page with fill.
+    wl = Workload((Request(0, 40), Request(1, 36, prefix=(0, 32))), HeadConfig(2, 1, 16),
+                  torch.float32, seed=3)
+    step = Step((Chunk(0, 39, 40), Chunk(1, 19, 20)))  # parent written first, then the child
+    batch = materialize(wl, step, PageLayout(page_size=16, share_prefix=True, fill="nan"), "cpu")
+    assert batch.block_table[1, :2].tolist() == batch.block_table[0, :2].tolist()  # shared
+    for b, (rid, n) in enumerate(((0, 40), (1, 20))):
+        k, v = gather_kv(batch, b, n)
+        assert torch.equal(k, wl.content(rid, "k", 0, n, torch.device("cpu")))
+        assert torch.equal(v, wl.content(rid, "v", 0, n, torch.device("cpu")))

@@ -321,7 +321,6 @@ class _Plan:
     batch: weakref.ref[AttentionBatch]
     graph: bool
     parts: list[_Part]
-    whole: bool  # one part whose rows are the batch's rows, in order
 
 
 def _plan_wrapper(options: FlashInferOptions, workspace: torch.Tensor, kind: str, wrapper: Any,
@@ -468,10 +467,7 @@ class FlashInferBackend:
                           meta.kv_indices, meta.kv_last_page_len, Hq, Hkv, D, P, causal=True,
                           **common)
             parts.append(_Part("prefill", w, meta))
-        served = dec or pre
-        whole = (len(parts) == 1 and served == sorted(served)
-                 and sum(q_lens[b] for b in served) == batch.num_tokens)
-        self._plan = _Plan(weakref.ref(batch), graph, parts, whole)
+        self._plan = _Plan(weakref.ref(batch), graph, parts)
 
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
         plan = self._plan
@@ -482,7 +478,7 @@ class FlashInferBackend:
             self.plan(batch)
             plan = self._plan
             assert plan is not None
-        if plan.whole:
+        if len(plan.parts) == 1:  # its rows are the batch's rows, in order (split_requests)
             o, lse2 = plan.parts[0].wrapper.run(batch.q.contiguous(),
                                                 (batch.k_cache, batch.v_cache), return_lse=True)
             return AttentionResult(o.to(batch.dtype), lse2.float() * LN2)

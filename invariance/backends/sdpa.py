@@ -33,7 +33,9 @@ SDPA returns no LSE: ``lse`` is a separate ``logsumexp`` of ``q·kᵀ`` under th
 mask (:func:`invariance.backends.torch_backends.causal_lse`), per request, in row blocks under
 the same budget (it never holds ``Hq × q_len × kv_len`` at once beyond it), computed in float64
 and rounded to float32, so that the adapter's own rounding does not make a kernel look
-batch-variant; only ``out`` comes from the kernel.
+batch-variant; only ``out`` comes from the kernel. That LSE is part of every call, so
+``invariance bench`` times of ``sdpa-*`` are the adapter's (gathers, SDPA and the float64 LSE),
+not SDPA's alone.
 
 CUDA graphs: :meth:`SdpaBackend.plan` (the planning protocol of :mod:`invariance.backends`)
 takes the batch's lengths on the host, so the call itself does no host sync.
@@ -112,7 +114,7 @@ class SdpaBackend:
             return 0
         if self.kernel == "math":
             return num_q_heads * kv_len * 4 * _MATH_COPIES
-        return kv_len * (1 + 2 * torch.empty((), dtype=dtype).element_size())
+        return kv_len * (1 + 2 * dtype.itemsize)
 
     def blocks(self, q_len: int, kv_len: int, num_q_heads: int,
                dtype: torch.dtype) -> list[tuple[int, int]]:

@@ -46,13 +46,9 @@ def batch_lengths(batch: AttentionBatch) -> tuple[list[int], list[int], list[int
     return batch.q_lens(), batch.kv_lens.tolist(), batch.cu_seqlens_q.tolist()
 
 
-def pad_dense(batch: AttentionBatch,
-              lengths: tuple[list[int], list[int], list[int]] | None = None) -> DenseBatch | None:
-    """``batch`` padded to a :class:`DenseBatch` (``None`` when it has no query token).
-
-    ``lengths`` (from :func:`batch_lengths`, e.g. taken in a planning step) avoids every host
-    sync, so that the padding can run inside a CUDA-graph capture."""
-    q_lens, kv_lens, cu = batch_lengths(batch) if lengths is None else lengths
+def pad_dense(batch: AttentionBatch) -> DenseBatch | None:
+    """``batch`` padded to a :class:`DenseBatch` (``None`` when it has no query token)."""
+    q_lens, kv_lens, cu = batch_lengths(batch)
     if batch.num_tokens == 0:
         return None
     B, Hq, D = batch.batch_size, batch.num_q_heads, batch.head_dim
@@ -78,30 +74,15 @@ def pad_dense(batch: AttentionBatch,
     return DenseBatch(qd, kd, vd, mask, q_lens, kv_lens, cu)
 
 
-def dense_lse(dense: DenseBatch, sm_scale: float, per_request: bool = False,
-              max_bytes: int | None = None) -> torch.Tensor:
+def dense_lse(dense: DenseBatch, sm_scale: float) -> torch.Tensor:
     """The natural-log LSE ``[B, Hq, max_q]`` of the dense problem, in float32: a separate
-    ``logsumexp`` of ``q·kᵀ`` under the same mask (SDPA itself returns no LSE).
-
-    ``per_request`` computes it one request at a time on its ``[q_len, kv_len]`` block (the
-    masked-out padding adds nothing) with :func:`causal_lse`, in row blocks under ``max_bytes``
-    (default :data:`ROW_BLOCK_BYTES`), so that memory stays bounded instead of following
-    ``B * max_q * max_kv``; padded rows are then left at ``-inf``."""
+    ``logsumexp`` of ``q·kᵀ`` under the same mask (SDPA itself returns no LSE). The ``sdpa-*``
+    adapters compute theirs per request in row blocks (:func:`causal_lse`)."""
     G = dense.q.shape[1] // dense.k.shape[1]
-    if not per_request:
-        s = torch.matmul(dense.q.float(),
-                         dense.k.float().repeat_interleave(G, dim=1).transpose(-1, -2))
-        s = (s * sm_scale).masked_fill(~dense.mask, float("-inf"))
-        return torch.logsumexp(s, dim=-1)
-    B, Hq, max_q, _ = dense.q.shape
-    out = torch.full((B, Hq, max_q), float("-inf"), dtype=torch.float32, device=dense.q.device)
-    for b, (n, kv) in enumerate(zip(dense.q_lens, dense.kv_lens, strict=True)):
-        if n == 0:
-            continue
-        out[b, :, :n] = causal_lse(dense.q[b, :, :n].transpose(0, 1),
-                                   dense.k[b, :, :kv].transpose(0, 1), sm_scale,
-                                   max_bytes).transpose(0, 1)
-    return out
+    s = torch.matmul(dense.q.float(),
+                     dense.k.float().repeat_interleave(G, dim=1).transpose(-1, -2))
+    s = (s * sm_scale).masked_fill(~dense.mask, float("-inf"))
+    return torch.logsumexp(s, dim=-1)
 
 
 #: Default budget, in bytes, of the transient memory of one row block of the row-blocked helpers

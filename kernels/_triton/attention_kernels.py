@@ -95,39 +95,19 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.con
 
 
 @triton.jit
-def _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                IS_MASKED: tl.constexpr, IS_PAGE_PER_TILE: tl.constexpr):
-    """Physical page of every key of KV tile ``j`` (int64 [BLOCK_N], or a scalar when the tile
-    lies in one page). Masked: keys at or past ``kv_len`` read no block-table column."""
-    o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    if IS_PAGE_PER_TILE:
-        # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two); a visited
-        # tile starts before the block's last position, hence before kv_len: no mask needed.
-        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
-    elif IS_MASKED:
-        # NOTE: gather the page of every key; unused block-table columns are never read.
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
-    else:
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE).to(tl.int64)
-    # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
-    # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
-    return tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
-
-
-@triton.jit
 def _attend_tile(
-    b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
+    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_MASKED: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``),
-    whose pages ``i_page`` come from :func:`_tile_pages`.
+    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
 
     ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
     keys at or before the block's first position, hence < kv_len): no load masks, no select.
@@ -142,6 +122,17 @@ def _attend_tile(
     """
     o_d = tl.arange(0, HEAD_DIM)
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    if IS_PAGE_PER_TILE:
+        # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
+        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
+    elif IS_MASKED:
+        # NOTE: gather the page of every key; unused block-table columns are never read.
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
+    else:
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE).to(tl.int64)
+    # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
+    # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
+    i_page = tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
     i_slot = (o_n % PAGE_SIZE).to(tl.int64)
     off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
     off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
@@ -214,19 +205,17 @@ def _attend_split(
     j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
     kv_off_h = i_kvh.to(tl.int64)
     for j in range(j_lo, j_mid):
-        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, False,
-                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
     for j in range(j_mid, j_hi):
-        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, True,
-                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
     return state_normalize(acc, l_i, m_i)
 
 
@@ -317,9 +306,9 @@ def _unified_attention_fused_kernel(
         return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
+    kv_off_h = i_kvh.to(tl.int64)
     b_o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     b_lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    kv_off_h = i_kvh.to(tl.int64)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -330,21 +319,19 @@ def _unified_attention_fused_kernel(
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
     for j in range(0, j_mid):
-        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, False,
-                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
-        i_page = _tile_pages(p_bt, j, kv_len, num_pages, BLOCK_N, PAGE_SIZE, True,
-                             IS_PAGE_PER_TILE)
         m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, i_page, pos, kv_len, kv_off_h, k_ptr, v_ptr, qk_scale,
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
