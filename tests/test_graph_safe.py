@@ -152,9 +152,32 @@ def test_planner_finds_the_hook_and_passes_graph_only_when_accepted() -> None:
 def test_builtin_planning_backends_declare_cuda_graphs() -> None:
     from invariance.backends import capabilities
 
-    for name in ("sdpa-math", "sdpa-flash", "flashinfer"):
+    for name in ("sdpa-math", "sdpa-flash", "flashinfer", "kernels"):
         assert planner(resolve(name)) is not None
         assert capabilities(resolve(name)).cuda_graphs
+
+
+def test_kernels_backend_passes_the_planned_host_lengths(monkeypatch) -> None:
+    # plan(batch) takes the lengths on the host; the next call on that batch hands them to
+    # kernels.unified_attention (no sync inside a capture), a call on another batch does not.
+    import kernels
+    from invariance.backends.kernels import KernelsBackend
+    from invariance.schedule import materialize
+
+    seen: list[Any] = []
+
+    def fake(q: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append(kwargs.get("host_lens"))
+        return torch.zeros_like(q), torch.zeros(q.shape[:2])
+
+    monkeypatch.setattr(kernels, "unified_attention", fake)
+    batch = materialize(WL, STEPS[0], PageLayout(4), "cpu")
+    other = materialize(WL, STEPS[1], PageLayout(4), "cpu")
+    backend = KernelsBackend()
+    backend.plan(batch)
+    backend(batch)
+    backend(other)
+    assert seen == [([9, 1], [9, 5]), None]
 
 
 @pytest.mark.gpu

@@ -72,8 +72,8 @@ class KernelsBackend:
     def plan(self, batch: AttentionBatch) -> None:
         """Host copies of the batch's lengths for its next call (one sync, outside capture)."""
         self._planned.clear()
-        self._planned.update(batch=weakref.ref(batch), lens=(
-            batch.q_lens(), [int(x) for x in batch.kv_lens.tolist()]))
+        self._planned.update(batch=weakref.ref(batch),
+                             lens=(batch.q_lens(), batch.kv_lens.tolist()))
 
     def _host_lens(self, batch: AttentionBatch) -> tuple[list[int], list[int]] | None:
         ref = self._planned.get("batch")
