@@ -1,0 +1,121 @@
+"""Round-5 probe (H100): the swapped decode tile (reports/h100-round5/README.md).
+
+    python benchmarks/probe_round5.py OUT_DIR [swap|plans]
+
+``swap``: every workload under the standard tile (fused and split plans), the swapped decode tile
+at 16/32 rows, 2-4 pipeline stages and 4/8 warps, and ``plan="auto"``; CUDA-graph replay (L2
+flushed, median), each compared bit for bit (out and LSE) with the fused plan.
+``plans``: fused / split / auto only, with whatever ``kernels`` is first on ``PYTHONPATH`` (run
+it on the previous round's kernels to time them in the same session).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import kernels
+from benchmarks.probe_round4 import call, save
+from benchmarks.tile_sweep import _graphed as graphed
+from invariance.bench import WORKLOADS, CudaTimer, build_batch
+from invariance.compare import compare_bits
+
+WORKLOADS_R5 = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-ctx1k",
+                "decode-b8-ctx8k", "decode-b8-ctx32k", "decode-b64-ctx1k", "decode-b64-ctx8k",
+                "decode-prod64", "mixed64", "prefill-varlen"]
+PREFILL = ("mixed64", "prefill-varlen")
+
+# (label, plan, Tuning fields); "std" = the standard tile forced, "swapR-sS-wW" = the swapped
+# tile with R rows, S stages, W warps.
+SWAP_CONFIGS = [
+    ("fused-std", "fused", dict(swap=False)),
+    ("split-std", "split", dict(swap=False)),
+    ("swap16-s2-w4", "split", dict(swap=True, block_m=16, num_stages=2, num_warps=4)),
+    ("swap16-s3-w4", "split", dict(swap=True, block_m=16, num_stages=3, num_warps=4)),
+    ("swap16-s4-w4", "split", dict(swap=True, block_m=16, num_stages=4, num_warps=4)),
+    ("swap32-s2-w4", "split", dict(swap=True, block_m=32, num_stages=2, num_warps=4)),
+    ("swap16-s2-w8", "split", dict(swap=True, block_m=16, num_stages=2, num_warps=8)),
+    ("auto", "auto", dict()),
+]
+
+
+def _bits_vs(ref, got):
+    return (compare_bits(got[0], ref[0], name="out").num_different
+            + compare_bits(got[1], ref[1], name="lse").num_different)
+
+
+def _table(rows, labels):
+    print("\nworkload | " + " | ".join(labels))
+    for name in WORKLOADS_R5:
+        got = {r["config"]: r for r in rows if r["workload"] == name}
+        print(name + " | " + " | ".join(
+            "-" if lb not in got else "err" if "error" in got[lb] else
+            f"{got[lb]['us']}{'' if got[lb].get('bits_differing', 0) == 0 else ' DIFF'}"
+            for lb in labels))
+
+
+def swap(out_dir):
+    """The swapped tile vs the standard tile: bits against the fused plan, and time."""
+    timer = CudaTimer(iters=20, warmup=3)
+    rows = []
+    for name in WORKLOADS_R5:
+        batch = build_batch(WORKLOADS[name])
+        ref = call(batch, "fused", kernels.Tuning(swap=False))()
+        for label, plan, fields in SWAP_CONFIGS:
+            if name in PREFILL and label.startswith("swap") and label != "swap16-s2-w4":
+                continue  # one swapped run for the bits; the swapped tile is not for prefill
+            if name == "decode-b1-ctx32k" and plan == "fused":
+                continue
+            tuning = kernels.Tuning(**fields)
+            try:
+                d = _bits_vs(ref, call(batch, plan, tuning)())
+                ms = timer.time_fn(graphed(call(batch, plan, tuning)))
+            except Exception as exc:  # out of resources: recorded
+                rows.append(dict(workload=name, config=label,
+                                 error=str(exc).splitlines()[0][:160]))
+                print(json.dumps(rows[-1]), flush=True)
+                continue
+            lp = kernels.plan_attention(
+                batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
+                batch.block_table, plan=plan, tuning=tuning, validate=False,
+                host_lens=(batch.q_lens(), batch.kv_lens.tolist()))
+            rows.append(dict(workload=name, config=label, plan=lp.plan, swap=lp.swap,
+                             block_m=lp.block_m, us=round(ms * 1000, 1), bits_differing=d))
+            print(json.dumps(rows[-1]), flush=True)
+        del batch, ref
+        torch.cuda.empty_cache()
+    save(out_dir, "swap.jsonl", rows)
+    _table(rows, [c[0] for c in SWAP_CONFIGS])
+
+
+def plans(out_dir):
+    """fused / split / auto with the kernels first on PYTHONPATH (no Tuning fields)."""
+    timer = CudaTimer(iters=20, warmup=3)
+    rows = []
+    for name in WORKLOADS_R5:
+        batch = build_batch(WORKLOADS[name])
+        for plan in ("fused", "split", "auto"):
+            if name == "decode-b1-ctx32k" and plan == "fused":
+                continue
+            ms = timer.time_fn(graphed(call(batch, plan)))
+            rows.append(dict(workload=name, config=plan, us=round(ms * 1000, 1),
+                             kernels=os.path.dirname(kernels.__file__)))
+            print(json.dumps(rows[-1]), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+    save(out_dir, "plans.jsonl", rows)
+    _table(rows, ["fused", "split", "auto"])
+
+
+MODES = {"swap": swap, "plans": plans}
+
+if __name__ == "__main__":
+    out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
+    what = sys.argv[2] if len(sys.argv) > 2 else "swap"
+    if what not in MODES:
+        sys.exit(f"probe_round5: unknown mode {what!r}; expected one of {', '.join(MODES)}")
+    MODES[what](out_dir)
