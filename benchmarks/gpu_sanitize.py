@@ -5,16 +5,15 @@
 
 At each dtype, on two head configurations, small batches (built by the harness's
 ``materialize``; shuffled pages, NaN-filled unused memory, unused block-table columns) go through:
-the fused and the split plan at two split sizes, the split plan with the standard and (half
-precision) the swapped decode tile (validate=True; all must agree bit for bit), ``plan="auto"``,
-the control mode (``split_size=None``), a step without query tokens, ``merge_states`` (with
-empty, NaN and +inf partials), and malformed index values with ``validate=False`` under the fused
-plan, the split plan and (half precision) the swapped tile (the kernels' integer guards: page ids
-out of range, ``kv_lens`` past the block table, negative or below ``q_len``, ``cu_seqlens_q``
-past T or not starting at 0). Outputs of malformed calls are never read (their garbage rows may
-be unwritten); ``--valid-only`` leaves them out (for initcheck: garbage rows may read workspace
-no program wrote, which the contract allows). Prints one line per case; exits 1 if a valid case
-breaks a check. ``--device cpu`` (with TRITON_INTERPRET=1) is a quick smoke run.
+the fused and the split plan at two split sizes (validate=True; the two plans must agree bit for
+bit), ``plan="auto"``, the control mode (``split_size=None``), a step without query tokens,
+``merge_states`` (with empty, NaN and +inf partials), and malformed index values with
+``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
+block table, negative or below ``q_len``, ``cu_seqlens_q`` past T or not starting at 0). Outputs
+of malformed calls are never read (their garbage rows may be unwritten); ``--valid-only`` leaves
+them out (for initcheck: garbage rows may read workspace no program wrote, which the contract
+allows). Prints one line per case; exits 1 if a valid case breaks a check. ``--device cpu`` (with
+TRITON_INTERPRET=1) is a quick smoke run.
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ from collections.abc import Callable
 import torch
 
 from invariance import Chunk, HeadConfig, PageLayout, Request, Step, Workload, materialize
-from kernels import DEFAULT_SPLIT_SIZE, Tuning, merge_states, tile_config, unified_attention
-from kernels.config import swap_supported
+from kernels import DEFAULT_SPLIT_SIZE, merge_states, tile_config, unified_attention
 
 Args = tuple[torch.Tensor, ...]
 # (heads, page size, (q_len, kv_len) per request): decode rows, prefill chunks, a prefill from 0,
@@ -69,17 +67,13 @@ def call(args: Args, **kwargs: object) -> None:
 
 def plans_agree(args: Args, split: int) -> bool:
     fused = unified_attention(*args, split_size=split, plan="fused")
-    split_plan = unified_attention(*args, split_size=split, plan="split", tuning=Tuning(swap=False))
-    results = [split_plan]
-    if swap_supported(args[0].dtype, tile_config(args[0].dtype, args[0].shape[2]).block_n):
-        results.append(unified_attention(*args, split_size=split, tuning=Tuning(swap=True)))
+    split_plan = unified_attention(*args, split_size=split, plan="split")
     unified_attention(*args, split_size=split, plan="auto")
     # host_lens that understate every length: they steer the plan only, never memory sizes.
     q_lens = (args[3][1:] - args[3][:-1]).tolist()
     unified_attention(*args, split_size=split, validate=False,
                       host_lens=(q_lens, [max(1, n) for n in q_lens]))
-    return all(torch.equal(bits(a), bits(b)) for r in results
-               for a, b in zip(fused, r, strict=True))
+    return all(torch.equal(bits(a), bits(b)) for a, b in zip(fused, split_plan, strict=True))
 
 
 def malformed(args: Args) -> dict[str, Args]:
@@ -108,16 +102,13 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
         tag = f"{name}/{heads}/page{page}"
         args = build(dtype, heads, page, shape, device)
         block_n = tile_config(dtype, heads.head_dim).block_n
-        swap = swap_supported(dtype, block_n)
         for split in (block_n, DEFAULT_SPLIT_SIZE):
             case(f"{tag}/S{split}/fused==split", lambda a=args, s=split: plans_agree(a, s))
         case(f"{tag}/control", lambda a=args: call(a, split_size=None))
         for label, bad in ({} if valid_only else malformed(args)).items():
-            for plan in ("fused", "split", *(["swap"] if swap else [])):
+            for plan in ("fused", "split"):
                 case(f"{tag}/validate=False/{label}/{plan}",
-                     lambda b=bad, p=plan: call(b, validate=False, plan="split" if p == "swap"
-                                                else p, tuning=Tuning(swap=p == "swap")
-                                                if p != "fused" else None))
+                     lambda b=bad, p=plan: call(b, validate=False, plan=p))
         empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
         case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
 

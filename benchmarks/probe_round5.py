@@ -4,7 +4,9 @@
 
 ``swap``: every workload under the standard tile (fused and split plans), the swapped decode tile
 at 16/32 rows, 2-4 pipeline stages and 4/8 warps, and ``plan="auto"``; CUDA-graph replay (L2
-flushed, median), each compared bit for bit (out and LSE) with the fused plan.
+flushed, median), each compared bit for bit (out and LSE) with the fused plan. It needs the
+experiment's ``kernels.Tuning(swap=...)``: run it on commit 6303129, whose kernels have the
+swapped tile (reverted after this probe; reports/h100-round5/README.md says why).
 ``plans``: fused / split / auto only, with whatever ``kernels`` is first on ``PYTHONPATH`` (run
 it on the previous round's kernels to time them in the same session).
 """

@@ -36,14 +36,11 @@ from kernels.config import (
     NOMINAL_NUM_SMS,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
-    SWAP_BLOCK_M,
     batch_tuning,
     choose_plan,
     control_num_splits,
     prefill_like,
     rows_per_block,
-    swap_supported,
-    tile_config,
 )
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention", "unified_attention"]
@@ -135,18 +132,12 @@ class Tuning:
       harness has shown, on the target GPU, that the values used agree bit for bit.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
-    - ``swap``: the split plan's swapped decode tile (KV tile on the MMA's M dimension, the
-      block's rows on N; ``block_m`` is then its row count, default 16). Half precision with
-      BLOCK_N >= 64 only, and not with ``plan="fused"``; ``True`` makes ``plan="auto"`` split.
-      Bit-identical to the standard tile on an H100 (kernels/README.md, "The swapped decode
-      tile"); ``None`` lets :func:`~kernels.config.batch_tuning` decide (decode-like batches).
     """
 
     block_m: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
     block_n: int | None = None
-    swap: bool | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -160,8 +151,6 @@ class Tuning:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
                                           and ok(value)):
                 raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
-        if self.swap is not None and not isinstance(self.swap, bool):
-            raise ValueError(f"Tuning.swap: expected a bool or None, got {self.swap!r}")
 
 
 @dataclass(frozen=True)
@@ -185,7 +174,6 @@ class LaunchPlan:
     """
 
     plan: str  # "fused" or "split"
-    swap: bool  # the split plan's swapped decode tile (rows on the MMA's N dimension)
     block_m: int  # tile rows: (query token, query head) pairs
     block_q: int  # query tokens per tile: block_m // G
     block_n: int  # KV tokens per tile
@@ -410,15 +398,15 @@ def _check_host_lens(host_lens: object, B: int, T: int) -> tuple[Sequence[int], 
 
 
 def _read_and_check_values(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                           kv_lens: torch.Tensor,
-                           block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                           kv_lens: torch.Tensor, block_table: torch.Tensor, block_q: int,
+                           block_n: int) -> HostStats:
     """``validate=True``: copy the index tensors to the host (one sync), check every value the
-    kernels use, return the host copies ``(cu_seqlens_q, kv_lens)`` as int64."""
+    kernels use, return the batch statistics."""
     cu = cu_seqlens_q.cpu().to(torch.int64)
     kv = kv_lens.cpu().to(torch.int64)
     _check_lengths(cu, kv, q.shape[0])
     _check_pages(block_table, kv, k_cache.shape[0], k_cache.shape[1])
-    return cu, kv
+    return _host_stats(cu, kv, block_q, block_n)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -465,61 +453,35 @@ def plan_attention(
     B = kv_lens.shape[0]
     G = Hq // Hkv
     cfg = batch_tuning(q.dtype, D, G, T, B, _sm_major(q.device))
+    block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
     block_n = tuning.block_n or cfg.block_n
     _check_options(split_size, plan, validate, block_n, q)
-    if tuning.swap and not swap_supported(q.dtype, block_n):
-        raise ValueError(f"Tuning.swap: expected half precision and BLOCK_N >= 64 for the swapped "
-                         f"tile, got dtype {q.dtype} and BLOCK_N={block_n}")
-    if tuning.swap and tuning.block_m is not None and tuning.block_m < SWAP_BLOCK_M:
-        raise ValueError(f"Tuning.block_m: expected >= {SWAP_BLOCK_M} rows with the swapped tile "
-                         f"(the MMA's N dimension), got {tuning.block_m}")
-    if tuning.swap and plan == "fused":
-        raise ValueError("Tuning.swap: expected plan 'split' or 'auto' (the fused kernel has no "
-                         "swapped tile), got plan 'fused'")
-    swap = (cfg.swap and plan != "fused" and swap_supported(q.dtype, block_n)
-            if tuning.swap is None else tuning.swap)
     hint = None if host_lens is None else _check_host_lens(host_lens, B, T)
     trusted = validate and not _capturing(q.device)
-    lens: tuple[torch.Tensor, torch.Tensor] | None = None  # host (cu_seqlens_q, kv_lens)
+    stats: HostStats | None = None
     if trusted:
-        lens = _read_and_check_values(q, k_cache, cu_seqlens_q, kv_lens, block_table)
+        stats = _read_and_check_values(q, k_cache, cu_seqlens_q, kv_lens, block_table, block_q,
+                                       block_n)
     elif hint is not None:  # the caller's lengths: statistics for the plan only
-        lens = (torch.tensor([0, *hint[0]], dtype=torch.int64).cumsum(0),
-                torch.tensor(list(hint[1]), dtype=torch.int64))
-
-    def blocks(swapped: bool) -> tuple[int, int, HostStats | None]:
-        """(BLOCK_M, BLOCK_Q, statistics) of the standard or the swapped tile."""
-        default = (cfg.block_m if swapped == cfg.swap else
-                   SWAP_BLOCK_M if swapped else tile_config(q.dtype, D).block_m)
-        block_m, block_q = rows_per_block(tuning.block_m or default, G)
-        return block_m, block_q, None if lens is None else _host_stats(*lens, block_q, block_n)
-
-    block_m, block_q, stats = blocks(swap)
+        cu = torch.tensor([0, *hint[0]], dtype=torch.int64).cumsum(0)
+        stats = _host_stats(cu, torch.tensor(list(hint[1]), dtype=torch.int64), block_q, block_n)
     # Without checked statistics, bounds from shapes (no sync): every KV length fits the table.
     bound = block_table.shape[1] * page_size
     max_kv = stats.max_kv_len if stats is not None else bound
+    num_q_blocks = stats.num_q_blocks if stats is not None else T // block_q + B
     num_sms = _num_sms(q.device)
     # The split size (the control mode's too) and so the workspace: from checked statistics or
     # shapes, never from host_lens.
-    split_tokens = _split_tokens(
-        split_size, block_n, max_kv if trusted else bound,
-        ((stats.num_q_blocks if trusted and stats is not None else T // block_q + B) * Hkv),
-        num_sms)
+    split_tokens = _split_tokens(split_size, block_n, max_kv if trusted else bound,
+                                 (num_q_blocks if trusted else T // block_q + B) * Hkv, num_sms)
     if plan == "auto":
-        num_q_blocks = stats.num_q_blocks if stats is not None else T // block_q + B
         plan = choose_plan(
             num_q_blocks * Hkv, num_sms, max_kv, split_tokens,
             longest_tiles=stats.longest_tiles if stats is not None else None,
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
             decode=not prefill_like(T, G, B))
-        if plan == "fused" and swap:
-            if tuning.swap:  # asked for: only the split kernel has it
-                plan = "split"
-            else:
-                swap = False
-                block_m, block_q, stats = blocks(False)
     return LaunchPlan(
-        plan=plan, swap=swap, block_m=block_m, block_q=block_q, block_n=block_n,
+        plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=tuning.num_warps or cfg.num_warps,
         num_stages=tuning.num_stages or cfg.num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
@@ -552,10 +514,6 @@ def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
         IS_INTERPRET=_interpreting(),
         # NOTE: fp32 must not silently run in tf32: "ieee" is exact fp32 FMA.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        # Columns of the softmax denominator's accumulator (kernels/README.md, "The swapped
-        # decode tile"): half precision sums p @ ones on the tensor cores, 16 wide (the smallest
-        # MMA width); float32 keeps one column and a tl.sum.
-        L_COLS=1 if q.dtype == torch.float32 else 16,
         num_warps=lp.num_warps, num_stages=lp.num_stages,
     )
 
@@ -588,7 +546,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         ws_lse = torch.empty((T, Hq, lp.num_splits), dtype=torch.float32, device=q.device)
     _unified_attention_split_kernel[(lp.num_slots, Hkv, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_lse, out, lse,
-        num_splits=lp.num_splits, IS_DIRECT=direct, IS_SWAPPED=lp.swap,
+        num_splits=lp.num_splits, IS_DIRECT=direct,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
         _launch_merge(lp, ws_o, ws_lse, inputs, out, lse)

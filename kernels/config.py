@@ -52,9 +52,6 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    #: Run the split plan's swapped decode tile (``block_m`` rows on the MMA's N dimension; see
-    #: :func:`batch_tuning`). Never set by :func:`tile_config`.
-    swap: bool = False
 
 
 def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
@@ -89,33 +86,14 @@ def prefill_like(num_tokens: int, group_size: int, batch_size: int) -> bool:
     return num_tokens * group_size >= PREFILL_ROWS_PER_REQUEST * max(batch_size, 1)
 
 
-#: Rows (query token, query head pairs) of the swapped decode tile: the MMA's N dimension.
-SWAP_BLOCK_M = 16
-#: The swapped tile puts BLOCK_N keys on the MMA's M dimension, which is 64 for ``wgmma``.
-SWAP_MIN_BLOCK_N = 64
-
-
-def swap_supported(dtype: torch.dtype, block_n: int) -> bool:
-    """Whether the swapped decode tile can run: half precision (its denominator and both dots
-    are tensor-core MMAs) with at least 64 keys per tile."""
-    return dtype in (torch.float16, torch.bfloat16) and block_n >= SWAP_MIN_BLOCK_N
-
-
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
                  batch_size: int, sm_major: int | None = None) -> TileConfig:
-    """The tile configuration of one call: :func:`tile_config`, changed only where measured
-    bit-neutral, from shapes alone:
-
-    - **Prefill-like** batches (requests fill 128-row tiles on average, ``num_tokens *
-      group_size >= 128 * batch_size``, :func:`prefill_like`): BLOCK_M 128 for half precision at
-      head dim 128 on Hopper (``sm_major == 9``, where 64 and 128 both compile to ``wgmma``).
-    - **Decode-like** batches (the others): the split plan's swapped decode tile
-      (``swap=True``, BLOCK_M :data:`SWAP_BLOCK_M`) for half precision at head dim 128 on Hopper,
-      and under the interpreter (``sm_major=None``) wherever :func:`swap_supported`, whose dot
-      emulation sums the same products in the same order for either operand order.
-
-    Elsewhere (other GPUs, where 64 and 128 both take ``mma.sync``, the family whose row counts
-    changed bits on the H100) it is :func:`tile_config` itself.
+    """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 for
+    half precision at head dim 128 on Hopper (``sm_major == 9``, where both compile to
+    ``wgmma``) when the batch's requests fill 128-row tiles on average (``num_tokens *
+    group_size >= 128 * batch_size``, :func:`prefill_like`; decode keeps 64). Elsewhere
+    (other GPUs, where 64 and 128 both take ``mma.sync``, the family whose row counts changed
+    bits on the H100; the interpreter: ``None``) it is :func:`tile_config` itself.
 
     Shapes only (no device read, so CUDA graphs can capture it). BLOCK_M 128 vs 64 (and 4 vs 8
     warps, 2-4 stages) changed no bit of out or LSE in any of 11 workloads x both plans on an
@@ -124,13 +102,9 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     float32 keeps its fixed BLOCK_M (reports/h100-round3/README.md). Worth 21% on a varlen
     prefill and 5% on a mixed batch."""
     cfg = tile_config(dtype, head_dim)
-    half = dtype in (torch.float16, torch.bfloat16)
-    if prefill_like(num_tokens, group_size, batch_size):
-        if sm_major == 9 and half and head_dim == 128:
-            return replace(cfg, block_m=128)
-    elif swap_supported(dtype, cfg.block_n) and (
-            (sm_major == 9 and head_dim == 128) or sm_major is None):
-        return replace(cfg, block_m=SWAP_BLOCK_M, swap=True)
+    if (sm_major == 9 and dtype in (torch.float16, torch.bfloat16) and head_dim == 128
+            and prefill_like(num_tokens, group_size, batch_size)):
+        return replace(cfg, block_m=128)
     return cfg
 
 

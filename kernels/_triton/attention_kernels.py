@@ -18,8 +18,6 @@ import triton.language as tl
 from kernels._triton.merge_kernels import state_merge, state_normalize
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-# Rows of the swapped tile's denominator accumulator: the MMA's M (_attend_tile_t).
-L_ROWS: tl.constexpr = tl.constexpr(64)
 
 
 @triton.jit
@@ -97,12 +95,32 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.con
 
 
 @triton.jit
-def _tile_offsets(j, kv_len, kv_off_h, p_bt, num_pages, stride_kp, stride_ks, stride_kh,
-                  stride_vp, stride_vs, stride_vh, PAGE_SIZE: tl.constexpr,
-                  BLOCK_N: tl.constexpr, IS_MASKED: tl.constexpr,
-                  IS_PAGE_PER_TILE: tl.constexpr):
-    """Keys of KV tile ``j``: (o_n [BN] absolute positions, off_k / off_v [BN] int64 element
-    offsets of each key's row in k/v_cache, m_n [BN] keys inside kv_len)."""
+def _attend_tile(
+    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_MASKED: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
+
+    ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
+    keys at or before the block's first position, hence < kv_len): no load masks, no select.
+
+    NOTE: both paths must round identically. A first fast path wrote ``s * qk_scale`` and
+    ``s - m`` separately; without the select between them the compiler contracted them into an
+    FMA on the unmasked path only, and a row's bits depended on whether its block's first row had
+    reached the tile (prefill vs decode, chunking; seen on an H100). Here the scores stay raw
+    (the mask selects on raw scores), the row max is scaled after the max (exact: rounding is
+    monotonic and qk_scale > 0), and the exponent is one explicit ``tl.fma``: the same single
+    rounding on both paths, leaving the compiler no choice to make.
+    """
+    o_d = tl.arange(0, HEAD_DIM)
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     if IS_PAGE_PER_TILE:
         # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
@@ -118,43 +136,8 @@ def _tile_offsets(j, kv_len, kv_off_h, p_bt, num_pages, stride_kp, stride_ks, st
     i_slot = (o_n % PAGE_SIZE).to(tl.int64)
     off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
     off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
-    return o_n, off_k, off_v, o_n < kv_len
-
-
-@triton.jit
-def _attend_tile(
-    b_q, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IS_MASKED: tl.constexpr,
-    IS_PAGE_PER_TILE: tl.constexpr,
-    IS_INTERPRET: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
-
-    State: ``m_i`` [BM] running max (log2 units), ``l_acc`` [BM, L_COLS] running denominator
-    (:func:`_l_step`; every column holds it), ``acc`` [BM, D] running ``p @ v``.
-
-    ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
-    keys at or before the block's first position, hence < kv_len): no load masks, no select.
-
-    NOTE: both paths must round identically. A first fast path wrote ``s * qk_scale`` and
-    ``s - m`` separately; without the select between them the compiler contracted them into an
-    FMA on the unmasked path only, and a row's bits depended on whether its block's first row had
-    reached the tile (prefill vs decode, chunking; seen on an H100). Here the scores stay raw
-    (the mask selects on raw scores), the row max is scaled after the max (exact: rounding is
-    monotonic and qk_scale > 0), and the exponent is one explicit ``tl.fma``: the same single
-    rounding on both paths, leaving the compiler no choice to make.
-    """
-    o_d = tl.arange(0, HEAD_DIM)
-    o_n, off_k, off_v, m_n = _tile_offsets(
-        j, kv_len, kv_off_h, p_bt, num_pages, stride_kp, stride_ks, stride_kh, stride_vp,
-        stride_vs, stride_vh, PAGE_SIZE, BLOCK_N, IS_MASKED, IS_PAGE_PER_TILE)
     if IS_MASKED:
+        m_n = o_n < kv_len
         # [D, BN]
         b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
         # [BN, D]
@@ -173,67 +156,10 @@ def _attend_tile(
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
     b_p = tl.exp2(tl.fma(b_s, qk_scale, -m_safe[:, None]))
-    if DOT_PRECISION == "ieee":
-        l_acc = l_acc * alpha[:, None] + tl.sum(b_p, 1, keep_dims=True)
-    else:
-        # [BN, L_COLS] ones: l_acc + p @ ones, the denominator on the tensor cores (_l_step)
-        ones = tl.full([BLOCK_N, l_acc.shape[1]], 1.0, dtype=tl.float16)
-        l_acc = _dot(b_p.to(tl.float16), ones, l_acc * alpha[:, None], IS_INTERPRET,
-                     DOT_PRECISION)
+    l_i = l_i * alpha + tl.sum(b_p, 1)
     acc = acc * alpha[:, None]
     acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
-    return m_new, l_acc, acc
-
-
-@triton.jit
-def _attend_tile_t(
-    b_qt, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IS_MASKED: tl.constexpr,
-    IS_PAGE_PER_TILE: tl.constexpr,
-    IS_INTERPRET: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """:func:`_attend_tile` with the operands swapped (the decode tile, half precision only):
-    the KV tile is the MMA's M dimension and the few rows of a decode block its N dimension, so
-    the softmax works on ``BN x BM`` scores instead of a 64-row tile of mostly padding.
-
-    Transposed state: ``b_qt`` [D, BM], ``m_i`` [BM], ``l_acc`` [L_ROWS, BM] (every row holds
-    the denominator), ``acc`` [D, BM]. Every element sees the same operations as in
-    :func:`_attend_tile`: ``k @ q^T`` and ``v^T @ p^T`` are the same products summed over the same
-    index by the same MMA, ``ones @ p^T`` the same denominator (bit-identical on an H100,
-    kernels/README.md, "The swapped decode tile")."""
-    o_d = tl.arange(0, HEAD_DIM)
-    o_n, off_k, off_v, m_n = _tile_offsets(
-        j, kv_len, kv_off_h, p_bt, num_pages, stride_kp, stride_ks, stride_kh, stride_vp,
-        stride_vs, stride_vh, PAGE_SIZE, BLOCK_N, IS_MASKED, IS_PAGE_PER_TILE)
-    if IS_MASKED:
-        # [BN, D]
-        b_k = tl.load(k_ptr + off_k[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
-        # [D, BN]
-        b_vt = tl.load(v_ptr + off_v[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
-    else:
-        b_k = tl.load(k_ptr + off_k[:, None] + o_d[None, :])
-        b_vt = tl.load(v_ptr + off_v[None, :] + o_d[:, None])
-    # [BN, BM] raw scores k.q (unscaled)
-    b_s = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    b_s = _dot(b_k, b_qt, b_s, IS_INTERPRET, DOT_PRECISION)
-    if IS_MASKED:
-        b_s = tl.where(o_n[:, None] <= pos[None, :], b_s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(b_s, 0) * qk_scale)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
-    b_p = tl.exp2(tl.fma(b_s, qk_scale, -m_safe[None, :]))
-    # [L_ROWS, BN] ones: l_acc + ones @ p^T
-    ones = tl.full([l_acc.shape[0], BLOCK_N], 1.0, dtype=tl.float16)
-    l_acc = _dot(ones, b_p.to(tl.float16), l_acc * alpha[None, :], IS_INTERPRET, DOT_PRECISION)
-    acc = acc * alpha[None, :]
-    acc = _dot(b_vt, b_p.to(b_vt.dtype), acc, IS_INTERPRET, DOT_PRECISION)
-    return m_new, l_acc, acc
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -264,21 +190,14 @@ def _attend_split(
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    L_COLS: tl.constexpr,
-    IS_SWAPPED: tl.constexpr,
 ):
     """Online softmax over the tiles of split ``i_split``, from a fresh state, in increasing order.
 
-    ``b_q`` is the q tile, [BM, D], or [D, BM] with ``IS_SWAPPED`` (:func:`_attend_tile_t`).
     Returns the normalized state (o [BM, D] fp32, lse2 [BM] fp32 in log2 units).
     """
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    if IS_SWAPPED:
-        l_acc = tl.zeros([L_ROWS, BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([HEAD_DIM, BLOCK_M], dtype=tl.float32)
-    else:
-        l_acc = tl.zeros([BLOCK_M, L_COLS], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     j_lo = i_split * split_tiles
     # Tiles past the block's last position are masked for every row: skip them.
     j_hi = tl.minimum(j_lo + split_tiles, max_pos // BLOCK_N + 1)
@@ -286,63 +205,41 @@ def _attend_split(
     j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
     kv_off_h = i_kvh.to(tl.int64)
     for j in range(j_lo, j_mid):
-        if IS_SWAPPED:
-            m_i, l_acc, acc = _attend_tile_t(
-                b_q, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
-                DOT_PRECISION)
-        else:
-            m_i, l_acc, acc = _attend_tile(
-                b_q, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
-                DOT_PRECISION)
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
     for j in range(j_mid, j_hi):
-        if IS_SWAPPED:
-            m_i, l_acc, acc = _attend_tile_t(
-                b_q, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
-                DOT_PRECISION)
-        else:
-            m_i, l_acc, acc = _attend_tile(
-                b_q, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
-                DOT_PRECISION)
-    if IS_SWAPPED:
-        # Every row of l_acc holds the denominator: the max picks it exactly.
-        return state_normalize(tl.trans(acc), tl.max(l_acc, 0), m_i)
-    else:
-        return state_normalize(acc, tl.max(l_acc, 1), m_i)
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
+            DOT_PRECISION)
+    return state_normalize(acc, l_i, m_i)
 
 
 @triton.jit
-def _close_split(b_o, b_lse, m_i, l_acc, acc, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 L_COLS: tl.constexpr):
+def _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """End of a split in the fused plan: merge its normalized state into (b_o, b_lse) and return
     a fresh online-softmax state."""
-    b_os, b_ls = state_normalize(acc, tl.max(l_acc, 1), m_i)
+    b_os, b_ls = state_normalize(acc, l_i, m_i)
     b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_acc = tl.zeros([BLOCK_M, L_COLS], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    return b_o, b_lse, m_i, l_acc, acc
+    return b_o, b_lse, m_i, l_i, acc
 
 
 @triton.jit
 def _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh,
-            G: tl.constexpr, HEAD_DIM: tl.constexpr, IS_SWAPPED: tl.constexpr):
-    """The q tile: [BM, D], or [D, BM] with ``IS_SWAPPED``."""
+            G: tl.constexpr, HEAD_DIM: tl.constexpr):
     o_d = tl.arange(0, HEAD_DIM)
     i_t = (q_start + tok).to(tl.int64)
     i_h = (i_kvh * G + g).to(tl.int64)
-    p_row = q_ptr + i_t * stride_qt + i_h * stride_qh
-    if IS_SWAPPED:
-        return tl.load(p_row[None, :] + o_d[:, None], mask=m_row[None, :], other=0.0)
-    else:
-        return tl.load(p_row[:, None] + o_d[None, :], mask=m_row[:, None], other=0.0)
+    # [BM, D]
+    p_q = q_ptr + i_t[:, None] * stride_qt + i_h[:, None] * stride_qh + o_d[None, :]
+    return tl.load(p_q, mask=m_row[:, None], other=0.0)
 
 
 @triton.jit
@@ -397,7 +294,6 @@ def _unified_attention_fused_kernel(
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    L_COLS: tl.constexpr,
 ):
     """Fused plan: one program per (query-block slot, kv head) walks all splits of its block,
     merging each into a register state as soon as it ends."""
@@ -408,13 +304,13 @@ def _unified_attention_fused_kernel(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
-    b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM, False)
+    b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     kv_off_h = i_kvh.to(tl.int64)
     b_o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     b_lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_acc = tl.zeros([BLOCK_M, L_COLS], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # One flat loop over the tiles (long loops pipeline well); at every split boundary the split's
     # state is normalized, merged and reset: the same operations, in the same order, as
@@ -423,27 +319,24 @@ def _unified_attention_fused_kernel(
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
     for j in range(0, j_mid):
-        m_i, l_acc, acc = _attend_tile(
-            b_q, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
             DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
-            b_o, b_lse, m_i, l_acc, acc = _close_split(b_o, b_lse, m_i, l_acc, acc, BLOCK_M,
-                                                         HEAD_DIM, L_COLS)
+            b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
-        m_i, l_acc, acc = _attend_tile(
-            b_q, m_i, l_acc, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
             DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
-            b_o, b_lse, m_i, l_acc, acc = _close_split(b_o, b_lse, m_i, l_acc, acc, BLOCK_M,
-                                                         HEAD_DIM, L_COLS)
+            b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
         # The last split ends inside the block's range.
-        b_o, b_lse, m_i, l_acc, acc = _close_split(b_o, b_lse, m_i, l_acc, acc, BLOCK_M,
-                                                         HEAD_DIM, L_COLS)
+        b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 
 
@@ -490,9 +383,7 @@ def _unified_attention_split_kernel(
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    L_COLS: tl.constexpr,
     IS_DIRECT: tl.constexpr,
-    IS_SWAPPED: tl.constexpr,
 ):
     """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial.
 
@@ -514,15 +405,13 @@ def _unified_attention_split_kernel(
     if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
         if i_split * split_tiles * BLOCK_N > max_pos:
             return
-    b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM,
-                  IS_SWAPPED)
+    b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     b_os, b_ls = _attend_split(
         b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
         num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION,
-        L_COLS, IS_SWAPPED)
+        HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
     if IS_DIRECT:
         _store_out(out_ptr, lse_ptr, b_os, b_ls, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
     else:

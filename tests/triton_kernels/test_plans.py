@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from invariance import PageLayout
-from kernels import Tuning, plan_attention, tile_config, unified_attention
+from kernels import plan_attention, tile_config, unified_attention
 
 # (seed, split size in units of BLOCK_N, page size). Seeds pick random mixed batches (decode rows
 # and prefill chunks, KV lengths up to 128, so a row spans up to 4 splits of one tile); the tile
@@ -117,8 +117,7 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
 
     for dt in (torch.float16, torch.bfloat16):
         assert batch_tuning(dt, 128, 4, 8 * 32, 8, 9).block_m == 128  # 32 tokens x 4 heads each
-        # Decode: the swapped tile (test_decode_batches_take_the_swapped_tile_by_default).
-        assert batch_tuning(dt, 128, 4, 8, 8, 9).block_m == 16
+        assert batch_tuning(dt, 128, 4, 8, 8, 9).block_m == tile_config(dt, 128).block_m  # decode
         assert batch_tuning(dt, 64, 4, 4096, 8, 9) == tile_config(dt, 64)  # not measured
         batch_tuning(dt, 128, 4, 0, 0, 9)  # an empty batch: no error
         # Not Hopper (64 and 128 both mma.sync there, unmeasured) or the interpreter: fixed.
@@ -194,79 +193,3 @@ def test_control_mode_ignores_host_lens_for_sizes(dtype: torch.dtype, make_batch
     hinted = plan_attention(*args_of(batch), split_size=None, validate=False,
                             host_lens=([1, 1], [1, 1]))
     assert (hinted.split_tokens, hinted.num_splits) == (plain.split_tokens, plain.num_splits)
-
-
-# ------------------------------------------------------------------------------------------------
-# The swapped decode tile (KV tile on the MMA's M dimension): the same bits as the standard tile
-# ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)
-def test_swapped_tile_equals_standard_tile(dtype: torch.dtype, make_batch, args_of,
-                                           assert_same_bits, seed: int, split_tiles: int,
-                                           page_size: int) -> None:
-    # Decode rows, a few tokens (speculative verification) and prefill chunks longer than one
-    # swapped block (16 rows): every row must come out as under the standard tile, in both plans.
-    if dtype == torch.float32:
-        pytest.skip("the swapped tile is half precision only (test_swap_is_refused_...)")
-    shape = [*_random_shape(seed), (1, 130), (3, 70), (9, 100)]
-    batch = make_batch(dtype, shape, PageLayout(page_size, "shuffled", seed=seed))
-    split = split_tiles * tile_config(dtype, 64).block_n
-    lp = plan_attention(*args_of(batch), split_size=split, tuning=Tuning(swap=True))
-    assert (lp.plan, lp.swap, lp.block_m) == ("split", True, 16)
-    swapped = unified_attention(*args_of(batch), split_size=split, tuning=Tuning(swap=True))
-    standard = unified_attention(*args_of(batch), split_size=split, plan="split",
-                                 tuning=Tuning(swap=False))
-    fused = unified_attention(*args_of(batch), split_size=split, plan="fused")
-    assert_same_bits(swapped, standard, "swapped tile vs standard tile (split plan)")
-    assert_same_bits(swapped, fused, "swapped tile vs fused plan")
-
-
-def test_swapped_tile_with_more_rows_and_one_split(make_batch, args_of,
-                                                   assert_same_bits) -> None:
-    # 32 rows per swapped block and the direct write (one split).
-    batch = make_batch(torch.float16, [(8, 60), (1, 64), (13, 40)], PageLayout(4, "shuffled"))
-    split = 2 * tile_config(torch.float16, 64).block_n
-    lp = plan_attention(*args_of(batch), split_size=split, tuning=Tuning(swap=True, block_m=32))
-    assert (lp.swap, lp.block_m, lp.num_splits) == (True, 32, 1)
-    swapped = unified_attention(*args_of(batch), split_size=split,
-                                tuning=Tuning(swap=True, block_m=32))
-    fused = unified_attention(*args_of(batch), split_size=split, plan="fused")
-    assert_same_bits(swapped, fused, "swapped tile (32 rows, direct write) vs fused plan")
-
-
-def test_decode_batches_take_the_swapped_tile_by_default(make_batch, args_of) -> None:
-    from kernels.config import batch_tuning
-
-    decode = make_batch(torch.bfloat16, [(1, 90), (1, 20)], PageLayout(16))
-    lp = plan_attention(*args_of(decode))
-    group = decode.q.shape[1] // decode.k_cache.shape[2]
-    assert (lp.plan, lp.swap, lp.block_m, lp.block_q) == ("split", True, 16, 16 // group)
-    # Forced fused: the standard tile. Prefill-like batches: the standard tile.
-    assert not plan_attention(*args_of(decode), plan="fused").swap
-    prefill = make_batch(torch.bfloat16, [(128, 130), (128, 128)], PageLayout(16))
-    assert not plan_attention(*args_of(prefill)).swap
-    for sm, d, swap in ((9, 128, True), (9, 64, False), (8, 128, False), (None, 64, True),
-                        (None, 256, False)):
-        cfg = batch_tuning(torch.float16, d, 4, 8, 8, sm)
-        assert (cfg.swap, cfg.block_m) == (swap, 16 if swap else tile_config(torch.float16,
-                                                                              d).block_m)
-    assert not batch_tuning(torch.float32, 128, 4, 8, 8, None).swap
-
-
-@pytest.mark.parametrize(("kwargs", "expected"), [
-    (dict(dtype=torch.float32, tuning=Tuning(swap=True)), "half precision and BLOCK_N >= 64"),
-    (dict(tuning=Tuning(swap=True, block_n=32)), "got dtype torch.float16 and BLOCK_N=32"),
-    (dict(tuning=Tuning(swap=True), plan="fused"), "got plan 'fused'"),
-    (dict(tuning=Tuning(swap=True, block_m=8)), "expected >= 16 rows"),
-])
-def test_swap_is_refused_where_it_cannot_run(make_batch, args_of, kwargs: dict,
-                                             expected: str) -> None:
-    batch = make_batch(kwargs.pop("dtype", torch.float16), [(1, 40)], PageLayout(16))
-    with pytest.raises(ValueError, match="Tuning") as info:
-        plan_attention(*args_of(batch), split_size=64, **kwargs)
-    assert expected in str(info.value)
-
-
-def test_tuning_swap_must_be_a_bool() -> None:
-    with pytest.raises(ValueError, match=r"Tuning\.swap: expected a bool or None, got 1"):
-        Tuning(swap=1)  # type: ignore[arg-type]
