@@ -7,8 +7,15 @@
 #          (r4old/, from `git archive 7225b3f kernels | tar -x -C r4old`) and on the
 #          experiment's, for a same-session comparison
 #   ncu: stall sampling of round 4's split kernel at batch 1, 1k tokens (r4old/ as above)
+#   flat: probe_round5.py flat (int32 row addressing vs round 4's int64 addressing, bits and
+#         time), then the same ncu sampling on the int32-addressed split kernel
+#   check: on the final kernels, the full default check (3 dtypes, cold Triton cache), the
+#          control, the tuning fuzz, then probe_round5.py flat again (bits under the final rule)
+#   sanitize: benchmarks/gpu_sanitize.sh (memcheck, initcheck)
+#   bench: invariance bench kernels + kernels-heuristic + FlashInfer (the wheels in .whl/)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round5.sh micro|probe|ncu}
+STEP=${1:?usage: sh benchmarks/gpu_round5.sh micro|probe|ncu|flat|check|sanitize|bench}
+INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 step_micro() {
@@ -33,6 +40,48 @@ step_ncu() {
   timeout 200 $N --page raw --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $OUT/raw.csv 2>&1; echo "raw rc=$?"
   timeout 200 $N --page source --print-source sass --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $OUT/sass.csv 2>&1; echo "sass rc=$?"
   rm -rf $OUT/x
+}
+
+step_flat() {
+  F=$OUT/f; mkdir -p $F
+  timeout 360 python3 benchmarks/probe_round5.py $F flat > $F/flat.log 2>&1; echo "flat rc=$?"
+  N="ncu --section SourceCounters --section WarpStateStats -k regex:split_kernel -s 1 -c 1"
+  timeout 150 $N --page source --print-source sass --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $F/sass-flat.csv 2>&1; echo "sass rc=$?"
+  timeout 150 $N --page raw --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $F/raw-flat.csv 2>&1; echo "raw rc=$?"
+  rm -rf $OUT/x
+  tar czf $OUT/f.tgz -C $OUT f
+  grep -A13 "^workload" $F/flat.log; grep -h -i "error\|Traceback" $F/flat.log | head -5
+}
+
+step_check() {
+  C=$OUT/c; mkdir -p $C
+  s=$(date +%s)
+  timeout 240 $INV check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/kernels.txt 2>&1
+  echo "kernels rc=$? wall $(( $(date +%s) - s )) s"
+  timeout 80 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/kernels-heuristic-bf16.json --markdown $C/kernels-heuristic-bf16.md > $C/heuristic.txt 2>&1
+  echo "heuristic rc=$?"
+  timeout 120 $INV check --backend benchmarks/tile_sweep.py:fuzz --device cuda --dtype bf16,fp16 --no-progress --json $C/tuning-fuzz.json --markdown $C/tuning-fuzz.md > $C/fuzz.txt 2>&1
+  echo "fuzz rc=$?"
+  timeout 120 python3 benchmarks/probe_round5.py $C flat > $C/flat.log 2>&1; echo "flat rc=$?"
+  tar czf $OUT/c.tgz -C $OUT c
+  for f in kernels heuristic fuzz; do grep -h -E "PASSED|FAILED" $C/$f.txt | tail -1; done
+  grep -A13 "^workload" $C/flat.log
+}
+
+step_sanitize() {
+  timeout 540 bash benchmarks/gpu_sanitize.sh /tmp/sanitizer > $OUT/sanitize.txt 2>&1
+  echo "sanitizer rc=$?"; cp /tmp/sanitizer/summary.txt $OUT/sanitizer-summary.txt
+  cat $OUT/sanitizer-summary.txt
+}
+
+step_bench() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PWD:/tmp/site
+  B=$OUT/b; mkdir -p $B
+  timeout -s INT -k 15 540 $INV bench --backend kernels --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $B/bench-kernels-vs-flashinfer.md --json $B/bench-kernels-vs-flashinfer.json > $B/bench.txt 2>&1
+  echo "bench rc=$?"
+  tar czf $OUT/b.tgz -C $OUT b
+  cat $B/bench-kernels-vs-flashinfer.md | head -70
 }
 
 step_$STEP

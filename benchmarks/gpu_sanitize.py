@@ -6,8 +6,9 @@
 At each dtype, on two head configurations, small batches (built by the harness's
 ``materialize``; shuffled pages, NaN-filled unused memory, unused block-table columns) go through:
 the fused and the split plan at two split sizes (validate=True; the two plans must agree bit for
-bit), ``plan="auto"``, the control mode (``split_size=None``), a step without query tokens,
-``merge_states`` (with empty, NaN and +inf partials), and malformed index values with
+bit), the fused plan with 128-row tiles (half precision), ``plan="auto"``, the control mode
+(``split_size=None``), a step without query tokens, ``merge_states`` (with empty, NaN and +inf
+partials), and malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
 block table, negative or below ``q_len``, ``cu_seqlens_q`` past T or not starting at 0). Outputs
 of malformed calls are never read (their garbage rows may be unwritten); ``--valid-only`` leaves
@@ -26,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from invariance import Chunk, HeadConfig, PageLayout, Request, Step, Workload, materialize
-from kernels import DEFAULT_SPLIT_SIZE, merge_states, tile_config, unified_attention
+from kernels import DEFAULT_SPLIT_SIZE, Tuning, merge_states, tile_config, unified_attention
 
 Args = tuple[torch.Tensor, ...]
 # (heads, page size, (q_len, kv_len) per request): decode rows, prefill chunks, a prefill from 0,
@@ -69,6 +70,10 @@ def plans_agree(args: Args, split: int) -> bool:
     fused = unified_attention(*args, split_size=split, plan="fused")
     split_plan = unified_attention(*args, split_size=split, plan="split")
     unified_attention(*args, split_size=split, plan="auto")
+    # 128-row tiles in the fused kernel (its int32 row addressing; bits not compared: BLOCK_M 128
+    # is measured bit-neutral at head dim 128 only).
+    if args[0].dtype != torch.float32:
+        unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
     # host_lens that understate every length: they steer the plan only, never memory sizes.
     q_lens = (args[3][1:] - args[3][:-1]).tolist()
     unified_attention(*args, split_size=split, validate=False,

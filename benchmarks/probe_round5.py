@@ -1,14 +1,16 @@
 """Round-5 probe (H100): the swapped decode tile (reports/h100-round5/README.md).
 
-    python benchmarks/probe_round5.py OUT_DIR [swap|plans]
+    python benchmarks/probe_round5.py OUT_DIR [swap|plans|flat]
 
 ``swap``: every workload under the standard tile (fused and split plans), the swapped decode tile
 at 16/32 rows, 2-4 pipeline stages and 4/8 warps, and ``plan="auto"``; CUDA-graph replay (L2
 flushed, median), each compared bit for bit (out and LSE) with the fused plan. It needs the
 experiment's ``kernels.Tuning(swap=...)``: run it on commit 6303129, whose kernels have the
 swapped tile (reverted after this probe; reports/h100-round5/README.md says why).
-``plans``: fused / split / auto only, with whatever ``kernels`` is first on ``PYTHONPATH`` (run
-it on the previous round's kernels to time them in the same session).
+``flat``: int32 row addressing (the default) vs round 4's int64 page/slot addressing, each plan,
+timed and compared bit for bit. ``plans``: fused / split / auto only, with whatever ``kernels``
+is first on ``PYTHONPATH`` (run it on the previous round's kernels to time them in the same
+session).
 """
 
 from __future__ import annotations
@@ -112,7 +114,38 @@ def plans(out_dir):
     _table(rows, ["fused", "split", "auto"])
 
 
-MODES = {"swap": swap, "plans": plans}
+def flat(out_dir):
+    """Int32 row addressing (``IS_FLAT_ROWS``, the default for contiguous caches) vs the int64
+    page/slot addressing of round 4 (``kernels.attention._flat_rows`` patched to False), under
+    each plan: time, and bits against the fused plan with round 4's addressing."""
+    import kernels.attention as attention
+
+    timer = CudaTimer(iters=20, warmup=3)
+    rows = []
+    real = attention._flat_rows
+    for name in WORKLOADS_R5:
+        batch = build_batch(WORKLOADS[name])
+        attention._flat_rows = lambda k, v: False
+        ref = call(batch, "fused")()
+        for plan in ("fused", "split", "auto"):
+            if name == "decode-b1-ctx32k" and plan == "fused":
+                continue
+            for is_flat in (False, True):
+                attention._flat_rows = real if is_flat else (lambda k, v: False)
+                d = _bits_vs(ref, call(batch, plan)())
+                ms = timer.time_fn(graphed(call(batch, plan)))
+                rows.append(dict(workload=name, config=f"{plan}-{'flat' if is_flat else 'r4'}",
+                                 flat=is_flat and real(batch.k_cache, batch.v_cache),
+                                 us=round(ms * 1000, 1), bits_differing=d))
+                print(json.dumps(rows[-1]), flush=True)
+        attention._flat_rows = real
+        del batch, ref
+        torch.cuda.empty_cache()
+    save(out_dir, "flat.jsonl", rows)
+    _table(rows, [f"{p}-{f}" for p in ("fused", "split", "auto") for f in ("r4", "flat")])
+
+
+MODES = {"swap": swap, "plans": plans, "flat": flat}
 
 if __name__ == "__main__":
     out_dir = sys.argv[1]

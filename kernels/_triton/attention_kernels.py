@@ -97,13 +97,14 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.con
 @triton.jit
 def _attend_tile(
     b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_MASKED: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
+    IS_FLAT_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -124,18 +125,28 @@ def _attend_tile(
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     if IS_PAGE_PER_TILE:
         # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
-        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE).to(tl.int64)
+        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE)
     elif IS_MASKED:
         # NOTE: gather the page of every key; unused block-table columns are never read.
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0).to(tl.int64)
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0)
     else:
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE).to(tl.int64)
+        i_page = tl.load(p_bt + o_n // PAGE_SIZE)
     # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
     # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
     i_page = tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
-    i_slot = (o_n % PAGE_SIZE).to(tl.int64)
-    off_k = i_page * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
-    off_v = i_page * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
+    if IS_FLAT_ROWS:
+        # Pages are contiguous token rows of one shared stride and every row index fits int32
+        # (checked by the launcher): one int32 row index and one widening multiply per key,
+        # shared by K and V, instead of 64-bit page and slot products for each. Addresses only.
+        # The head's offset goes into the (loop-invariant) base pointers.
+        k_ptr = k_ptr + kv_off_h * stride_kh
+        v_ptr = v_ptr + kv_off_h * stride_vh
+        off_k = (i_page * PAGE_SIZE + o_n % PAGE_SIZE).to(tl.int64) * row_stride
+        off_v = off_k
+    else:
+        i_slot = (o_n % PAGE_SIZE).to(tl.int64)
+        off_k = i_page.to(tl.int64) * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
+        off_v = i_page.to(tl.int64) * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
     if IS_MASKED:
         m_n = o_n < kv_len
         # [D, BN]
@@ -183,11 +194,13 @@ def _attend_split(
     stride_vp,
     stride_vs,
     stride_vh,
+    row_stride,  # int32: k/v_cache.stride(1) under IS_FLAT_ROWS
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
+    IS_FLAT_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -207,15 +220,15 @@ def _attend_split(
     for j in range(j_lo, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
+            IS_INTERPRET, DOT_PRECISION)
     for j in range(j_mid, j_hi):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
+            IS_INTERPRET, DOT_PRECISION)
     return state_normalize(acc, l_i, m_i)
 
 
@@ -284,6 +297,7 @@ def _unified_attention_fused_kernel(
     stride_vs: tl.int64,
     stride_vh: tl.int64,
     stride_bt: tl.int64,
+    row_stride,  # int32 k/v_cache.stride(1) (IS_FLAT_ROWS)
     # Constexprs
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -292,6 +306,7 @@ def _unified_attention_fused_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
+    IS_FLAT_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -321,17 +336,17 @@ def _unified_attention_fused_kernel(
     for j in range(0, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
+            IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_INTERPRET,
-            DOT_PRECISION)
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
+            IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
@@ -373,6 +388,7 @@ def _unified_attention_split_kernel(
     stride_vs: tl.int64,
     stride_vh: tl.int64,
     stride_bt: tl.int64,
+    row_stride,  # int32 k/v_cache.stride(1) (IS_FLAT_ROWS)
     # Constexprs
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -381,6 +397,7 @@ def _unified_attention_split_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
+    IS_FLAT_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IS_DIRECT: tl.constexpr,
@@ -410,8 +427,9 @@ def _unified_attention_split_kernel(
     b_os, b_ls = _attend_split(
         b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
         num_pages, qk_scale,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_INTERPRET, DOT_PRECISION)
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+        HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_FLAT_ROWS, IS_INTERPRET,
+        DOT_PRECISION)
     if IS_DIRECT:
         _store_out(out_ptr, lse_ptr, b_os, b_ls, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
     else:

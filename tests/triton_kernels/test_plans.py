@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from invariance import PageLayout
-from kernels import plan_attention, tile_config, unified_attention
+from kernels import Tuning, plan_attention, tile_config, unified_attention
 
 # (seed, split size in units of BLOCK_N, page size). Seeds pick random mixed batches (decode rows
 # and prefill chunks, KV lengths up to 128, so a row spans up to 4 splits of one tile); the tile
@@ -193,3 +193,59 @@ def test_control_mode_ignores_host_lens_for_sizes(dtype: torch.dtype, make_batch
     hinted = plan_attention(*args_of(batch), split_size=None, validate=False,
                             host_lens=([1, 1], [1, 1]))
     assert (hinted.split_tokens, hinted.num_splits) == (plain.split_tokens, plain.num_splits)
+
+
+# ------------------------------------------------------------------------------------------------
+# Int32 row addressing (IS_FLAT_ROWS): addresses only, never bits
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)
+def test_int32_row_addressing_is_bit_neutral(dtype: torch.dtype, make_batch, args_of,
+                                             assert_same_bits, monkeypatch, seed: int,
+                                             split_tiles: int, page_size: int) -> None:
+    # Contiguous caches take the int32 row path (split plan; fused with 128-row tiles); with the
+    # path switched off every key is addressed from its page and slot in int64, as before.
+    import kernels.attention as attention
+
+    batch = make_batch(dtype, [*_random_shape(seed), (1, 130), (9, 100)],
+                       PageLayout(page_size, "shuffled", seed=seed))
+    assert attention._flat_rows(batch.k_cache, batch.v_cache)
+    split = split_tiles * tile_config(dtype, 64).block_n
+    runs = [dict(plan="split"), dict(plan="fused", tuning=Tuning(block_m=128))]
+    flat = [unified_attention(*args_of(batch), split_size=split, **kw) for kw in runs]
+    monkeypatch.setattr(attention, "_flat_rows", lambda k, v: False)
+    wide = [unified_attention(*args_of(batch), split_size=split, **kw) for kw in runs]
+    for kw, a, b in zip(runs, flat, wide, strict=True):
+        assert_same_bits(a, b, f"int32 row addressing vs int64 page/slot ({kw['plan']})")
+
+
+def test_caches_with_other_layouts_take_the_int64_path(make_batch, args_of,
+                                                       assert_same_bits) -> None:
+    # K and V as views of one [num_pages, 2, page_size, Hkv, D] tensor (an engine's combined
+    # cache: a page is not page_size consecutive rows of the view), and K and V with different
+    # strides: the int64 path, with the same results as the contiguous caches.
+    import kernels.attention as attention
+
+    batch = make_batch(torch.float16, [(1, 70), (5, 40)], PageLayout(4, "shuffled"))
+    q, k, v, cu, kv, bt = args_of(batch)
+    combined = torch.stack([k, v], dim=1)
+    k2, v2 = combined[:, 0], combined[:, 1]
+    v3 = v.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    assert attention._flat_rows(k, v)
+    assert not attention._flat_rows(k2, v2) and not attention._flat_rows(k, v3)
+    for plan in ("split", "fused"):
+        ref = unified_attention(q, k, v, cu, kv, bt, split_size=64, plan=plan)
+        assert_same_bits(unified_attention(q, k2, v2, cu, kv, bt, split_size=64, plan=plan), ref,
+                         f"combined KV cache ({plan})")
+        assert_same_bits(unified_attention(q, k, v3, cu, kv, bt, split_size=64, plan=plan), ref,
+                         f"V with other strides ({plan})")
+
+
+def test_int32_row_addressing_needs_rows_that_fit() -> None:
+    import kernels.attention as attention
+
+    def cache(num_pages: int, page_size: int) -> torch.Tensor:
+        return torch.empty((num_pages, page_size, 1, 64), device="meta")
+
+    assert attention._flat_rows(cache(2**26, 16), cache(2**26, 16))  # 2**30 rows
+    assert not attention._flat_rows(cache(2**27, 16), cache(2**27, 16))  # 2**31 rows
