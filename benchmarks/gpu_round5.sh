@@ -9,12 +9,15 @@
 #   ncu: stall sampling of round 4's split kernel at batch 1, 1k tokens (r4old/ as above)
 #   flat: probe_round5.py flat (int32 row addressing vs round 4's int64 addressing, bits and
 #         time), then the same ncu sampling on the int32-addressed split kernel
+#   rows: probe_round5.py hashes on round 4's kernels (r4old/) and on these (bits across builds),
+#         probe_round5.py flat, and the ncu sampling of the split kernel at batch 1, 1k tokens
 #   check: on the final kernels, the full default check (3 dtypes, cold Triton cache), the
-#          control, the tuning fuzz, then probe_round5.py flat again (bits under the final rule)
+#          control, the tuning fuzz, probe_round5.py flat again (bits under the final rule) and
+#          the hashes of round 4's kernels and these (bits across builds)
 #   sanitize: benchmarks/gpu_sanitize.sh (memcheck, initcheck)
 #   bench: invariance bench kernels + kernels-heuristic + FlashInfer (the wheels in .whl/)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round5.sh micro|probe|ncu|flat|check|sanitize|bench}
+STEP=${1:?usage: sh benchmarks/gpu_round5.sh micro|probe|ncu|flat|rows|check|sanitize|bench}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -53,6 +56,22 @@ step_flat() {
   grep -A13 "^workload" $F/flat.log; grep -h -i "error\|Traceback" $F/flat.log | head -5
 }
 
+step_rows() {
+  R=$OUT/r; mkdir -p $R/r4 $R/new
+  timeout 150 env PYTHONPATH=$PWD/r4old:$PWD python3 benchmarks/probe_round5.py $R/r4 hashes > $R/r4/hashes.log 2>&1; echo "r4 hashes rc=$?"
+  timeout 150 python3 benchmarks/probe_round5.py $R/new hashes > $R/new/hashes.log 2>&1; echo "new hashes rc=$?"
+  timeout 200 python3 benchmarks/probe_round5.py $R flat > $R/flat.log 2>&1; echo "flat rc=$?"
+  N="ncu --section SourceCounters --section WarpStateStats -k regex:split_kernel -s 1 -c 1"
+  timeout 100 $N --page source --print-source sass --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $R/sass.csv 2>&1; echo "sass rc=$?"
+  rm -rf $OUT/x
+  tar czf $OUT/r.tgz -C $OUT r
+  python3 -c "
+import json
+a=[json.loads(l) for l in open('$R/r4/hashes.jsonl')]; b=[json.loads(l) for l in open('$R/new/hashes.jsonl')]
+print('hash rows', len(a), len(b), 'differ', sum(x != y for x, y in zip(a, b)))"
+  grep -A13 "^workload" $R/flat.log
+}
+
 step_check() {
   C=$OUT/c; mkdir -p $C
   s=$(date +%s)
@@ -63,6 +82,13 @@ step_check() {
   timeout 120 $INV check --backend benchmarks/tile_sweep.py:fuzz --device cuda --dtype bf16,fp16 --no-progress --json $C/tuning-fuzz.json --markdown $C/tuning-fuzz.md > $C/fuzz.txt 2>&1
   echo "fuzz rc=$?"
   timeout 120 python3 benchmarks/probe_round5.py $C flat > $C/flat.log 2>&1; echo "flat rc=$?"
+  mkdir -p $C/r4 $C/new
+  timeout 100 env PYTHONPATH=$PWD/r4old:$PWD python3 benchmarks/probe_round5.py $C/r4 hashes > $C/r4/hashes.log 2>&1; echo "r4 hashes rc=$?"
+  timeout 100 python3 benchmarks/probe_round5.py $C/new hashes > $C/new/hashes.log 2>&1; echo "new hashes rc=$?"
+  python3 -c "
+import json
+a=[json.loads(l) for l in open('$C/r4/hashes.jsonl')]; b=[json.loads(l) for l in open('$C/new/hashes.jsonl')]
+print('hash rows', len(a), len(b), 'differ', sum(x != y for x, y in zip(a, b)))"
   tar czf $OUT/c.tgz -C $OUT c
   for f in kernels heuristic fuzz; do grep -h -E "PASSED|FAILED" $C/$f.txt | tail -1; done
   grep -A13 "^workload" $C/flat.log

@@ -1,6 +1,6 @@
 """Round-5 probe (H100): the swapped decode tile (reports/h100-round5/README.md).
 
-    python benchmarks/probe_round5.py OUT_DIR [swap|plans|flat]
+    python benchmarks/probe_round5.py OUT_DIR [swap|plans|flat|hashes]
 
 ``swap``: every workload under the standard tile (fused and split plans), the swapped decode tile
 at 16/32 rows, 2-4 pipeline stages and 4/8 warps, and ``plan="auto"``; CUDA-graph replay (L2
@@ -8,9 +8,10 @@ flushed, median), each compared bit for bit (out and LSE) with the fused plan. I
 experiment's ``kernels.Tuning(swap=...)``: run it on commit 6303129, whose kernels have the
 swapped tile (reverted after this probe; reports/h100-round5/README.md says why).
 ``flat``: int32 row addressing (the default) vs round 4's int64 page/slot addressing, each plan,
-timed and compared bit for bit. ``plans``: fused / split / auto only, with whatever ``kernels``
-is first on ``PYTHONPATH`` (run it on the previous round's kernels to time them in the same
-session).
+timed and compared bit for bit. ``hashes``: SHA-256 of out and LSE per workload and plan (run
+on two builds to compare their bits). ``plans``: fused / split / auto only, with whatever
+``kernels`` is first on ``PYTHONPATH`` (run it on the previous round's kernels to time them in
+the same session).
 """
 
 from __future__ import annotations
@@ -145,7 +146,31 @@ def flat(out_dir):
     _table(rows, [f"{p}-{f}" for p in ("fused", "split", "auto") for f in ("r4", "flat")])
 
 
-MODES = {"swap": swap, "plans": plans, "flat": flat}
+def hashes(out_dir):
+    """SHA-256 of the raw bits of out and LSE, per workload and plan, with whatever ``kernels``
+    is first on ``PYTHONPATH``: run on two builds and compare the files (bits across builds)."""
+    import hashlib
+
+    rows = []
+    for name in WORKLOADS_R5:
+        batch = build_batch(WORKLOADS[name])
+        for plan in ("fused", "split", "auto"):
+            if name == "decode-b1-ctx32k" and plan == "fused":
+                continue
+            out, lse = call(batch, plan)()
+            torch.cuda.synchronize()
+            rows.append(dict(workload=name, plan=plan,
+                             out=hashlib.sha256(out.contiguous().view(torch.int16).cpu().numpy()
+                                                .tobytes()).hexdigest()[:16],
+                             lse=hashlib.sha256(lse.contiguous().view(torch.int32).cpu().numpy()
+                                                .tobytes()).hexdigest()[:16]))
+            print(json.dumps(rows[-1]), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+    save(out_dir, "hashes.jsonl", rows)
+
+
+MODES = {"swap": swap, "plans": plans, "flat": flat, "hashes": hashes}
 
 if __name__ == "__main__":
     out_dir = sys.argv[1]

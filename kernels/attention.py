@@ -508,16 +508,30 @@ def _flat_rows(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
             and num_pages * page_size < 2**31 and 0 < k_cache.stride(1) < 2**31)
 
 
+def _addressing(lp: LaunchPlan, dtype: torch.dtype, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> tuple[bool, bool]:
+    """``(IS_FLAT_ROWS, IS_K_ROWS)`` of a launch: how keys are addressed and K is loaded. Both
+    are bit-neutral (the same values reach the same dots; measured on an H100 and tested on the
+    CPU), so they follow speed, as measured on an H100 (reports/h100-round5/README.md):
+
+    - int32 row addressing (:func:`_flat_rows`) in the split kernel only: in the fused kernel it
+      ran 0.5-3.7% slower on decode and, with K read as columns, 7-11% slower on mixed64 and
+      prefill-varlen (whose 128-row tiles spill registers, so small changes move their time);
+    - K loaded as ``[BLOCK_N, D]`` rows like V (one address per key for both) for tiles of up
+      to 64 rows (decode: 33.4 -> 32.2 us at batch 1, 1k tokens), as ``[D, BLOCK_N]`` columns
+      for 128-row tiles (prefill ran 2-6% slower with rows) and in float32 (FMA dots).
+    """
+    flat = _flat_rows(k_cache, v_cache) and lp.plan == "split"
+    return flat, dtype != torch.float32 and lp.block_m <= 64
+
+
 def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, block_table: torch.Tensor,
                     qk_scale: float) -> dict[str, Any]:
     """Scalar, stride and constexpr arguments shared by the fused and the split kernels."""
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
-    # Int32 row addressing where it measured faster on an H100 (reports/h100-round5): the split
-    # kernel (decode-b1-ctx1k 36.5 -> 33.4 us) and the fused kernel's 128-row tiles (prefill-varlen
-    # 9379 -> 9214 us); the fused kernel's 64-row decode tiles ran 0.5-3.7% slower with it.
-    flat = _flat_rows(k_cache, v_cache) and (lp.plan == "split" or lp.block_m >= 128)
+    flat, k_rows = _addressing(lp, q.dtype, k_cache, v_cache)
     return dict(
         qk_scale=qk_scale, split_tiles=lp.split_tiles, B=block_table.shape[0], T=T, Hq=Hq,
         num_pages=num_pages, max_kv_len=block_table.shape[1] * page_size,
@@ -525,9 +539,9 @@ def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
         stride_kp=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
         stride_vp=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
         stride_bt=block_table.stride(0), row_stride=k_cache.stride(1) if flat else 0,
-        G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size,
+        G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, PAGE_SHIFT=page_size.bit_length() - 1,
         BLOCK_M=lp.block_m, BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n,
-        IS_PAGE_PER_TILE=page_size >= lp.block_n, IS_FLAT_ROWS=flat,
+        IS_PAGE_PER_TILE=page_size >= lp.block_n, IS_FLAT_ROWS=flat, IS_K_ROWS=k_rows,
         IS_INTERPRET=_interpreting(),
         # NOTE: fp32 must not silently run in tf32: "ieee" is exact fp32 FMA.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

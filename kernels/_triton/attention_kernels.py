@@ -27,8 +27,12 @@ def _dot(a, b, acc, IS_INTERPRET: tl.constexpr, DOT_PRECISION: tl.constexpr):
         # NOTE: the interpreter's tl.dot is numpy.matmul (OpenBLAS), whose result for a row
         # depends on the row's index inside the tile, and it multiplies raw bits for bfloat16.
         # Emulate instead: upcast (products of fp16/bf16 values are exact in fp32) and sum over K
-        # in a fixed order that is the same for every element.
-        prod = a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
+        # in a fixed order that is the same for every element. The reshapes copy a transposed
+        # operand (K read as rows) into row-major order: numpy's summation order follows the
+        # memory layout, which must not depend on how an operand was loaded.
+        a = tl.reshape(tl.reshape(a.to(tl.float32), [a.shape[0] * a.shape[1]]), a.shape)
+        b = tl.reshape(tl.reshape(b.to(tl.float32), [b.shape[0] * b.shape[1]]), b.shape)
+        prod = a[:, :, None] * b[None, :, :]
         return acc + tl.sum(prod, 1)
     else:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -100,11 +104,13 @@ def _attend_tile(
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_MASKED: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_FLAT_ROWS: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -123,17 +129,19 @@ def _attend_tile(
     """
     o_d = tl.arange(0, HEAD_DIM)
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Positions are >= 0 and PAGE_SIZE a power of two: shifts and masks, not signed division.
     if IS_PAGE_PER_TILE:
         # The whole tile lies in one page (PAGE_SIZE >= BLOCK_N, both powers of two).
-        i_page = tl.load(p_bt + (j * BLOCK_N) // PAGE_SIZE)
+        i_page = tl.load(p_bt + ((j * BLOCK_N) >> PAGE_SHIFT))
     elif IS_MASKED:
         # NOTE: gather the page of every key; unused block-table columns are never read.
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE, mask=o_n < kv_len, other=0)
+        i_page = tl.load(p_bt + (o_n >> PAGE_SHIFT), mask=o_n < kv_len, other=0)
     else:
-        i_page = tl.load(p_bt + o_n // PAGE_SIZE)
+        i_page = tl.load(p_bt + (o_n >> PAGE_SHIFT))
     # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
     # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
     i_page = tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
+    i_slot = o_n & (PAGE_SIZE - 1)
     if IS_FLAT_ROWS:
         # Pages are contiguous token rows of one shared stride and every row index fits int32
         # (checked by the launcher): one int32 row index and one widening multiply per key,
@@ -141,24 +149,36 @@ def _attend_tile(
         # The head's offset goes into the (loop-invariant) base pointers.
         k_ptr = k_ptr + kv_off_h * stride_kh
         v_ptr = v_ptr + kv_off_h * stride_vh
-        off_k = (i_page * PAGE_SIZE + o_n % PAGE_SIZE).to(tl.int64) * row_stride
+        # NOTE: the product must stay plain Triton arithmetic (an inline mul.wide hid the
+        # offsets' alignment from the compiler: no vector loads, 1.7-4.7x slower on an H100).
+        off_k = (i_page * PAGE_SIZE + i_slot).to(tl.int64) * row_stride
         off_v = off_k
     else:
-        i_slot = (o_n % PAGE_SIZE).to(tl.int64)
+        i_slot = i_slot.to(tl.int64)
         off_k = i_page.to(tl.int64) * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
         off_v = i_page.to(tl.int64) * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
+    m_n = o_n < kv_len
+    # [BN, D] V tile. K as [BN, D] too with IS_K_ROWS (the same keys per thread as V, so one
+    # address per key serves both; the dot reads it transposed), else as [D, BN]. Either way the
+    # dot multiplies the same operands (kernels/README.md: bit-neutral, measured on an H100).
     if IS_MASKED:
-        m_n = o_n < kv_len
-        # [D, BN]
-        b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
-        # [BN, D]
         b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
     else:
-        b_k = tl.load(k_ptr + off_k[None, :] + o_d[:, None])
         b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :])
+    if IS_K_ROWS:
+        if IS_MASKED:
+            b_k = tl.load(k_ptr + off_k[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
+        else:
+            b_k = tl.load(k_ptr + off_k[:, None] + o_d[None, :])
+        b_kt = tl.trans(b_k)
+    else:
+        if IS_MASKED:
+            b_kt = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
+        else:
+            b_kt = tl.load(k_ptr + off_k[None, :] + o_d[:, None])
     # [BM, BN] raw scores q.k (unscaled)
     b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b_s = _dot(b_q, b_k, b_s, IS_INTERPRET, DOT_PRECISION)
+    b_s = _dot(b_q, b_kt, b_s, IS_INTERPRET, DOT_PRECISION)
     if IS_MASKED:
         b_s = tl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(b_s, 1) * qk_scale)
@@ -197,10 +217,12 @@ def _attend_split(
     row_stride,  # int32: k/v_cache.stride(1) under IS_FLAT_ROWS
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_FLAT_ROWS: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -221,14 +243,14 @@ def _attend_split(
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
-            IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
+            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
     for j in range(j_mid, j_hi):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
-            IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
+            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
     return state_normalize(acc, l_i, m_i)
 
 
@@ -302,11 +324,13 @@ def _unified_attention_fused_kernel(
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_FLAT_ROWS: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -337,16 +361,16 @@ def _unified_attention_fused_kernel(
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
-            IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
+            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
-            HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
-            IS_INTERPRET, DOT_PRECISION)
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
+            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
@@ -393,11 +417,13 @@ def _unified_attention_split_kernel(
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_FLAT_ROWS: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IS_DIRECT: tl.constexpr,
@@ -428,8 +454,8 @@ def _unified_attention_split_kernel(
         b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
         num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
-        HEAD_DIM, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_FLAT_ROWS, IS_INTERPRET,
-        DOT_PRECISION)
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
+        IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
     if IS_DIRECT:
         _store_out(out_ptr, lse_ptr, b_os, b_ls, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
     else:

@@ -200,23 +200,25 @@ def test_control_mode_ignores_host_lens_for_sizes(dtype: torch.dtype, make_batch
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)
-def test_int32_row_addressing_is_bit_neutral(dtype: torch.dtype, make_batch, args_of,
-                                             assert_same_bits, monkeypatch, seed: int,
-                                             split_tiles: int, page_size: int) -> None:
-    # Contiguous caches take the int32 row path (split plan; fused with 128-row tiles); with the
-    # path switched off every key is addressed from its page and slot in int64, as before.
+def test_addressing_and_k_layout_are_bit_neutral(dtype: torch.dtype, make_batch, args_of,
+                                                 assert_same_bits, monkeypatch, seed: int,
+                                                 split_tiles: int, page_size: int) -> None:
+    # Every combination of int32 row / int64 page-slot addressing and K loaded as [BN, D] rows /
+    # [D, BN] columns, under both plans and both tile heights, gives the same bits.
     import kernels.attention as attention
 
     batch = make_batch(dtype, [*_random_shape(seed), (1, 130), (9, 100)],
                        PageLayout(page_size, "shuffled", seed=seed))
     assert attention._flat_rows(batch.k_cache, batch.v_cache)
     split = split_tiles * tile_config(dtype, 64).block_n
-    runs = [dict(plan="split"), dict(plan="fused", tuning=Tuning(block_m=128))]
-    flat = [unified_attention(*args_of(batch), split_size=split, **kw) for kw in runs]
-    monkeypatch.setattr(attention, "_flat_rows", lambda k, v: False)
-    wide = [unified_attention(*args_of(batch), split_size=split, **kw) for kw in runs]
-    for kw, a, b in zip(runs, flat, wide, strict=True):
-        assert_same_bits(a, b, f"int32 row addressing vs int64 page/slot ({kw['plan']})")
+    runs = [dict(plan="split"), dict(plan="fused"), dict(plan="fused", tuning=Tuning(block_m=128))]
+    ref = [unified_attention(*args_of(batch), split_size=split, **kw) for kw in runs]
+    for flat in (False, True):
+        for k_rows in (False, True):
+            monkeypatch.setattr(attention, "_addressing", lambda *a, f=flat, r=k_rows: (f, r))
+            for kw, want in zip(runs, ref, strict=True):
+                got = unified_attention(*args_of(batch), split_size=split, **kw)
+                assert_same_bits(got, want, f"flat={flat}, k_rows={k_rows}, {kw}")
 
 
 def test_caches_with_other_layouts_take_the_int64_path(make_batch, args_of,
