@@ -4,18 +4,20 @@
 #   micro: benchmarks/probe_swap.py (standalone kernels: is the swapped tile bit-identical?)
 #   probe: probe_round5.py swap on the experiment's kernels (commit 6303129: the swapped decode
 #          tile, reverted after this probe), then probe_round5.py plans on round 4's kernels
-#          (r4old/, from `git archive 7225b3f kernels | tar -x -C r4old`) and on the
-#          experiment's, for a same-session comparison
+#          (r4old/, from `git archive 7225b3f kernels | tar -x -C r4old`; git-ignored, so
+#          carried to the GPU) and on the experiment's, for a same-session comparison
 #   ncu: stall sampling of round 4's split kernel at batch 1, 1k tokens (r4old/ as above)
 #   flat: probe_round5.py flat (int32 row addressing vs round 4's int64 addressing, bits and
-#         time), then the same ncu sampling on the int32-addressed split kernel
+#         time; on commit fda026b), then the same ncu sampling on that split kernel
 #   rows: probe_round5.py hashes on round 4's kernels (r4old/) and on these (bits across builds),
 #         probe_round5.py flat, and the ncu sampling of the split kernel at batch 1, 1k tokens
+#         (run on three intermediate versions of commit c174114, report section 5)
 #   check: on the final kernels, the full default check (3 dtypes, cold Triton cache), the
-#          control, the tuning fuzz, probe_round5.py flat again (bits under the final rule) and
-#          the hashes of round 4's kernels and these (bits across builds)
+#          control, the tuning fuzz and the hashes of round 4's kernels and these (bits across
+#          builds; on commit c174114 this step also ran probe_round5.py flat)
 #   sanitize: benchmarks/gpu_sanitize.sh (memcheck, initcheck)
-#   bench: invariance bench kernels + kernels-heuristic + FlashInfer (the wheels in .whl/)
+#   bench: probe_round5.py krows (K rows vs columns, bits and time), then invariance bench
+#          kernels + kernels-heuristic + FlashInfer (the wheels in .whl/)
 set -u
 STEP=${1:?usage: sh benchmarks/gpu_round5.sh micro|probe|ncu|flat|rows|check|sanitize|bench}
 INV="python3 -m invariance.cli"
@@ -81,7 +83,6 @@ step_check() {
   echo "heuristic rc=$?"
   timeout 120 $INV check --backend benchmarks/tile_sweep.py:fuzz --device cuda --dtype bf16,fp16 --no-progress --json $C/tuning-fuzz.json --markdown $C/tuning-fuzz.md > $C/fuzz.txt 2>&1
   echo "fuzz rc=$?"
-  timeout 120 python3 benchmarks/probe_round5.py $C flat > $C/flat.log 2>&1; echo "flat rc=$?"
   mkdir -p $C/r4 $C/new
   timeout 100 env PYTHONPATH=$PWD/r4old:$PWD python3 benchmarks/probe_round5.py $C/r4 hashes > $C/r4/hashes.log 2>&1; echo "r4 hashes rc=$?"
   timeout 100 python3 benchmarks/probe_round5.py $C/new hashes > $C/new/hashes.log 2>&1; echo "new hashes rc=$?"
@@ -91,7 +92,6 @@ a=[json.loads(l) for l in open('$C/r4/hashes.jsonl')]; b=[json.loads(l) for l in
 print('hash rows', len(a), len(b), 'differ', sum(x != y for x, y in zip(a, b)))"
   tar czf $OUT/c.tgz -C $OUT c
   for f in kernels heuristic fuzz; do grep -h -E "PASSED|FAILED" $C/$f.txt | tail -1; done
-  grep -A13 "^workload" $C/flat.log
 }
 
 step_sanitize() {
@@ -104,9 +104,11 @@ step_bench() {
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
   export PYTHONPATH=$PWD:/tmp/site
   B=$OUT/b; mkdir -p $B
+  timeout 170 python3 benchmarks/probe_round5.py $B krows > $B/krows.log 2>&1; echo "krows rc=$?"
   timeout -s INT -k 15 540 $INV bench --backend kernels --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $B/bench-kernels-vs-flashinfer.md --json $B/bench-kernels-vs-flashinfer.json > $B/bench.txt 2>&1
   echo "bench rc=$?"
   tar czf $OUT/b.tgz -C $OUT b
+  grep -A13 "^workload" $B/krows.log
   cat $B/bench-kernels-vs-flashinfer.md | head -70
 }
 

@@ -1,14 +1,16 @@
 """Round-5 probe (H100): the swapped decode tile (reports/h100-round5/README.md).
 
-    python benchmarks/probe_round5.py OUT_DIR [swap|plans|flat|hashes]
+    python benchmarks/probe_round5.py OUT_DIR [swap|plans|flat|krows|hashes]
 
 ``swap``: every workload under the standard tile (fused and split plans), the swapped decode tile
 at 16/32 rows, 2-4 pipeline stages and 4/8 warps, and ``plan="auto"``; CUDA-graph replay (L2
 flushed, median), each compared bit for bit (out and LSE) with the fused plan. It needs the
 experiment's ``kernels.Tuning(swap=...)``: run it on commit 6303129, whose kernels have the
 swapped tile (reverted after this probe; reports/h100-round5/README.md says why).
-``flat``: int32 row addressing (the default) vs round 4's int64 page/slot addressing, each plan,
-timed and compared bit for bit. ``hashes``: SHA-256 of out and LSE per workload and plan (run
+``flat`` (on commits fda026b and c174114, which had it): int32 row addressing vs round 4's int64
+page/slot addressing, each plan, timed and compared bit for bit. ``krows``: K loaded as rows
+(the default for tiles of up to 64 rows) vs as columns, each plan, timed and compared bit for
+bit. ``hashes``: SHA-256 of out and LSE per workload and plan (run
 on two builds to compare their bits). ``plans``: fused / split / auto only, with whatever
 ``kernels`` is first on ``PYTHONPATH`` (run it on the previous round's kernels to time them in
 the same session).
@@ -146,6 +148,37 @@ def flat(out_dir):
     _table(rows, [f"{p}-{f}" for p in ("fused", "split", "auto") for f in ("r4", "flat")])
 
 
+def krows(out_dir):
+    """K loaded as [BLOCK_N, D] rows vs [D, BLOCK_N] columns (``kernels.attention._k_rows``
+    patched), under each plan: time, and bits against the fused plan with columns."""
+    import kernels.attention as attention
+
+    timer = CudaTimer(iters=20, warmup=3)
+    rows = []
+    real = attention._k_rows
+    for name in WORKLOADS_R5:
+        batch = build_batch(WORKLOADS[name])
+        attention._k_rows = lambda lp, dt: False
+        ref = call(batch, "fused")()
+        for plan in ("fused", "split", "auto"):
+            if name == "decode-b1-ctx32k" and plan == "fused":
+                continue
+            for mode in ("cols", "rows", "default"):
+                attention._k_rows = (real if mode == "default" else
+                                     (lambda lp, dt, r=mode == "rows": r))
+                d = _bits_vs(ref, call(batch, plan)())
+                ms = timer.time_fn(graphed(call(batch, plan)))
+                rows.append(dict(workload=name, config=f"{plan}-{mode}", us=round(ms * 1000, 1),
+                                 bits_differing=d))
+                print(json.dumps(rows[-1]), flush=True)
+        attention._k_rows = real
+        del batch, ref
+        torch.cuda.empty_cache()
+    save(out_dir, "krows.jsonl", rows)
+    _table(rows, [f"{p}-{m}" for p in ("fused", "split", "auto")
+                  for m in ("cols", "rows", "default")])
+
+
 def hashes(out_dir):
     """SHA-256 of the raw bits of out and LSE, per workload and plan, with whatever ``kernels``
     is first on ``PYTHONPATH``: run on two builds and compare the files (bits across builds)."""
@@ -170,7 +203,7 @@ def hashes(out_dir):
     save(out_dir, "hashes.jsonl", rows)
 
 
-MODES = {"swap": swap, "plans": plans, "flat": flat, "hashes": hashes}
+MODES = {"swap": swap, "plans": plans, "flat": flat, "krows": krows, "hashes": hashes}
 
 if __name__ == "__main__":
     out_dir = sys.argv[1]

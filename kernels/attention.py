@@ -495,34 +495,15 @@ def plan_attention(
 # Launchers
 # ------------------------------------------------------------------------------------------------
 
-def _flat_rows(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the kernels may address a key by one int32 row index times one int32 row stride,
-    shared by K and V (``IS_FLAT_ROWS``): both caches have the same strides, a page is
-    ``page_size`` consecutive rows (``stride(0) == page_size * stride(1)``, as in a contiguous
-    ``[num_pages, page_size, Hkv, D]`` tensor) and every row index and the row stride fit int32.
-    Otherwise each key's address is computed from its page and slot in int64. Addresses only:
-    the bits never depend on it."""
-    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-    return (k_cache.stride() == v_cache.stride()
-            and k_cache.stride(0) == page_size * k_cache.stride(1)
-            and num_pages * page_size < 2**31 and 0 < k_cache.stride(1) < 2**31)
-
-
-def _addressing(lp: LaunchPlan, dtype: torch.dtype, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> tuple[bool, bool]:
-    """``(IS_FLAT_ROWS, IS_K_ROWS)`` of a launch: how keys are addressed and K is loaded. Both
-    are bit-neutral (the same values reach the same dots; measured on an H100 and tested on the
-    CPU), so they follow speed, as measured on an H100 (reports/h100-round5/README.md):
-
-    - int32 row addressing (:func:`_flat_rows`) in the split kernel only: in the fused kernel it
-      ran 0.5-3.7% slower on decode and, with K read as columns, 7-11% slower on mixed64 and
-      prefill-varlen (whose 128-row tiles spill registers, so small changes move their time);
-    - K loaded as ``[BLOCK_N, D]`` rows like V (one address per key for both) for tiles of up
-      to 64 rows (decode: 33.4 -> 32.2 us at batch 1, 1k tokens), as ``[D, BLOCK_N]`` columns
-      for 128-row tiles (prefill ran 2-6% slower with rows) and in float32 (FMA dots).
-    """
-    flat = _flat_rows(k_cache, v_cache) and lp.plan == "split"
-    return flat, dtype != torch.float32 and lp.block_m <= 64
+def _k_rows(lp: LaunchPlan, dtype: torch.dtype) -> bool:
+    """``IS_K_ROWS``: load K as ``[BLOCK_N, D]`` rows like V (the same keys per thread, so the
+    page ids and slots of a thread's keys serve both loads; the dot reads it transposed) rather
+    than as ``[D, BLOCK_N]`` columns. Bit-neutral (the same values reach the same dot: 32 of 32
+    output hashes equal to the column load's on an H100, and CPU tests), so it follows speed as
+    measured on an H100 (reports/h100-round5/README.md): rows for tiles of up to 64 rows (decode
+    at batch 1, 1k tokens: 36.5 -> 32.6 us, with shift/mask page math), columns for 128-row tiles
+    (prefill-varlen ran 2-6% slower with rows) and for float32 (FMA dots)."""
+    return dtype != torch.float32 and lp.block_m <= 64
 
 
 def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
@@ -531,17 +512,16 @@ def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
     """Scalar, stride and constexpr arguments shared by the fused and the split kernels."""
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
-    flat, k_rows = _addressing(lp, q.dtype, k_cache, v_cache)
     return dict(
         qk_scale=qk_scale, split_tiles=lp.split_tiles, B=block_table.shape[0], T=T, Hq=Hq,
         num_pages=num_pages, max_kv_len=block_table.shape[1] * page_size,
         stride_qt=q.stride(0), stride_qh=q.stride(1),
         stride_kp=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
         stride_vp=v_cache.stride(0), stride_vs=v_cache.stride(1), stride_vh=v_cache.stride(2),
-        stride_bt=block_table.stride(0), row_stride=k_cache.stride(1) if flat else 0,
+        stride_bt=block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, PAGE_SHIFT=page_size.bit_length() - 1,
         BLOCK_M=lp.block_m, BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n,
-        IS_PAGE_PER_TILE=page_size >= lp.block_n, IS_FLAT_ROWS=flat, IS_K_ROWS=k_rows,
+        IS_PAGE_PER_TILE=page_size >= lp.block_n, IS_K_ROWS=_k_rows(lp, q.dtype),
         IS_INTERPRET=_interpreting(),
         # NOTE: fp32 must not silently run in tf32: "ieee" is exact fp32 FMA.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -101,7 +101,7 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.con
 @triton.jit
 def _attend_tile(
     b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGE_SHIFT: tl.constexpr,
@@ -109,7 +109,6 @@ def _attend_tile(
     BLOCK_N: tl.constexpr,
     IS_MASKED: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
-    IS_FLAT_ROWS: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -141,26 +140,13 @@ def _attend_tile(
     # NOTE: clamp page ids into [0, num_pages): a no-op for valid input (validate=True checks
     # every needed id); with validate=False a bad id reads a wrong page, never out of k/v_cache.
     i_page = tl.minimum(tl.maximum(i_page, 0), num_pages - 1)
-    i_slot = o_n & (PAGE_SIZE - 1)
-    if IS_FLAT_ROWS:
-        # Pages are contiguous token rows of one shared stride and every row index fits int32
-        # (checked by the launcher): one int32 row index and one widening multiply per key,
-        # shared by K and V, instead of 64-bit page and slot products for each. Addresses only.
-        # The head's offset goes into the (loop-invariant) base pointers.
-        k_ptr = k_ptr + kv_off_h * stride_kh
-        v_ptr = v_ptr + kv_off_h * stride_vh
-        # NOTE: the product must stay plain Triton arithmetic (an inline mul.wide hid the
-        # offsets' alignment from the compiler: no vector loads, 1.7-4.7x slower on an H100).
-        off_k = (i_page * PAGE_SIZE + i_slot).to(tl.int64) * row_stride
-        off_v = off_k
-    else:
-        i_slot = i_slot.to(tl.int64)
-        off_k = i_page.to(tl.int64) * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
-        off_v = i_page.to(tl.int64) * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
+    i_slot = (o_n & (PAGE_SIZE - 1)).to(tl.int64)
+    off_k = i_page.to(tl.int64) * stride_kp + i_slot * stride_ks + kv_off_h * stride_kh
+    off_v = i_page.to(tl.int64) * stride_vp + i_slot * stride_vs + kv_off_h * stride_vh
     m_n = o_n < kv_len
-    # [BN, D] V tile. K as [BN, D] too with IS_K_ROWS (the same keys per thread as V, so one
-    # address per key serves both; the dot reads it transposed), else as [D, BN]. Either way the
-    # dot multiplies the same operands (kernels/README.md: bit-neutral, measured on an H100).
+    # [BN, D] V tile. K as [BN, D] too with IS_K_ROWS (the same keys per thread as V, so the
+    # page ids and slots of a thread's keys serve both; the dot reads it transposed), else as
+    # [D, BN]. Either way the dot multiplies the same operands (bit-neutral: kernels/README.md).
     if IS_MASKED:
         b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
     else:
@@ -214,14 +200,12 @@ def _attend_split(
     stride_vp,
     stride_vs,
     stride_vh,
-    row_stride,  # int32: k/v_cache.stride(1) under IS_FLAT_ROWS
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGE_SHIFT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
-    IS_FLAT_ROWS: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -242,15 +226,15 @@ def _attend_split(
     for j in range(j_lo, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
     for j in range(j_mid, j_hi):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
     return state_normalize(acc, l_i, m_i)
 
 
@@ -319,7 +303,6 @@ def _unified_attention_fused_kernel(
     stride_vs: tl.int64,
     stride_vh: tl.int64,
     stride_bt: tl.int64,
-    row_stride,  # int32 k/v_cache.stride(1) (IS_FLAT_ROWS)
     # Constexprs
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -329,7 +312,6 @@ def _unified_attention_fused_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
-    IS_FLAT_ROWS: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -360,17 +342,17 @@ def _unified_attention_fused_kernel(
     for j in range(0, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-            IS_FLAT_ROWS, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
             b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
@@ -412,7 +394,6 @@ def _unified_attention_split_kernel(
     stride_vs: tl.int64,
     stride_vh: tl.int64,
     stride_bt: tl.int64,
-    row_stride,  # int32 k/v_cache.stride(1) (IS_FLAT_ROWS)
     # Constexprs
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -422,7 +403,6 @@ def _unified_attention_split_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
-    IS_FLAT_ROWS: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -453,9 +433,9 @@ def _unified_attention_split_kernel(
     b_os, b_ls = _attend_split(
         b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
         num_pages, qk_scale,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, row_stride,
-        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_FLAT_ROWS,
-        IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
+        IS_INTERPRET, DOT_PRECISION)
     if IS_DIRECT:
         _store_out(out_ptr, lse_ptr, b_os, b_ls, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
     else:

@@ -196,58 +196,41 @@ def test_control_mode_ignores_host_lens_for_sizes(dtype: torch.dtype, make_batch
 
 
 # ------------------------------------------------------------------------------------------------
-# Int32 row addressing (IS_FLAT_ROWS): addresses only, never bits
+# How K is loaded (IS_K_ROWS) and how caches are laid out: addresses only, never bits
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)
-def test_addressing_and_k_layout_are_bit_neutral(dtype: torch.dtype, make_batch, args_of,
+def test_k_rows_and_k_columns_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
                                                  assert_same_bits, monkeypatch, seed: int,
                                                  split_tiles: int, page_size: int) -> None:
-    # Every combination of int32 row / int64 page-slot addressing and K loaded as [BN, D] rows /
-    # [D, BN] columns, under both plans and both tile heights, gives the same bits.
+    # K loaded as [BN, D] rows (like V) or as [D, BN] columns, under both plans and both tile
+    # heights: the same bits.
     import kernels.attention as attention
 
     batch = make_batch(dtype, [*_random_shape(seed), (1, 130), (9, 100)],
                        PageLayout(page_size, "shuffled", seed=seed))
-    assert attention._flat_rows(batch.k_cache, batch.v_cache)
     split = split_tiles * tile_config(dtype, 64).block_n
     runs = [dict(plan="split"), dict(plan="fused"), dict(plan="fused", tuning=Tuning(block_m=128))]
     ref = [unified_attention(*args_of(batch), split_size=split, **kw) for kw in runs]
-    for flat in (False, True):
-        for k_rows in (False, True):
-            monkeypatch.setattr(attention, "_addressing", lambda *a, f=flat, r=k_rows: (f, r))
-            for kw, want in zip(runs, ref, strict=True):
-                got = unified_attention(*args_of(batch), split_size=split, **kw)
-                assert_same_bits(got, want, f"flat={flat}, k_rows={k_rows}, {kw}")
+    for k_rows in (False, True):
+        monkeypatch.setattr(attention, "_k_rows", lambda lp, dt, r=k_rows: r)
+        for kw, want in zip(runs, ref, strict=True):
+            got = unified_attention(*args_of(batch), split_size=split, **kw)
+            assert_same_bits(got, want, f"k_rows={k_rows}, {kw}")
 
 
-def test_caches_with_other_layouts_take_the_int64_path(make_batch, args_of,
-                                                       assert_same_bits) -> None:
+def test_caches_with_other_layouts_give_the_same_bits(make_batch, args_of,
+                                                      assert_same_bits) -> None:
     # K and V as views of one [num_pages, 2, page_size, Hkv, D] tensor (an engine's combined
-    # cache: a page is not page_size consecutive rows of the view), and K and V with different
-    # strides: the int64 path, with the same results as the contiguous caches.
-    import kernels.attention as attention
-
+    # cache), and V with other strides than K: the same results as contiguous caches.
     batch = make_batch(torch.float16, [(1, 70), (5, 40)], PageLayout(4, "shuffled"))
     q, k, v, cu, kv, bt = args_of(batch)
     combined = torch.stack([k, v], dim=1)
     k2, v2 = combined[:, 0], combined[:, 1]
     v3 = v.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
-    assert attention._flat_rows(k, v)
-    assert not attention._flat_rows(k2, v2) and not attention._flat_rows(k, v3)
     for plan in ("split", "fused"):
         ref = unified_attention(q, k, v, cu, kv, bt, split_size=64, plan=plan)
         assert_same_bits(unified_attention(q, k2, v2, cu, kv, bt, split_size=64, plan=plan), ref,
                          f"combined KV cache ({plan})")
         assert_same_bits(unified_attention(q, k, v3, cu, kv, bt, split_size=64, plan=plan), ref,
                          f"V with other strides ({plan})")
-
-
-def test_int32_row_addressing_needs_rows_that_fit() -> None:
-    import kernels.attention as attention
-
-    def cache(num_pages: int, page_size: int) -> torch.Tensor:
-        return torch.empty((num_pages, page_size, 1, 64), device="meta")
-
-    assert attention._flat_rows(cache(2**26, 16), cache(2**26, 16))  # 2**30 rows
-    assert not attention._flat_rows(cache(2**27, 16), cache(2**27, 16))  # 2**31 rows
