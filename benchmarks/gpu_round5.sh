@@ -11,7 +11,7 @@
 #         time; on commit fda026b), then the same ncu sampling on that split kernel
 #   rows: probe_round5.py hashes on round 4's kernels (r4old/) and on these (bits across builds),
 #         probe_round5.py flat, and the ncu sampling of the split kernel at batch 1, 1k tokens
-#         (run on three intermediate versions of commit c174114, report section 5)
+#         (run on three intermediate versions of commit c174114, report section 4)
 #   check: on the final kernels, the full default check (3 dtypes, cold Triton cache), the
 #          control, the tuning fuzz and the hashes of round 4's kernels and these (bits across
 #          builds; on commit c174114 this step also ran probe_round5.py flat)

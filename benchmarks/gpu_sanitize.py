@@ -70,8 +70,8 @@ def plans_agree(args: Args, split: int) -> bool:
     fused = unified_attention(*args, split_size=split, plan="fused")
     split_plan = unified_attention(*args, split_size=split, plan="split")
     unified_attention(*args, split_size=split, plan="auto")
-    # 128-row tiles in the fused kernel (its int32 row addressing; bits not compared: BLOCK_M 128
-    # is measured bit-neutral at head dim 128 only).
+    # 128-row tiles in the fused kernel (K loaded as columns there; bits not compared: BLOCK_M
+    # 128 is measured bit-neutral at head dim 128 only).
     if args[0].dtype != torch.float32:
         unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
     # host_lens that understate every length: they steer the plan only, never memory sizes.

@@ -66,6 +66,9 @@ def _table(rows, labels):
 
 def swap(out_dir):
     """The swapped tile vs the standard tile: bits against the fused plan, and time."""
+    if "swap" not in kernels.Tuning.__dataclass_fields__:
+        sys.exit("probe_round5 swap: needs the kernels of commit 6303129 (the swapped tile was "
+                 "reverted after it)")
     timer = CudaTimer(iters=20, warmup=3)
     rows = []
     for name in WORKLOADS_R5:
@@ -123,6 +126,9 @@ def flat(out_dir):
     each plan: time, and bits against the fused plan with round 4's addressing."""
     import kernels.attention as attention
 
+    if not hasattr(attention, "_flat_rows"):
+        sys.exit("probe_round5 flat: needs the kernels of commit fda026b or c174114 (int32 row "
+                 "addressing was removed after them)")
     timer = CudaTimer(iters=20, warmup=3)
     rows = []
     real = attention._flat_rows

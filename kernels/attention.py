@@ -498,12 +498,16 @@ def plan_attention(
 def _k_rows(lp: LaunchPlan, dtype: torch.dtype) -> bool:
     """``IS_K_ROWS``: load K as ``[BLOCK_N, D]`` rows like V (the same keys per thread, so the
     page ids and slots of a thread's keys serve both loads; the dot reads it transposed) rather
-    than as ``[D, BLOCK_N]`` columns. Bit-neutral (the same values reach the same dot: 32 of 32
-    output hashes equal to the column load's on an H100, and CPU tests), so it follows speed as
-    measured on an H100 (reports/h100-round5/README.md): rows for tiles of up to 64 rows (decode
-    at batch 1, 1k tokens: 36.5 -> 32.6 us, with shift/mask page math), columns for 128-row tiles
-    (prefill-varlen ran 2-6% slower with rows) and for float32 (FMA dots)."""
-    return dtype != torch.float32 and lp.block_m <= 64
+    than as ``[D, BLOCK_N]`` columns. Bit-neutral: the same values reach the same dot (on an H100,
+    bf16: 32 of 32 output hashes equal to round 4's column-only kernels and 0 of 96 probe runs
+    differing; every perturbation of the full check that compares a decode tile with a 128-row
+    tile compares the two loads, at fp16 and bf16; CPU tests). So it follows speed, measured on
+    an H100 in one session (reports/h100-round5/final/probe-k-rows.jsonl): rows in the split
+    kernel (decode-b1-ctx1k 33.3 -> 32.4 us; prefill-varlen and mixed64 5% faster when forced
+    there) and in the fused kernel's tiles of up to 64 rows (decode-b8-ctx32k 1209 -> 1119 us);
+    columns in the fused kernel's 128-row tiles (prefill-varlen 9003 -> 9639 us and mixed64 +7%
+    with rows) and for float32 (FMA dots)."""
+    return dtype != torch.float32 and (lp.plan == "split" or lp.block_m <= 64)
 
 
 def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
