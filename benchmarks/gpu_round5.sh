@@ -2,41 +2,24 @@
 # The round-5 H100 runs (reports/h100-round5/README.md), one step per device call (each under
 # 10 minutes): sh benchmarks/gpu_round5.sh STEP, with $OUT the output folder.
 #   micro: benchmarks/probe_swap.py (standalone kernels: is the swapped tile bit-identical?)
-#   probe: probe_round5.py swap on the experiment's kernels (commit 6303129: the swapped decode
-#          tile, reverted after this probe), then probe_round5.py plans on round 4's kernels
-#          (r4old/, from `git archive 7225b3f kernels | tar -x -C r4old`; git-ignored, so
-#          carried to the GPU) and on the experiment's, for a same-session comparison
-#   ncu: stall sampling of round 4's split kernel at batch 1, 1k tokens (r4old/ as above)
-#   flat: probe_round5.py flat (int32 row addressing vs round 4's int64 addressing, bits and
-#         time; on commit fda026b), then the same ncu sampling on that split kernel
-#   rows: probe_round5.py hashes on round 4's kernels (r4old/) and on these (bits across builds),
-#         probe_round5.py flat, and the ncu sampling of the split kernel at batch 1, 1k tokens
-#         (run on three intermediate versions of commit c174114, report section 4)
+#   ncu: stall sampling of round 4's split kernel at batch 1, 1k tokens (r4old/: round 4's
+#        kernels from `git archive 7225b3f kernels | tar -x -C r4old`; git-ignored, so carried
+#        to the GPU)
 #   check: on the final kernels, the full default check (3 dtypes, cold Triton cache), the
-#          control, the tuning fuzz and the hashes of round 4's kernels and these (bits across
-#          builds; on commit c174114 this step also ran probe_round5.py flat)
+#          control, the tuning fuzz and the hashes of round 4's kernels (r4old/) and these
+#          (bits across builds; on commit c174114 this step also ran probe_round5.py flat)
 #   sanitize: benchmarks/gpu_sanitize.sh (memcheck, initcheck)
+#   (Steps probe, flat and rows ran the swap and flat probe modes on kernels that are gone; they
+#   are in this script at commits 6303129 (probe) and c174114 (flat, rows).)
 #   bench: probe_round5.py krows (K rows vs columns, bits and time), then invariance bench
 #          kernels + kernels-heuristic + FlashInfer (the wheels in .whl/)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round5.sh micro|probe|ncu|flat|rows|check|sanitize|bench}
+STEP=${1:?usage: sh benchmarks/gpu_round5.sh micro|ncu|check|sanitize|bench}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 step_micro() {
   timeout 400 python3 benchmarks/probe_swap.py $OUT 2>&1 | tail -80
-}
-
-step_probe() {
-  P=$OUT/p; mkdir -p $P/r4 $P/r5
-  nvidia-smi --query-gpu=name,driver_version --format=csv > $P/gpu.txt
-  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $P/gpu.txt
-  timeout 330 python3 benchmarks/probe_round5.py $P swap > $P/swap.log 2>&1; echo "swap rc=$?"
-  timeout 120 env PYTHONPATH=$PWD/r4old:$PWD python3 benchmarks/probe_round5.py $P/r4 plans > $P/r4/plans.log 2>&1; echo "r4 plans rc=$?"
-  timeout 100 python3 benchmarks/probe_round5.py $P/r5 plans > $P/r5/plans.log 2>&1; echo "r5 plans rc=$?"
-  tar czf $OUT/p.tgz -C $OUT p
-  grep -A13 "^workload" $P/swap.log; grep -A13 "^workload" $P/r4/plans.log; grep -A13 "^workload" $P/r5/plans.log
-  grep -h error $P/swap.log | head -5
 }
 
 step_ncu() {
@@ -45,33 +28,6 @@ step_ncu() {
   timeout 200 $N --page raw --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $OUT/raw.csv 2>&1; echo "raw rc=$?"
   timeout 200 $N --page source --print-source sass --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $OUT/sass.csv 2>&1; echo "sass rc=$?"
   rm -rf $OUT/x
-}
-
-step_flat() {
-  F=$OUT/f; mkdir -p $F
-  timeout 360 python3 benchmarks/probe_round5.py $F flat > $F/flat.log 2>&1; echo "flat rc=$?"
-  N="ncu --section SourceCounters --section WarpStateStats -k regex:split_kernel -s 1 -c 1"
-  timeout 150 $N --page source --print-source sass --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $F/sass-flat.csv 2>&1; echo "sass rc=$?"
-  timeout 150 $N --page raw --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $F/raw-flat.csv 2>&1; echo "raw rc=$?"
-  rm -rf $OUT/x
-  tar czf $OUT/f.tgz -C $OUT f
-  grep -A13 "^workload" $F/flat.log; grep -h -i "error\|Traceback" $F/flat.log | head -5
-}
-
-step_rows() {
-  R=$OUT/r; mkdir -p $R/r4 $R/new
-  timeout 150 env PYTHONPATH=$PWD/r4old:$PWD python3 benchmarks/probe_round5.py $R/r4 hashes > $R/r4/hashes.log 2>&1; echo "r4 hashes rc=$?"
-  timeout 150 python3 benchmarks/probe_round5.py $R/new hashes > $R/new/hashes.log 2>&1; echo "new hashes rc=$?"
-  timeout 200 python3 benchmarks/probe_round5.py $R flat > $R/flat.log 2>&1; echo "flat rc=$?"
-  N="ncu --section SourceCounters --section WarpStateStats -k regex:split_kernel -s 1 -c 1"
-  timeout 100 $N --page source --print-source sass --csv python3 benchmarks/probe_round4.py $OUT/x ncu decode-b1-ctx1k split > $R/sass.csv 2>&1; echo "sass rc=$?"
-  rm -rf $OUT/x
-  tar czf $OUT/r.tgz -C $OUT r
-  python3 -c "
-import json
-a=[json.loads(l) for l in open('$R/r4/hashes.jsonl')]; b=[json.loads(l) for l in open('$R/new/hashes.jsonl')]
-print('hash rows', len(a), len(b), 'differ', sum(x != y for x, y in zip(a, b)))"
-  grep -A13 "^workload" $R/flat.log
 }
 
 step_check() {

@@ -1,19 +1,16 @@
-"""Round-5 probe (H100): the swapped decode tile (reports/h100-round5/README.md).
+"""Round-5 probe (H100): K loads and bits across builds (reports/h100-round5/README.md).
 
-    python benchmarks/probe_round5.py OUT_DIR [swap|plans|flat|krows|hashes]
+    python benchmarks/probe_round5.py OUT_DIR [plans|krows|hashes]
 
-``swap``: every workload under the standard tile (fused and split plans), the swapped decode tile
-at 16/32 rows, 2-4 pipeline stages and 4/8 warps, and ``plan="auto"``; CUDA-graph replay (L2
-flushed, median), each compared bit for bit (out and LSE) with the fused plan. It needs the
-experiment's ``kernels.Tuning(swap=...)``: run it on commit 6303129, whose kernels have the
-swapped tile (reverted after this probe; reports/h100-round5/README.md says why).
-``flat`` (on commits fda026b and c174114, which had it): int32 row addressing vs round 4's int64
-page/slot addressing, each plan, timed and compared bit for bit. ``krows``: K loaded as rows
-(the default for tiles of up to 64 rows) vs as columns, each plan, timed and compared bit for
-bit. ``hashes``: SHA-256 of out and LSE per workload and plan (run
-on two builds to compare their bits). ``plans``: fused / split / auto only, with whatever
+``krows``: K loaded as rows (the default, except in the fused kernel's 128-row tiles) vs as
+columns, each plan, timed (CUDA-graph replay, L2 flushed, median) and compared bit for bit (out
+and LSE) with the fused plan. ``hashes``: SHA-256 of out and LSE per workload and plan (run on
+two builds to compare their bits). ``plans``: fused / split / auto only, with whatever
 ``kernels`` is first on ``PYTHONPATH`` (run it on the previous round's kernels to time them in
 the same session).
+
+Two modes ran on kernels that are gone, and stay in this file at those commits: ``swap`` (the
+swapped decode tile; commit 6303129) and ``flat`` (int32 row addressing; commit c174114).
 """
 
 from __future__ import annotations
@@ -33,22 +30,6 @@ from invariance.compare import compare_bits
 WORKLOADS_R5 = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-ctx1k",
                 "decode-b8-ctx8k", "decode-b8-ctx32k", "decode-b64-ctx1k", "decode-b64-ctx8k",
                 "decode-prod64", "mixed64", "prefill-varlen"]
-PREFILL = ("mixed64", "prefill-varlen")
-
-# (label, plan, Tuning fields); "std" = the standard tile forced, "swapR-sS-wW" = the swapped
-# tile with R rows, S stages, W warps.
-SWAP_CONFIGS = [
-    ("fused-std", "fused", dict(swap=False)),
-    ("split-std", "split", dict(swap=False)),
-    ("swap16-s2-w4", "split", dict(swap=True, block_m=16, num_stages=2, num_warps=4)),
-    ("swap16-s3-w4", "split", dict(swap=True, block_m=16, num_stages=3, num_warps=4)),
-    ("swap16-s4-w4", "split", dict(swap=True, block_m=16, num_stages=4, num_warps=4)),
-    ("swap32-s2-w4", "split", dict(swap=True, block_m=32, num_stages=2, num_warps=4)),
-    ("swap16-s2-w8", "split", dict(swap=True, block_m=16, num_stages=2, num_warps=8)),
-    ("auto", "auto", dict()),
-]
-
-
 def _bits_vs(ref, got):
     return (compare_bits(got[0], ref[0], name="out").num_different
             + compare_bits(got[1], ref[1], name="lse").num_different)
@@ -62,43 +43,6 @@ def _table(rows, labels):
             "-" if lb not in got else "err" if "error" in got[lb] else
             f"{got[lb]['us']}{'' if got[lb].get('bits_differing', 0) == 0 else ' DIFF'}"
             for lb in labels))
-
-
-def swap(out_dir):
-    """The swapped tile vs the standard tile: bits against the fused plan, and time."""
-    if "swap" not in kernels.Tuning.__dataclass_fields__:
-        sys.exit("probe_round5 swap: needs the kernels of commit 6303129 (the swapped tile was "
-                 "reverted after it)")
-    timer = CudaTimer(iters=20, warmup=3)
-    rows = []
-    for name in WORKLOADS_R5:
-        batch = build_batch(WORKLOADS[name])
-        ref = call(batch, "fused", kernels.Tuning(swap=False))()
-        for label, plan, fields in SWAP_CONFIGS:
-            if name in PREFILL and label.startswith("swap") and label != "swap16-s2-w4":
-                continue  # one swapped run for the bits; the swapped tile is not for prefill
-            if name == "decode-b1-ctx32k" and plan == "fused":
-                continue
-            tuning = kernels.Tuning(**fields)
-            try:
-                d = _bits_vs(ref, call(batch, plan, tuning)())
-                ms = timer.time_fn(graphed(call(batch, plan, tuning)))
-            except Exception as exc:  # out of resources: recorded
-                rows.append(dict(workload=name, config=label,
-                                 error=str(exc).splitlines()[0][:160]))
-                print(json.dumps(rows[-1]), flush=True)
-                continue
-            lp = kernels.plan_attention(
-                batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
-                batch.block_table, plan=plan, tuning=tuning, validate=False,
-                host_lens=(batch.q_lens(), batch.kv_lens.tolist()))
-            rows.append(dict(workload=name, config=label, plan=lp.plan, swap=lp.swap,
-                             block_m=lp.block_m, us=round(ms * 1000, 1), bits_differing=d))
-            print(json.dumps(rows[-1]), flush=True)
-        del batch, ref
-        torch.cuda.empty_cache()
-    save(out_dir, "swap.jsonl", rows)
-    _table(rows, [c[0] for c in SWAP_CONFIGS])
 
 
 def plans(out_dir):
@@ -118,40 +62,6 @@ def plans(out_dir):
         torch.cuda.empty_cache()
     save(out_dir, "plans.jsonl", rows)
     _table(rows, ["fused", "split", "auto"])
-
-
-def flat(out_dir):
-    """Int32 row addressing (``IS_FLAT_ROWS``, the default for contiguous caches) vs the int64
-    page/slot addressing of round 4 (``kernels.attention._flat_rows`` patched to False), under
-    each plan: time, and bits against the fused plan with round 4's addressing."""
-    import kernels.attention as attention
-
-    if not hasattr(attention, "_flat_rows"):
-        sys.exit("probe_round5 flat: needs the kernels of commit fda026b or c174114 (int32 row "
-                 "addressing was removed after them)")
-    timer = CudaTimer(iters=20, warmup=3)
-    rows = []
-    real = attention._flat_rows
-    for name in WORKLOADS_R5:
-        batch = build_batch(WORKLOADS[name])
-        attention._flat_rows = lambda k, v: False
-        ref = call(batch, "fused")()
-        for plan in ("fused", "split", "auto"):
-            if name == "decode-b1-ctx32k" and plan == "fused":
-                continue
-            for is_flat in (False, True):
-                attention._flat_rows = real if is_flat else (lambda k, v: False)
-                d = _bits_vs(ref, call(batch, plan)())
-                ms = timer.time_fn(graphed(call(batch, plan)))
-                rows.append(dict(workload=name, config=f"{plan}-{'flat' if is_flat else 'r4'}",
-                                 flat=is_flat and real(batch.k_cache, batch.v_cache),
-                                 us=round(ms * 1000, 1), bits_differing=d))
-                print(json.dumps(rows[-1]), flush=True)
-        attention._flat_rows = real
-        del batch, ref
-        torch.cuda.empty_cache()
-    save(out_dir, "flat.jsonl", rows)
-    _table(rows, [f"{p}-{f}" for p in ("fused", "split", "auto") for f in ("r4", "flat")])
 
 
 def krows(out_dir):
@@ -209,7 +119,7 @@ def hashes(out_dir):
     save(out_dir, "hashes.jsonl", rows)
 
 
-MODES = {"swap": swap, "plans": plans, "flat": flat, "krows": krows, "hashes": hashes}
+MODES = {"plans": plans, "krows": krows, "hashes": hashes}
 
 if __name__ == "__main__":
     out_dir = sys.argv[1]
