@@ -6,7 +6,7 @@
 At each dtype, on two head configurations, small batches (built by the harness's
 ``materialize``; shuffled pages, NaN-filled unused memory, unused block-table columns) go through:
 the fused and the split plan at two split sizes (validate=True; the two plans must agree bit for
-bit), the fused plan with 128-row tiles (half precision), ``plan="auto"``, the control mode
+bit), the fused plan with 128- and 256-row tiles (half precision), ``plan="auto"``, the control mode
 (``split_size=None``), a step without query tokens, ``merge_states`` (with empty, NaN and +inf
 partials), and malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
@@ -70,10 +70,12 @@ def plans_agree(args: Args, split: int) -> bool:
     fused = unified_attention(*args, split_size=split, plan="fused")
     split_plan = unified_attention(*args, split_size=split, plan="split")
     unified_attention(*args, split_size=split, plan="auto")
-    # 128-row tiles in the fused kernel (K loaded as columns there; bits not compared: BLOCK_M
-    # 128 is measured bit-neutral at head dim 128 only).
+    # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
+    # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only).
     if args[0].dtype != torch.float32:
         unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
+        unified_attention(*args, split_size=split, plan="fused",
+                          tuning=Tuning(block_m=256, num_warps=8, num_stages=3))
     # host_lens that understate every length: they steer the plan only, never memory sizes.
     q_lens = (args[3][1:] - args[3][:-1]).tolist()
     unified_attention(*args, split_size=split, validate=False,

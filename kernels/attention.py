@@ -41,6 +41,7 @@ from kernels.config import (
     control_num_splits,
     prefill_like,
     rows_per_block,
+    tile_config,
 )
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention", "unified_attention"]
@@ -126,10 +127,11 @@ class Tuning:
       bit-neutral on an H100 (half precision, head dim 128).
     - ``block_m`` (tile rows, a power of two; raised to the GQA group size) and ``num_warps``:
       they change neither the tiles and splits a row sees nor their order, but on a GPU they
-      pick the tensor-core layout of ``tl.dot``: on an H100, BLOCK_M 64/128 and 4/8 warps were
-      bit-neutral for half precision at head dim 128 (``wgmma``), BLOCK_M 16/32 (``mma.sync``)
-      and float32's 64 vs 32 were not (kernels/README.md). Vary them per batch only where the
-      harness has shown, on the target GPU, that the values used agree bit for bit.
+      pick the tensor-core layout of ``tl.dot``: on an H100, BLOCK_M 64/128 and 4/8 warps, and
+      256 on 8 warps, were bit-neutral for half precision at head dim 128 (``wgmma``), BLOCK_M
+      16/32 (``mma.sync``) and float32's 64 vs 32 were not (kernels/README.md). Vary them per
+      batch only where the harness has shown, on the target GPU, that the values used agree bit
+      for bit. A ``block_m`` given without warps or stages takes those from ``tile_config``.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -453,6 +455,9 @@ def plan_attention(
     B = kv_lens.shape[0]
     G = Hq // Hkv
     cfg = batch_tuning(q.dtype, D, G, T, B, _sm_major(q.device))
+    # An explicit block_m takes its warps and stages from tile_config, not from the per-batch
+    # choice (which pairs 256 rows with 8 warps: 128 rows on 8 warps ran 31% slower there).
+    launch = cfg if tuning.block_m is None else tile_config(q.dtype, D)
     block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
     block_n = tuning.block_n or cfg.block_n
     _check_options(split_size, plan, validate, block_n, q)
@@ -482,8 +487,8 @@ def plan_attention(
             decode=not prefill_like(T, G, B))
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
-        num_warps=tuning.num_warps or cfg.num_warps,
-        num_stages=tuning.num_stages or cfg.num_stages,
+        num_warps=tuning.num_warps or launch.num_warps,
+        num_stages=tuning.num_stages or launch.num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=max(1, _cdiv(max_kv if trusted else bound, split_tokens)),
@@ -506,7 +511,8 @@ def _k_rows(lp: LaunchPlan, dtype: torch.dtype) -> bool:
     kernel (decode-b1-ctx1k 33.3 -> 32.4 us; prefill-varlen and mixed64 5% faster when forced
     there) and in the fused kernel's tiles of up to 64 rows (decode-b8-ctx32k 1209 -> 1119 us);
     columns in the fused kernel's 128-row tiles (prefill-varlen 9003 -> 9639 us and mixed64 +7%
-    with rows) and for float32 (FMA dots)."""
+    with rows), its 256-row tiles (timed with columns only: reports/h100-round6/README.md) and
+    for float32 (FMA dots)."""
     return dtype != torch.float32 and (lp.plan == "split" or lp.block_m <= 64)
 
 
@@ -553,21 +559,21 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
     Hkv = k_cache.shape[2]
     direct = lp.num_splits == 1
     if direct:
-        ws_o, ws_lse = out, lse  # not read: the kernel writes out and lse
+        ws_o, ws_ml = out, lse  # not read: the kernel writes out and lse
     else:
         # NOTE: uninitialised on purpose. Each row only reads the partials of splits at or below
         # its position, and those are always written.
         ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
-        ws_lse = torch.empty((T, Hq, lp.num_splits), dtype=torch.float32, device=q.device)
+        ws_ml = torch.empty((T, Hq, lp.num_splits, 2), dtype=torch.float32, device=q.device)
     _unified_attention_split_kernel[(lp.num_slots, Hkv, lp.num_splits)](
-        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_lse, out, lse,
+        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
         num_splits=lp.num_splits, IS_DIRECT=direct,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
-        _launch_merge(lp, ws_o, ws_lse, inputs, out, lse)
+        _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
 
 
-def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_lse: torch.Tensor,
+def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
                   inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor) -> None:
     """One program per (query token, KV head, block of head-dim columns) folds its row's partials
     in split order."""
@@ -577,7 +583,7 @@ def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_lse: torch.Tensor,
     block_d = _merge_block_d(D)
     assert D % block_d == 0, (D, block_d)  # internal: every column belongs to one program
     _merge_splits_kernel[(T, Hkv, D // block_d)](
-        ws_o, ws_lse, cu_seqlens_q, kv_lens, out, lse,
+        ws_o, ws_ml, cu_seqlens_q, kv_lens, out, lse,
         split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
         G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,

@@ -76,14 +76,23 @@ def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
 
 
 #: Tile rows a request fills on average (``num_tokens * group_size / batch_size``) from which a
-#: batch counts as prefill-like: it gets 128-row tiles and the fused plan; below it is decode-like.
+#: batch counts as prefill-like: it gets 128-row tiles (256 for long prompts) and the fused plan;
+#: below it is decode-like.
 PREFILL_ROWS_PER_REQUEST = 128
 
 
 def prefill_like(num_tokens: int, group_size: int, batch_size: int) -> bool:
-    """Whether the batch's requests fill a 128-row tile on average (prefill and mixed batches);
-    from shapes alone (no sync)."""
+    """Whether the batch's requests fill a 128-row tile on average (prefill and mixed batches:
+    128-row tiles, or 256 for long prompts); from shapes alone (no sync)."""
     return num_tokens * group_size >= PREFILL_ROWS_PER_REQUEST * max(batch_size, 1)
+
+
+#: Query tokens per request on average from which a prefill-like batch counts as long prompts:
+#: it gets 256-row tiles on 8 warps (two warpgroups of 128 rows). On an H100 (round 6) that took a
+#: varlen prefill (8 prompts, 4608 tokens on average) from 8730 to 8480 us at bfloat16 and from
+#: 8886 to 8529 us at float16, and made a mixed batch (148 tokens per request on average, half
+#: of them decodes) 13% slower: its decode rows would sit in 256-row tiles.
+LONG_PROMPT_TOKENS = 1024
 
 
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
@@ -100,10 +109,17 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     H100 at bfloat16 and 3 at float16, all on the same wgmma instruction family; BLOCK_M 32
     (mma.sync) did change bits there, and for float32 (FMA dots) BLOCK_M 64 vs 32 did too, so
     float32 keeps its fixed BLOCK_M (reports/h100-round3/README.md). Worth 21% on a varlen
-    prefill and 5% on a mixed batch."""
+    prefill and 5% on a mixed batch.
+
+    Long prompts (at least :data:`LONG_PROMPT_TOKENS` query tokens per request on average) take
+    BLOCK_M 256 on 8 warps and 3 stages instead: every row still on an m64 ``wgmma``, bit for
+    bit the same as 64 and 128 on an H100 (0 of 2 x 3 workloads differing, and the tuning fuzz
+    of the full check; reports/h100-round6/README.md), 3-4% faster on a varlen prefill."""
     cfg = tile_config(dtype, head_dim)
     if (sm_major == 9 and dtype in (torch.float16, torch.bfloat16) and head_dim == 128
             and prefill_like(num_tokens, group_size, batch_size)):
+        if num_tokens >= LONG_PROMPT_TOKENS * max(batch_size, 1):
+            return replace(cfg, block_m=256, num_warps=8, num_stages=3)
         return replace(cfg, block_m=128)
     return cfg
 

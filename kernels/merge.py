@@ -31,8 +31,9 @@ def merge_states(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tenso
         lses: ``[N, S, H]`` their natural-log LSEs (any float dtype), on ``outputs``' device.
 
     Returns:
-        ``(out [N, H, D] float32, lse [N, H] float32)``, through the same ``state_merge`` helper
-        as the attention kernels.
+        ``(out [N, H, D] float32, lse [N, H] float32)``, through ``state_merge``, a fixed
+        left-to-right fold of normalized states (the attention kernels fold raw states with
+        ``state_fold``; kernels/README.md).
 
     Special LSE values, per ``(n, h)`` row (kernels/README.md, "merge_states"):
 

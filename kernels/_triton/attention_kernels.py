@@ -8,14 +8,15 @@ so one K/V tile load serves the whole group and decode still fills the tensor co
 Numerics contract (``kernels/README.md``): the reduction order of every row is a function of its
 absolute position alone. KV tiles sit at absolute positions ``[j * BLOCK_N, (j + 1) * BLOCK_N)``,
 splits at ``[s * S, (s + 1) * S)``; each split runs a fresh online softmax over its tiles in
-increasing order (:func:`_attend_split`), and splits are folded left to right with
-:func:`state_merge`. Tiles and splits a row does not reach leave its state bit-identical.
+increasing order (:func:`_attend_split`), and the splits' raw states are folded left to right
+with :func:`state_fold`, then normalized once (:func:`state_normalize`). Tiles and splits a row
+does not reach leave its state bit-identical.
 """
 
 import triton
 import triton.language as tl
 
-from kernels._triton.merge_kernels import state_merge, state_normalize
+from kernels._triton.merge_kernels import state_fold, state_normalize
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
@@ -212,7 +213,7 @@ def _attend_split(
 ):
     """Online softmax over the tiles of split ``i_split``, from a fresh state, in increasing order.
 
-    Returns the normalized state (o [BM, D] fp32, lse2 [BM] fp32 in log2 units).
+    Returns the split's raw state (m [BM], l [BM], acc [BM, D]) fp32, m in log2 units.
     """
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -235,19 +236,18 @@ def _attend_split(
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
             IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-    return state_normalize(acc, l_i, m_i)
+    return m_i, l_i, acc
 
 
 @triton.jit
-def _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """End of a split in the fused plan: merge its normalized state into (b_o, b_lse) and return
-    a fresh online-softmax state."""
-    b_os, b_ls = state_normalize(acc, l_i, m_i)
-    b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
+def _close_split(f_m, f_l, f_acc, m_i, l_i, acc, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """End of a split in the fused plan: fold its raw state into the running fold (f_m, f_l,
+    f_acc) and return a fresh online-softmax state."""
+    f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, m_i, l_i, acc)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    return b_o, b_lse, m_i, l_i, acc
+    return f_m, f_l, f_acc, m_i, l_i, acc
 
 
 @triton.jit
@@ -328,14 +328,16 @@ def _unified_attention_fused_kernel(
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     kv_off_h = i_kvh.to(tl.int64)
-    b_o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    b_lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    # The running fold of the finished splits (empty), and the current split's state.
+    f_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    f_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    f_acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # One flat loop over the tiles (long loops pipeline well); at every split boundary the split's
-    # state is normalized, merged and reset: the same operations, in the same order, as
-    # _attend_split + state_merge in the split plan.
+    # raw state is folded and reset: the same operations, in the same order, as _attend_split +
+    # state_fold in the split plan's merge.
     j_end = max_pos // BLOCK_N + 1
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
@@ -346,7 +348,8 @@ def _unified_attention_fused_kernel(
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
             IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
-            b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
+            f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                          BLOCK_M, HEAD_DIM)
     for j in range(j_mid, j_end):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
@@ -354,10 +357,13 @@ def _unified_attention_fused_kernel(
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
             IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
         if (j + 1) % split_tiles == 0:
-            b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
+            f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                          BLOCK_M, HEAD_DIM)
     if j_end % split_tiles != 0:
         # The last split ends inside the block's range.
-        b_o, b_lse, m_i, l_i, acc = _close_split(b_o, b_lse, m_i, l_i, acc, BLOCK_M, HEAD_DIM)
+        f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                      BLOCK_M, HEAD_DIM)
+    b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 
 
@@ -372,8 +378,8 @@ def _unified_attention_split_kernel(
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
     # Outputs
-    ws_o_ptr,  # [T, Hq, num_splits, D] fp32 partial outputs
-    ws_lse_ptr,  # [T, Hq, num_splits] fp32 partial lse (log2 units)
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32 partial raw acc (un-normalized p @ v)
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32 partial (m in log2 units, l)
     out_ptr,  # [T, Hq, D] contiguous (IS_DIRECT only)
     lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
     # Scalars
@@ -411,9 +417,9 @@ def _unified_attention_split_kernel(
     """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial.
 
     ``IS_DIRECT`` (every row has one split, ``num_splits == 1``): the partial is the result, so
-    it goes straight to ``out`` / ``lse`` and there is no merge. The same bits: merging one
-    state into the empty state returns it unchanged (:func:`state_merge`), and the stores round
-    it to ``out``'s dtype and scale the LSE exactly as the merge kernel's do."""
+    it is normalized and goes straight to ``out`` / ``lse``; there is no merge. The same bits:
+    folding one state into the empty state returns it unchanged (:func:`state_fold`), and the
+    normalization and stores are the merge kernel's."""
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_split = tl.program_id(2)
@@ -430,26 +436,28 @@ def _unified_attention_split_kernel(
             return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
-    b_os, b_ls = _attend_split(
+    s_m, s_l, s_acc = _attend_split(
         b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
         num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
         IS_INTERPRET, DOT_PRECISION)
     if IS_DIRECT:
-        _store_out(out_ptr, lse_ptr, b_os, b_ls, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
+        b_o, b_lse = state_normalize(s_acc, s_l, s_m)
+        _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
     else:
         o_d = tl.arange(0, HEAD_DIM)
         i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
-        tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], b_os, mask=m_row[:, None])
-        tl.store(ws_lse_ptr + i_ws, b_ls, mask=m_row)
+        tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], s_acc, mask=m_row[:, None])
+        tl.store(ws_ml_ptr + 2 * i_ws, s_m, mask=m_row)
+        tl.store(ws_ml_ptr + 2 * i_ws + 1, s_l, mask=m_row)
 
 
 @triton.jit(do_not_specialize=["split_tokens", "B", "num_splits", "max_kv_len"])
 def _merge_splits_kernel(
     # Inputs
-    ws_o_ptr,  # [T, Hq, num_splits, D] fp32
-    ws_lse_ptr,  # [T, Hq, num_splits] fp32 (log2 units)
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32 raw acc
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32 (m in log2 units, l)
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     # Outputs
@@ -469,7 +477,8 @@ def _merge_splits_kernel(
     CHUNK: tl.constexpr,
 ):
     """Split plan, phase 2: one program per (query token, kv head, BLOCK_D columns of the head
-    dim) folds the partials of the group's heads in increasing split order.
+    dim) folds the raw partials of the group's heads in increasing split order
+    (:func:`state_fold`), then normalizes them once.
 
     Every column of a row runs the same merge arithmetic on the same LSEs, so cutting the head dim
     into column blocks is bit-neutral (it only adds programs when there are few tokens). CHUNK
@@ -491,17 +500,20 @@ def _merge_splits_kernel(
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
     m_g = o_g < G
     i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * num_splits  # [BG]
-    b_o = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    b_lse = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    f_m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    f_l = tl.zeros([BLOCK_G], dtype=tl.float32)
+    f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     for i_s0 in range(0, n_splits, CHUNK):
         for c in tl.static_range(CHUNK):
             m_s = m_g & (o_g * 0 + (i_s0 + c) < n_splits)
             # [BG]
-            b_ls = tl.load(ws_lse_ptr + i_ws + i_s0 + c, mask=m_s, other=float("-inf"))
+            s_m = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c), mask=m_s, other=float("-inf"))
+            s_l = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c) + 1, mask=m_s, other=0.0)
             # [BG, BD]
-            b_os = tl.load(ws_o_ptr + (i_ws + i_s0 + c)[:, None] * HEAD_DIM + o_d[None, :],
-                           mask=m_s[:, None], other=0.0)
-            b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, False)
+            s_acc = tl.load(ws_o_ptr + (i_ws + i_s0 + c)[:, None] * HEAD_DIM + o_d[None, :],
+                            mask=m_s[:, None], other=0.0)
+            f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, s_m, s_l, s_acc)
+    b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     i_row = i_t.to(tl.int64) * Hq + i_kvh * G + o_g
     tl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
              b_o.to(out_ptr.dtype.element_ty), mask=m_g[:, None])

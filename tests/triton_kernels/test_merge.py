@@ -1,12 +1,15 @@
-"""merge_states: a fixed left-to-right fold of (output, LSE) partials. Independent of the dtype
-under test (partials are float32)."""
+"""merge_states: a fixed left-to-right fold of (output, LSE) partials; state_fold, the raw-state
+fold inside the attention kernels. Independent of the dtype under test (states are float32)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import merge_states
+from kernels._triton.merge_kernels import state_fold
 
 # [N, S, H, D]: a single partial, several partials with a head count that is not a power of two
 # and larger than one head block (16), a head dim that is not a power of two.
@@ -70,7 +73,7 @@ def test_all_empty_gives_zero_and_minus_inf(device: torch.device) -> None:
 
 
 # Where the special LSE sits among the partials of row (n=1, h=2): first (after nothing), after
-# an empty partial (the case the shared state_merge alone would pass through), last.
+# an empty partial (the case state_merge alone would pass through), last.
 SPECIAL_AT = [pytest.param(0, id="first"), pytest.param(2, id="after-empty"),
               pytest.param(3, id="last")]
 
@@ -110,3 +113,81 @@ def test_rejects_bad_arguments(device: torch.device) -> None:
         merge_states(o, "lse")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="lses"):
         merge_states(o, lse.to("meta"))
+
+
+# --- state_fold: the raw-state fold that the attention kernels' plans share --------------------
+
+@triton.jit
+def _fold_kernel(m_ptr, l_ptr, acc_ptr, out_m_ptr, out_l_ptr, out_acc_ptr, S,
+                 BM: tl.constexpr, D: tl.constexpr):
+    """Folds the S raw states ``m/l [S, BM]``, ``acc [S, BM, D]`` left to right from empty."""
+    o_m = tl.arange(0, BM)
+    o_d = tl.arange(0, D)
+    f_m = tl.full([BM], float("-inf"), dtype=tl.float32)
+    f_l = tl.zeros([BM], dtype=tl.float32)
+    f_acc = tl.zeros([BM, D], dtype=tl.float32)
+    for s in range(0, S):
+        s_m = tl.load(m_ptr + s * BM + o_m)
+        s_l = tl.load(l_ptr + s * BM + o_m)
+        s_acc = tl.load(acc_ptr + (s * BM + o_m)[:, None] * D + o_d[None, :])
+        f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, s_m, s_l, s_acc)
+    tl.store(out_m_ptr + o_m, f_m)
+    tl.store(out_l_ptr + o_m, f_l)
+    tl.store(out_acc_ptr + o_m[:, None] * D + o_d[None, :], f_acc)
+
+
+def _fold(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor):
+    S, BM, D = acc.shape
+    out = (torch.empty(BM, device=m.device), torch.empty(BM, device=m.device),
+           torch.empty(BM, D, device=m.device))
+    _fold_kernel[(1,)](m.contiguous(), l.contiguous(), acc.contiguous(), *out, S, BM=BM, D=D)
+    return out
+
+
+def _raw_states(S: int, BM: int, D: int, device: torch.device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(S, BM, generator=g) * 8
+    l = 1 + torch.rand(S, BM, generator=g) * 100  # a non-empty state has l >= 1
+    acc = torch.randn(S, BM, D, generator=g) * l[..., None]
+    return m.to(device), l.to(device), acc.to(device)
+
+
+def test_state_fold_matches_float64(device: torch.device) -> None:
+    m, l, acc = _raw_states(5, 16, 32, device)
+    f_m, f_l, f_acc = _fold(m, l, acc)
+    m64, l64, acc64 = m.double(), l.double(), acc.double()
+    top = m64.max(0).values
+    w = torch.exp2(m64 - top)  # [S, BM]
+    ref_l = (w * l64).sum(0)
+    ref_o = (w[..., None] * acc64).sum(0) / ref_l[:, None]
+    assert bool((f_m.double() == top).all())
+    torch.testing.assert_close(f_l.double(), ref_l, rtol=1e-6, atol=0)
+    torch.testing.assert_close((f_acc / f_l[:, None]).double(), ref_o, rtol=1e-5, atol=1e-5)
+
+
+def test_state_fold_empty_states_are_exact_noops(device: torch.device, assert_same_bits) -> None:
+    """Empty states as the kernels make them (m = -inf, l = 0, acc = +0), before, between and
+    after real ones, change no bit; a real state alone comes out unchanged, -0.0 and NaN
+    included."""
+    m, l, acc = _raw_states(3, 16, 32, device, seed=1)
+    acc[0, 0, 0] = -0.0
+    acc[0, 1, 1] = float("nan")
+    acc[1, 2, 2] = -0.0
+    e_m = torch.full_like(m[:1], float("-inf"))
+    e_l = torch.zeros_like(l[:1])
+    e_acc = torch.zeros_like(acc[:1])
+    order = [None, None, 0, None, 1, 2, None, None]
+
+    def pick(real: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+        return torch.cat([empty if i is None else real[i:i + 1] for i in order])
+
+    mixed = _fold(pick(m, e_m), pick(l, e_l), pick(acc, e_acc))
+    assert_same_bits(mixed, _fold(m, l, acc), "empty states interleaved vs none")
+    for i in range(3):
+        for before in (1, 2):  # the fold starts from the empty state: 2 or 3 empties first
+            alone = _fold(torch.cat([e_m] * before + [m[i:i + 1], e_m]),
+                          torch.cat([e_l] * before + [l[i:i + 1], e_l]),
+                          torch.cat([e_acc] * before + [acc[i:i + 1], e_acc]))
+            assert_same_bits(alone, (m[i], l[i], acc[i]), f"state {i} after {before} empties")
+    all_empty = _fold(e_m.repeat(2, 1), e_l.repeat(2, 1), e_acc.repeat(2, 1, 1))
+    assert_same_bits(all_empty, (e_m[0], e_l[0], e_acc[0]), "only empty states")

@@ -117,6 +117,9 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
 
     for dt in (torch.float16, torch.bfloat16):
         assert batch_tuning(dt, 128, 4, 8 * 32, 8, 9).block_m == 128  # 32 tokens x 4 heads each
+        assert batch_tuning(dt, 128, 4, 8 * 1023, 8, 9).block_m == 128  # below long prompts
+        tall = batch_tuning(dt, 128, 4, 8 * 1024, 8, 9)  # long prompts: two 128-row warpgroups
+        assert (tall.block_m, tall.num_warps, tall.num_stages) == (256, 8, 3)
         assert batch_tuning(dt, 128, 4, 8, 8, 9).block_m == tile_config(dt, 128).block_m  # decode
         assert batch_tuning(dt, 64, 4, 4096, 8, 9) == tile_config(dt, 64)  # not measured
         batch_tuning(dt, 128, 4, 0, 0, 9)  # an empty batch: no error
@@ -127,6 +130,25 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
     assert batch_tuning(torch.float32, 128, 4, 4096, 1, 9) == tile_config(torch.float32, 128)
     for dt in (torch.float16, torch.bfloat16, torch.float32):  # BLOCK_N never moves
         assert batch_tuning(dt, 128, 4, 4096, 1, 9).block_n == tile_config(dt, 128).block_n
+
+
+def test_long_prompts_get_tall_tiles_and_overrides_keep_their_own_warps(monkeypatch) -> None:
+    # As on an H100 (sm 9): a 2048-token prompt gets 256 rows on 8 warps and 3 stages; a
+    # Tuning that names only block_m takes warps and stages from tile_config, not from that.
+    import kernels.attention as attention
+
+    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    bf16, i32 = torch.bfloat16, torch.int32
+    args = (torch.zeros(2048, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
+            torch.zeros(130, 16, 2, 128, dtype=bf16), torch.tensor([0, 2048], dtype=i32),
+            torch.tensor([2048], dtype=i32), torch.arange(128, dtype=i32)[None])
+    lp = plan_attention(*args, validate=False)
+    assert (lp.block_m, lp.num_warps, lp.num_stages) == (256, 8, 3)
+    cfg = tile_config(bf16, 128)
+    lp = plan_attention(*args, validate=False, tuning=Tuning(block_m=128))
+    assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, cfg.num_warps, cfg.num_stages)
+    lp = plan_attention(*args, validate=False, tuning=Tuning(num_stages=2))
+    assert (lp.block_m, lp.num_warps, lp.num_stages) == (256, 8, 2)
 
 
 def test_auto_plan_without_statistics_splits_decode_batches() -> None:
@@ -203,14 +225,15 @@ def test_control_mode_ignores_host_lens_for_sizes(dtype: torch.dtype, make_batch
 def test_k_rows_and_k_columns_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
                                                  assert_same_bits, monkeypatch, seed: int,
                                                  split_tiles: int, page_size: int) -> None:
-    # K loaded as [BN, D] rows (like V) or as [D, BN] columns, under both plans and both tile
+    # K loaded as [BN, D] rows (like V) or as [D, BN] columns, under both plans and three tile
     # heights: the same bits.
     import kernels.attention as attention
 
     batch = make_batch(dtype, [*_random_shape(seed), (1, 130), (9, 100)],
                        PageLayout(page_size, "shuffled", seed=seed))
     split = split_tiles * tile_config(dtype, 64).block_n
-    runs = [dict(plan="split"), dict(plan="fused"), dict(plan="fused", tuning=Tuning(block_m=128))]
+    runs = [dict(plan="split"), dict(plan="fused"), dict(plan="fused", tuning=Tuning(block_m=128)),
+            dict(plan="fused", tuning=Tuning(block_m=256, num_warps=8))]
     results = {}
     for k_rows in (False, True):
         monkeypatch.setattr(attention, "_k_rows", lambda lp, dt, r=k_rows: r)
@@ -218,6 +241,10 @@ def test_k_rows_and_k_columns_give_the_same_bits(dtype: torch.dtype, make_batch,
                            for kw in runs]
     for kw, cols, rows in zip(runs, results[False], results[True], strict=True):
         assert_same_bits(rows, cols, f"K rows vs K columns ({kw})")
+    # And every tile height against the split plan: 256-row tiles hold 64 tokens here, so more
+    # of their rows fold splits that only a neighbour reaches (empty states, exact no-ops).
+    for kw, got in zip(runs[1:], results[True][1:], strict=True):
+        assert_same_bits(got, results[True][0], f"{kw} vs the split plan")
 
 
 def test_caches_with_other_layouts_give_the_same_bits(make_batch, args_of,
