@@ -22,16 +22,11 @@ import torch
 
 import kernels
 from benchmarks.probe_round4 import call, save
-from benchmarks.probe_round5 import _bits_vs
-from benchmarks.probe_round5 import plans as _plans
+from benchmarks.probe_round5 import _bits_vs, plans
 from benchmarks.tile_sweep import _graphed as graphed
 from invariance.bench import WORKLOADS, CudaTimer, build_batch
 
 TUNED = ["prefill-varlen", "mixed64", "decode-b1-ctx1k", "decode-b8-ctx1k", "decode-b1-ctx8k"]
-
-
-def plans(out_dir):
-    _plans(out_dir)
 
 
 def tunings(out_dir):
@@ -62,7 +57,7 @@ def tunings(out_dir):
 
 
 def _compiled(jit_fn):
-    """(name, n_regs, n_spills, num_warps) of each compiled variant of a jit function."""
+    """Registers, spills and warps of each compiled variant of a jit function."""
     out = []
     for cache in getattr(jit_fn, "device_caches", {}).values():
         kernels_ = next((c for c in cache if isinstance(c, dict)), {})

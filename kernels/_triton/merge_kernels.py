@@ -65,31 +65,26 @@ def state_normalize(acc, l_i, m_i):
 
 
 @triton.jit
-def state_merge(o_a, lse_a, o_b, lse_b, IS_NATURAL: tl.constexpr):
-    """Merge state b into state a (FlashInfer-style ``state_merge``), a then b.
+def state_merge(o_a, lse_a, o_b, lse_b):
+    """Merge normalized state b into state a (FlashInfer-style ``state_merge``), a then b.
 
-    o_a, o_b: [BM, D] fp32; lse_a, lse_b: [BM] fp32, natural log if IS_NATURAL else log2 units.
-    Returns (o [BM, D] fp32, lse [BM] fp32).
+    o_a, o_b: [BM, D] fp32; lse_a, lse_b: [BM] fp32, natural log. Returns (o [BM, D] fp32,
+    lse [BM] fp32).
     """
     a_empty = lse_a == float("-inf")
     b_empty = lse_b == float("-inf")
     m = tl.maximum(lse_a, lse_b)
     # NOTE: guard exp(-inf - -inf) = NaN when both are empty.
     m_safe = tl.where(a_empty & b_empty, 0.0, m)
-    if IS_NATURAL:
-        w_a = tl.exp(lse_a - m_safe)
-        w_b = tl.exp(lse_b - m_safe)
-    else:
-        w_a = tl.exp2(lse_a - m_safe)
-        w_b = tl.exp2(lse_b - m_safe)
+    w_a = tl.exp(lse_a - m_safe)
+    w_b = tl.exp(lse_b - m_safe)
     w = w_a + w_b
     w_safe = tl.where(w == 0.0, 1.0, w)
     c_a = w_a / w_safe
     c_b = w_b / w_safe
-    # NOTE: an explicit fma leaves the compiler no contraction choice, so this expression rounds the
-    # same way whether o_b was just computed in registers (fused plan) or loaded (split plan).
+    # NOTE: an explicit fma leaves the compiler no contraction choice.
     o = tl.fma(o_a, c_a[:, None], o_b * c_b[:, None])
-    lse = m_safe + tl.log(w_safe) if IS_NATURAL else m_safe + tl.log2(w_safe)
+    lse = m_safe + tl.log(w_safe)
     # NOTE: merging an empty state must be an exact no-op. Select instead of relying on 0 * o: the
     # o of an empty state may be garbage (NaN), and exp/log round-trips are not exact.
     o = tl.where(b_empty[:, None], o_a, tl.where(a_empty[:, None], o_b, o))
@@ -137,7 +132,7 @@ def _merge_states_kernel(
         p_l = lse_ptr + i_n * stride_ln + i_s * stride_ls + o_h * stride_lh
         b_ls = tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32)
         b_bad = b_bad | (b_ls != b_ls) | (b_ls == float("inf"))
-        b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls, True)
+        b_o, b_lse = state_merge(b_o, b_lse, b_os, b_ls)
     # NOTE: a select after the fold, so rows without NaN/+inf keep the bits of the state_merge
     # fold (state_merge alone would let a +inf partial after empty ones through).
     b_o = tl.where(b_bad[:, None], float("nan"), b_o)
