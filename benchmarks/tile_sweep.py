@@ -34,8 +34,6 @@ HALF_CANDIDATES = [(bm, w, s) for bm in (64, 128) for w in (4, 8) for s in (2, 3
 FP32_CANDIDATES = [(bm, w, s) for bm in (32, 64) for w in (4, 8) for s in (2, 3)]
 #: What ``fuzz`` draws from (fewer than the sweep: each setting compiles its own kernels).
 FUZZ_CANDIDATES = [(64, 4, 2), (128, 4, 2), (64, 8, 3), (128, 8, 4), (256, 8, 3)]
-# Consecutive splits per split-plan program (None: the rule's choice), drawn per batch too.
-FUZZ_SPLITS_PER_PROGRAM = [None, 1, 2, 3, 8]
 CONTROL = {"bfloat16": (32, 4, 2), "float16": (32, 4, 2), "float32": (16, 4, 2)}
 WORKLOADS = ["prefill-varlen", "mixed64", "decode-prod64", "decode-b8-ctx8k", "decode-b1-ctx32k",
              "decode-b64-ctx8k"]
@@ -157,10 +155,9 @@ def to_markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 
 class Fuzz:
-    """``kernels`` with a candidate launch setting, splits per program and plan picked per batch
-    from a hash of the batch's shape: under ``invariance check`` every perturbation then compares
-    rows computed with different settings, which agree bit for bit only if the settings are
-    bit-neutral."""
+    """``kernels`` with a candidate launch setting and plan picked per batch from a hash of the
+    batch's shape: under ``invariance check`` every perturbation then compares rows computed with
+    different settings, which agree bit for bit only if the settings are bit-neutral."""
 
     plans = ("fused", "split", "auto")
 
@@ -182,13 +179,10 @@ class Fuzz:
                              "(kernels/README.md); check float16 or bfloat16")
         bm, w, s = FUZZ_CANDIDATES[h % len(FUZZ_CANDIDATES)]
         plan = self.plans[(h // len(FUZZ_CANDIDATES)) % len(self.plans)]
-        spp = FUZZ_SPLITS_PER_PROGRAM[(h // (len(FUZZ_CANDIDATES) * len(self.plans)))
-                                      % len(FUZZ_SPLITS_PER_PROGRAM)]
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, plan=plan,
-            tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s,
-                                  splits_per_program=spp))
+            tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s))
         return AttentionResult(out, lse)
 
 

@@ -41,7 +41,6 @@ from kernels.config import (
     control_num_splits,
     prefill_like,
     rows_per_block,
-    splits_per_program,
     tile_config,
 )
 
@@ -133,9 +132,6 @@ class Tuning:
       16/32 (``mma.sync``) and float32's 64 vs 32 were not (kernels/README.md). Vary them per
       batch only where the harness has shown, on the target GPU, that the values used agree bit
       for bit. A ``block_m`` given without warps or stages takes those from ``tile_config``.
-    - ``splits_per_program``: consecutive splits one program of the split plan walks (each
-      from a fresh state, each written to its own partial): a mapping of work to programs,
-      bit-neutral by construction. ``None``: :func:`~kernels.config.splits_per_program`.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -143,7 +139,6 @@ class Tuning:
     block_m: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
-    splits_per_program: int | None = None
     block_n: int | None = None
 
     def __post_init__(self) -> None:
@@ -151,7 +146,6 @@ class Tuning:
             ("block_m", self.block_m, lambda v: _is_pow2(v), "a power of two"),
             ("num_warps", self.num_warps, lambda v: v in _NUM_WARPS, f"one of {_NUM_WARPS}"),
             ("num_stages", self.num_stages, lambda v: 1 <= v <= 8, "an int in [1, 8]"),
-            ("splits_per_program", self.splits_per_program, lambda v: v >= 1, "an int >= 1"),
             ("block_n", self.block_n, lambda v: _is_pow2(v) and v >= 16,
              "a power of two >= 16"),
         )
@@ -190,7 +184,6 @@ class LaunchPlan:
     split_tokens: int  # KV tokens per split (a multiple of block_n)
     split_tiles: int  # KV tiles per split: split_tokens // block_n
     num_splits: int  # splits of the longest KV length (or its bound): the workspace depth
-    splits_per_program: int  # split plan: consecutive splits per program (grid dim 2 divides)
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
@@ -486,8 +479,6 @@ def plan_attention(
     # shapes, never from host_lens.
     split_tokens = _split_tokens(split_size, block_n, max_kv if trusted else bound,
                                  (num_q_blocks if trusted else T // block_q + B) * Hkv, num_sms)
-    # The workspace depth: from checked lengths or the table's bound, never from host_lens.
-    num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
     if plan == "auto":
         plan = choose_plan(
             num_q_blocks * Hkv, num_sms, max_kv, split_tokens,
@@ -499,10 +490,8 @@ def plan_attention(
         num_warps=tuning.num_warps or launch.num_warps,
         num_stages=tuning.num_stages or launch.num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
-        num_splits=num_splits,
-        splits_per_program=tuning.splits_per_program or splits_per_program(
-            num_q_blocks * Hkv, min(num_splits, max(1, _cdiv(max_kv, split_tokens))),
-            split_tokens // block_n, num_sms),
+        # The workspace depth: from checked lengths or the table's bound, never from host_lens.
+        num_splits=max(1, _cdiv(max_kv if trusted else bound, split_tokens)),
         num_slots=T // block_q + B,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
@@ -576,10 +565,9 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         # its position, and those are always written.
         ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T, Hq, lp.num_splits, 2), dtype=torch.float32, device=q.device)
-    _unified_attention_split_kernel[(lp.num_slots, Hkv,
-                                     _cdiv(lp.num_splits, lp.splits_per_program))](
+    _unified_attention_split_kernel[(lp.num_slots, Hkv, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
-        num_splits=lp.num_splits, splits_per_program=lp.splits_per_program, IS_DIRECT=direct,
+        num_splits=lp.num_splits, IS_DIRECT=direct,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)

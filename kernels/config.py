@@ -158,31 +158,6 @@ def control_num_splits(
     return 1
 
 
-#: The split plan gives a program several consecutive splits (bit-neutral) while at least this
-#: many programs per SM remain ...
-SPLIT_PROGRAMS_PER_SM = 2
-#: ... and up to this many KV tiles per program (4096 tokens at BLOCK_N 64).
-SPLIT_TILES_PER_PROGRAM = 64
-
-
-def splits_per_program(num_programs: int, num_splits: int, split_tiles: int,
-                       num_sms: int) -> int:
-    """The split plan's consecutive splits per program, a power of two: the largest that keeps
-    at least :data:`SPLIT_PROGRAMS_PER_SM` programs per SM and at most
-    :data:`SPLIT_TILES_PER_PROGRAM` tiles per program, where ``num_programs`` = query blocks x
-    Hkv and ``num_splits`` the splits of the longest row. Shapes and host statistics only (no
-    sync); bit-neutral, since every split still starts fresh and gets its own partial.
-
-    Fitted on an H100 (reports/h100-round7/README.md, bf16, 32:8:128): at 1024-token splits
-    decode-b8-ctx32k 413 -> 404 us and decode-prod64 1166 -> 1148 us; at 256-token splits
-    decode-prod64 1417 -> 1234 us and decode-b8-ctx32k 467 -> 446 us. A program walking longer
-    runs made skewed batches slower (decode-prod64 1343 us with 256 tiles per program), and
-    fewer programs than SMs made everything slower."""
-    per_program = max(1, min(num_splits, SPLIT_TILES_PER_PROGRAM // max(split_tiles, 1),
-                             num_programs * num_splits // (SPLIT_PROGRAMS_PER_SM * num_sms)))
-    return 1 << (per_program.bit_length() - 1)
-
-
 def choose_plan(
     num_programs: int,
     num_sms: int,

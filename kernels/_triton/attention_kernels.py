@@ -367,23 +367,8 @@ def _unified_attention_fused_kernel(
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 
 
-@triton.jit
-def _store_split(ws_o_ptr, ws_ml_ptr, i_ws, m_i, l_i, acc, m_row, BLOCK_M: tl.constexpr,
-                 HEAD_DIM: tl.constexpr):
-    """Split plan: write one finished split's raw state to its workspace slot ``i_ws`` [BM] and
-    return a fresh online-softmax state."""
-    o_d = tl.arange(0, HEAD_DIM)
-    tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
-    tl.store(ws_ml_ptr + 2 * i_ws, m_i, mask=m_row)
-    tl.store(ws_ml_ptr + 2 * i_ws + 1, l_i, mask=m_row)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    return m_i, l_i, acc
-
-
 @triton.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len",
-                               "num_splits", "splits_per_program"])
+                               "num_splits"])
 def _unified_attention_split_kernel(
     # Inputs
     q_ptr,  # [T, Hq, D]
@@ -405,8 +390,7 @@ def _unified_attention_split_kernel(
     Hq,  # query heads
     num_pages,  # pages of k/v_cache (bound of the page-id clamp)
     max_kv_len,  # KV tokens the block table covers: max_pages * PAGE_SIZE (kv_len clamp)
-    num_splits,  # workspace splits per row
-    splits_per_program,  # consecutive splits per program (grid dim 2: cdiv(num_splits, it))
+    num_splits,  # workspace splits per row (grid dim 2)
     stride_qt: tl.int64,
     stride_qh: tl.int64,
     stride_kp: tl.int64,
@@ -430,13 +414,7 @@ def _unified_attention_split_kernel(
     DOT_PRECISION: tl.constexpr,
     IS_DIRECT: tl.constexpr,
 ):
-    """Split plan, phase 1: one program per (query-block slot, kv head, run of
-    ``splits_per_program`` consecutive splits) writes one partial per split.
-
-    Every split's state starts fresh and walks its own tiles in increasing order, so how many
-    consecutive splits a program walks is bit-neutral (a mapping of work to programs,
-    ARCHITECTURE.md, numerics contract item 5); walking several in one flat tile loop keeps the
-    loads pipelined across split boundaries when splits are short.
+    """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial.
 
     ``IS_DIRECT`` (every row has one split, ``num_splits == 1``): the partial is the result, so
     it is normalized and goes straight to ``out`` / ``lse``; there is no merge. The same bits:
@@ -444,62 +422,35 @@ def _unified_attention_split_kernel(
     normalization and stores are the merge kernel's."""
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
+    i_split = tl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
+    # Splits past the block's last position are read by no row: nothing to write. NOTE: with
+    # IS_DIRECT (split 0 only) the program writes even a block with no position (max_pos < 0,
+    # only for malformed lengths with validate=False): its rows get the empty state (0, -inf),
+    # as under the fused plan, never unwritten memory.
+    if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
+        if i_split * split_tiles * BLOCK_N > max_pos:
+            return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
+    s_m, s_l, s_acc = _attend_split(
+        b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
+        num_pages, qk_scale,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
+        IS_INTERPRET, DOT_PRECISION)
     if IS_DIRECT:
-        # NOTE: the program writes even a block with no position (max_pos < 0, only for
-        # malformed lengths with validate=False): its rows get the empty state (0, -inf), as
-        # under the fused plan, never unwritten memory.
-        s_m, s_l, s_acc = _attend_split(
-            b_q, pos, min_pos, max_pos, kv_len, 0, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
-            num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
-            IS_INTERPRET, DOT_PRECISION)
         b_o, b_lse = state_normalize(s_acc, s_l, s_m)
         _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
     else:
-        j_lo = tl.program_id(2) * splits_per_program * split_tiles
-        # Splits past the block's last position are read by no row: nothing to write.
-        if j_lo * BLOCK_N > max_pos:
-            return
-        # Tiles past the block's last position are masked for every row: skip them.
-        j_hi = tl.minimum(j_lo + splits_per_program * split_tiles, max_pos // BLOCK_N + 1)
-        # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
-        j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
-        kv_off_h = i_kvh.to(tl.int64)
-        # [BM] workspace row of split 0
-        i_ws0 = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        # The fused kernel's flat loop, with "write the split" where it folds.
-        for j in range(j_lo, j_mid):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if (j + 1) % split_tiles == 0:
-                m_i, l_i, acc = _store_split(ws_o_ptr, ws_ml_ptr, i_ws0 + j // split_tiles,
-                                             m_i, l_i, acc, m_row, BLOCK_M, HEAD_DIM)
-        for j in range(j_mid, j_hi):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if (j + 1) % split_tiles == 0:
-                m_i, l_i, acc = _store_split(ws_o_ptr, ws_ml_ptr, i_ws0 + j // split_tiles,
-                                             m_i, l_i, acc, m_row, BLOCK_M, HEAD_DIM)
-        if j_hi % split_tiles != 0:
-            # The block's last split ends inside this program's range.
-            _store_split(ws_o_ptr, ws_ml_ptr, i_ws0 + j_hi // split_tiles, m_i, l_i, acc, m_row,
-                         BLOCK_M, HEAD_DIM)
+        o_d = tl.arange(0, HEAD_DIM)
+        i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+        tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], s_acc, mask=m_row[:, None])
+        tl.store(ws_ml_ptr + 2 * i_ws, s_m, mask=m_row)
+        tl.store(ws_ml_ptr + 2 * i_ws + 1, s_l, mask=m_row)
 
 
 @triton.jit(do_not_specialize=["split_tokens", "B", "num_splits", "max_kv_len"])

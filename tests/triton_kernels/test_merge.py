@@ -165,14 +165,26 @@ def test_state_fold_matches_float64(device: torch.device) -> None:
     torch.testing.assert_close((f_acc / f_l[:, None]).double(), ref_o, rtol=1e-5, atol=1e-5)
 
 
-def test_state_fold_empty_states_are_exact_noops(device: torch.device, assert_same_bits) -> None:
+@pytest.mark.parametrize("specials", [
+    pytest.param(False, id="finite-nonzero"),
+    # On an H100 (Triton 3.6; reports/h100-round7/README.md) a real state folded next to empty
+    # ones came out with +0.0 for -0.0 and a different NaN (2 of 512 elements), while finite
+    # nonzero values passed through exactly. NaN: GPU arithmetic returns the canonical NaN.
+    # -0.0: not diagnosed on the GPU yet (benchmarks/fold_signs.py prints each step's bits).
+    pytest.param(True, id="signed-zero-and-nan", marks=pytest.mark.xfail(
+        torch.cuda.is_available(), strict=True,
+        reason="on an H100 -0.0 and NaN payloads do not pass an empty fold unchanged")),
+])
+def test_state_fold_empty_states_are_exact_noops(device: torch.device, assert_same_bits,
+                                                 specials: bool) -> None:
     """Empty states as the kernels make them (m = -inf, l = 0, acc = +0), before, between and
-    after real ones, change no bit; a real state alone comes out unchanged, -0.0 and NaN
-    included."""
+    after real ones, change no bit; a real state alone comes out unchanged (with ``specials``:
+    -0.0 and NaN included, which holds under the interpreter only)."""
     m, l, acc = _raw_states(3, 16, 32, device, seed=1)
-    acc[0, 0, 0] = -0.0
-    acc[0, 1, 1] = float("nan")
-    acc[1, 2, 2] = -0.0
+    if specials:
+        acc[0, 0, 0] = -0.0
+        acc[0, 1, 1] = float("nan")
+        acc[1, 2, 2] = -0.0
     e_m = torch.full_like(m[:1], float("-inf"))
     e_l = torch.zeros_like(l[:1])
     e_acc = torch.zeros_like(acc[:1])

@@ -73,29 +73,6 @@ def test_merge_chunks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of, a
     assert_same_bits(chunked, one, "merge loading 3 splits per step vs 1")
 
 
-@pytest.mark.parametrize("per_program", [2, 3, 64])
-def test_splits_per_program_is_bit_neutral(dtype: torch.dtype, make_batch, args_of,
-                                           assert_same_bits, per_program: int) -> None:
-    # A split-plan program walking several consecutive splits (one flat tile loop, a partial
-    # written at each split boundary, a fresh state after it) gives each split the bits it gets
-    # alone. Rows of 1 to 10 splits, with blocks whose last split ends inside a program's run and
-    # rows whose block starts mid-split (the unmasked path); 64 covers every split in one program.
-    batch = make_batch(dtype, [(1, 300), (9, 190), (1, 70), (3, 3)],
-                       PageLayout(4, "shuffled", seed=5))
-    split = tile_config(dtype, 64).block_n
-    lp = plan_attention(*args_of(batch), split_size=split, plan="split",
-                        tuning=Tuning(splits_per_program=per_program))
-    assert (lp.splits_per_program, lp.num_splits > per_program or per_program == 64) == (
-        per_program, True)
-    one = unified_attention(*args_of(batch), split_size=split, plan="split",
-                            tuning=Tuning(splits_per_program=1))
-    many = unified_attention(*args_of(batch), split_size=split, plan="split",
-                             tuning=Tuning(splits_per_program=per_program))
-    assert_same_bits(many, one, f"split plan, {per_program} splits per program vs 1")
-    fused = unified_attention(*args_of(batch), split_size=split, plan="fused")
-    assert_same_bits(many, fused, f"split plan, {per_program} splits per program vs fused")
-
-
 def test_split_plan_with_one_split_writes_directly(dtype: torch.dtype, make_batch, args_of,
                                                   assert_same_bits) -> None:
     # Every row within one split: the split kernel writes out and LSE itself (no merge launch).
@@ -155,35 +132,18 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
         assert batch_tuning(dt, 128, 4, 4096, 1, 9).block_n == tile_config(dt, 128).block_n
 
 
-def test_splits_per_program_keeps_programs_per_sm_and_caps_tiles() -> None:
-    from kernels.config import SPLIT_TILES_PER_PROGRAM, splits_per_program
-
-    # (query blocks x Hkv, splits of the longest row, tiles per split, SMs) -> splits per program
-    assert splits_per_program(8, 1, 16, 132) == 1  # one split: nothing to group
-    assert splits_per_program(8, 32, 16, 132) == 1  # batch 1, 32k: 256 programs < 2 per SM x 2
-    assert splits_per_program(64, 32, 16, 132) == 4  # batch 8, 32k: capped at 64 tiles
-    assert splits_per_program(64, 8, 16, 132) == 1  # batch 8, 8k: 512 programs
-    assert splits_per_program(64, 128, 4, 132) == 16  # batch 8, 32k at 256-token splits
-    assert splits_per_program(8, 128, 4, 132) == 2  # 1024 units -> 512 programs, power of two
-    for programs in (1, 8, 64, 512):
-        for splits in (1, 3, 32, 128):
-            for tiles in (1, 4, 16, 64, 128):
-                k = splits_per_program(programs, splits, tiles, 132)
-                assert k >= 1 and k & (k - 1) == 0 and k <= splits
-                assert k == 1 or (k * tiles <= SPLIT_TILES_PER_PROGRAM
-                                  and programs * -(-splits // k) >= 132)
-
-
-def test_long_prompts_get_tall_tiles_and_overrides_keep_their_own_warps(monkeypatch) -> None:
+def test_long_prompts_get_tall_tiles_and_overrides_keep_their_own_warps(monkeypatch,
+                                                                        device) -> None:
     # As on an H100 (sm 9): a 2048-token prompt gets 256 rows on 8 warps and 3 stages; a
     # Tuning that names only block_m takes warps and stages from tile_config, not from that.
     import kernels.attention as attention
 
     monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
     bf16, i32 = torch.bfloat16, torch.int32
-    args = (torch.zeros(2048, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
-            torch.zeros(130, 16, 2, 128, dtype=bf16), torch.tensor([0, 2048], dtype=i32),
-            torch.tensor([2048], dtype=i32), torch.arange(128, dtype=i32)[None])
+    args = tuple(t.to(device) for t in (
+        torch.zeros(2048, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
+        torch.zeros(130, 16, 2, 128, dtype=bf16), torch.tensor([0, 2048], dtype=i32),
+        torch.tensor([2048], dtype=i32), torch.arange(128, dtype=i32)[None]))
     lp = plan_attention(*args, validate=False)
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (256, 8, 3)
     cfg = tile_config(bf16, 128)
@@ -285,7 +245,11 @@ def test_k_rows_and_k_columns_give_the_same_bits(dtype: torch.dtype, make_batch,
         assert_same_bits(rows, cols, f"K rows vs K columns ({kw})")
     # And every tile height against the split plan: 256-row tiles hold 64 tokens here, so more
     # of their rows fold splits that only a neighbour reaches (empty states, exact no-ops).
-    for kw, got in zip(runs[1:], results[True][1:], strict=True):
+    # float32 keeps its own BLOCK_M: its FMA dots change bits with the tile height on a GPU
+    # (kernels/README.md; on an H100 128 vs the split plan's 32 differed in up to 26% of
+    # elements by 1-4 ULP), so there only the default height is compared.
+    heights = runs[1:] if dtype != torch.float32 else runs[1:2]
+    for kw, got in zip(heights, results[True][1:], strict=False):
         assert_same_bits(got, results[True][0], f"{kw} vs the split plan")
 
 
