@@ -2,13 +2,14 @@
 
     PYTHONPATH=. python benchmarks/fold_signs.py   # on a GPU, or with TRITON_INTERPRET=1
 
+(It imports the fold kernel of tests/triton_kernels/test_merge.py, so pytest must be importable:
+on the GPU machine add gpu_site/ to PYTHONPATH, as benchmarks/gpu_round7.sh says.)
+
 Folds one real state (with a -0.0 and a NaN) into and next to empty states in several orders
 (r = the real state, e = an empty one; the fold starts from the empty running state) and prints
 the bits of the two special elements after each sequence, and whether every other element, m
 and l came through unchanged. Under the interpreter every line keeps 0x80000000 / 0x7fc00000.
 """
-
-import struct
 
 import torch
 
@@ -16,7 +17,8 @@ from tests.triton_kernels.test_merge import _fold
 
 
 def bits(x):
-    return hex(struct.unpack("<I", struct.pack("<f", float(x)))[0])
+    """The raw bits of a one-element float32 tensor (NaN payloads included)."""
+    return hex(x.reshape(1).view(torch.int32).item() & 0xFFFFFFFF)
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 BM, D = 16, 32

@@ -4,8 +4,12 @@
 #   splits: invariance bench of the kernels at split sizes 1024 (the default), 512 and 256, next
 #           to kernels-heuristic and FlashInfer (the wheels in .whl/)
 #   final: the full check at split size 256 (3 dtypes), the short-decode workloads timed, and the
-#          kernel test suite on the GPU (pytest and hypothesis carried in gpu_site/, git-ignored:
-#          copies of the pure-Python packages of the local .venv)
+#          kernel test suite on the GPU without test_fuzz.py (pytest and its pure-Python
+#          dependencies carried in gpu_site/, git-ignored, copied from the local .venv;
+#          hypothesis's compiled module does not carry to the GPU machine's Python 3.12). Call 6
+#          ran it without the --ignore (pytest stopped at test_fuzz.py's import), call 7 ran the
+#          tests alone with it
+#   Also there: PYTHONPATH=.:gpu_site python3 benchmarks/fold_signs.py (not yet run on a GPU)
 # The steps of the reverted experiment (spp, check, validate, bench: split-plan programs walking
 # several splits) are in this file at commit d15c13a, with benchmarks/probe_round7.py.
 set -u
@@ -37,7 +41,7 @@ step_final() {
   timeout 120 $INV bench --backend kernels --workload decode-b1-ctx1k --workload decode-b1-ctx8k --workload decode-b8-ctx1k --workload decode-b8-ctx32k --iters 30 --no-progress --markdown $C/bench-short-decode.md > $C/bench.txt 2>&1
   echo "bench rc=$?"; grep "^| decode" $C/bench-short-decode.md
   export PYTHONPATH=$PWD:$PWD/gpu_site
-  timeout 200 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider tests/triton_kernels > $C/tests.txt 2>&1
+  timeout 200 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider tests/triton_kernels --ignore=tests/triton_kernels/test_fuzz.py > $C/tests.txt 2>&1
   echo "tests rc=$?"; tail -6 $C/tests.txt
   tar czf $OUT/final.tgz -C $OUT final
 }

@@ -28,9 +28,9 @@ def state_fold(m_a, l_a, acc_a, m_b, l_b, acc_b):
     side's weight is ``-0.0`` and the other's ``1.0``. An empty state's ``acc`` is ``+0.0``
     (a fresh ``+0`` plus products with ``p = +0``), so its term is ``-0.0`` and ``x + -0.0 == x``
     for every x; the empty running fold times ``-0.0`` adds ``-0.0`` to the other side's term,
-    likewise exact. NOTE: on an H100 a ``-0.0`` element came out ``+0.0`` and a NaN as the
-    canonical NaN after folds with empty states (every finite nonzero value exact;
-    kernels/README.md, "Math"). Exactness holds for finite caches: a NaN or
+    likewise exact. NOTE: on an H100 a ``-0.0`` element came out ``+0.0`` and a NaN element's
+    bits changed after folds with empty states (the other values exact; kernels/README.md,
+    "Math"). Exactness holds for finite caches: a NaN or
     infinite V in keys a row does not see, in tiles its block visits, reaches the row's state
     through ``0 * v`` (kernels/README.md).
     """

@@ -167,13 +167,13 @@ def test_state_fold_matches_float64(device: torch.device) -> None:
 
 @pytest.mark.parametrize("specials", [
     pytest.param(False, id="finite-nonzero"),
-    # On an H100 (Triton 3.6; reports/h100-round7/README.md) a real state folded next to empty
-    # ones came out with +0.0 for -0.0 and a different NaN (2 of 512 elements), while finite
-    # nonzero values passed through exactly. NaN: GPU arithmetic returns the canonical NaN.
-    # -0.0: not diagnosed on the GPU yet (benchmarks/fold_signs.py prints each step's bits).
+    # On an H100 (Triton 3.6; reports/h100-round7/README.md) a real state folded between empty
+    # ones came out with +0.0 for -0.0 and changed bits for its NaN (2 of 512 elements), the
+    # other values exact. Not diagnosed (benchmarks/fold_signs.py prints each step's bits).
+    # Strict: if a GPU passes it, the documents that describe the failure must change.
     pytest.param(True, id="signed-zero-and-nan", marks=pytest.mark.xfail(
-        torch.cuda.is_available(), strict=True,
-        reason="on an H100 -0.0 and NaN payloads do not pass an empty fold unchanged")),
+        torch.cuda.is_available(), strict=True, raises=AssertionError,
+        reason="on an H100, -0.0 and a NaN did not pass an empty fold unchanged")),
 ])
 def test_state_fold_empty_states_are_exact_noops(device: torch.device, assert_same_bits,
                                                  specials: bool) -> None:
