@@ -8,7 +8,9 @@ on the GPU machine add gpu_site/ to PYTHONPATH, as benchmarks/gpu_round7.sh says
 Folds one real state (with a -0.0 and a NaN) into and next to empty states in several orders
 (r = the real state, e = an empty one; the fold starts from the empty running state) and prints
 the bits of the two special elements after each sequence, and whether every other element, m
-and l came through unchanged. Under the interpreter every line keeps 0x80000000 / 0x7fc00000.
+and l came through unchanged. Under the interpreter every line keeps 0x80000000 / 0x7fc00000;
+on an H100 (round 8, with the -0.0 weight built from its bits) 0x80000000 / 0x7fffffff, the
+GPU's canonical NaN; with a literal -0.0 weight under Triton 3.6, -0.0 came out +0.0.
 """
 
 import torch

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from _invariance_options import OPTIONS, OptionError, add_options, collect
+from _invariance_options import OPTIONS, OptionError, StoreOnce, add_options, collect
 
 if TYPE_CHECKING:
     from invariance.report import Report
@@ -54,6 +54,17 @@ def _add_outputs(p: argparse.ArgumentParser, formats: Sequence[str]) -> None:
         if name in formats:
             g.add_argument(f"--{name}", metavar="PATH", type=Path,
                            help=f"write the report as {what}")
+
+
+def _once(add_argument: Callable[..., Any]) -> Callable[..., Any]:
+    """``add_argument`` with :class:`StoreOnce` (a repeat is a usage error) for single-valued
+    options."""
+
+    def add(*flags: str, **kwargs: Any) -> Any:
+        if kwargs.get("action", "store") == "store":
+            kwargs["action"] = StoreOnce
+        return add_argument(*flags, **kwargs)
+    return add
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,9 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "of a report's violation and compare their bits. Exit 1 "
                                     "when they still differ.")
     rp.add_argument("path", metavar="CASE.json|REPORT.json", type=Path)
-    rp.add_argument("--backend", metavar="NAME|module:attr",
+    _once(rp.add_argument)("--backend", metavar="NAME|module:attr",
                     help="default: the backend the case failed on")
-    rp.add_argument("--device", choices=("cpu", "cuda"), help="default: the case's device")
+    _once(rp.add_argument)("--device", choices=("cpu", "cuda"),
+                           help="default: the case's device")
     rp.add_argument("--index", type=int, default=0, metavar="N",
                     help="which violation of a report (default: 0, the first)")
 

@@ -185,6 +185,12 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "budget: expected an int >= 1, got 'many'" in capsys.readouterr().err
     assert main(["check", "--device", "tpu"]) == 2
     assert main([]) == 2
+    # A single-valued option given twice: argparse alone would keep the last one silently.
+    assert main(["check", "--backend", "reference", "--backend", "kernels-heuristic"]) == 2
+    assert ("argument --backend: expected one value, got 'reference' and 'kernels-heuristic'"
+            in capsys.readouterr().err)
+    assert main(["replay", "case.json", "--device", "cpu", "--device", "cuda"]) == 2
+    assert "argument --device: expected one value, got 'cpu' and 'cuda'" in capsys.readouterr().err
     assert main(["--help"]) == 0
 
 

@@ -230,6 +230,14 @@ def test_options_set_the_fixture_defaults(pytester: pytest.Pytester) -> None:
     ])
 
 
+def test_a_single_valued_option_given_twice_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_it():\n    pass\n")
+    result = pytester.runpytest_inprocess("--invariance-seed=5", "--invariance-seed=6")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*argument --invariance-seed: expected one value, got '5' and "
+                                 "'6'*"])
+
+
 def test_ini_settings_and_marker_defaults(pytester: pytest.Pytester) -> None:
     pytester.makeini("""
         [pytest]

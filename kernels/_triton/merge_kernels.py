@@ -27,21 +27,23 @@ def state_fold(m_a, l_a, acc_a, m_b, l_b, acc_b):
     weights alone (no per-element select, which cost 5% of a prefill on an H100): the empty
     side's weight is ``-0.0`` and the other's ``1.0``. An empty state's ``acc`` is ``+0.0``
     (a fresh ``+0`` plus products with ``p = +0``), so its term is ``-0.0`` and ``x + -0.0 == x``
-    for every x; the empty running fold times ``-0.0`` adds ``-0.0`` to the other side's term,
-    likewise exact. NOTE: on an H100 a ``-0.0`` element came out ``+0.0`` and a NaN element's
-    bits changed after folds with empty states (the other values exact; kernels/README.md,
-    "Math"). Exactness holds for finite caches: a NaN or
-    infinite V in keys a row does not see, in tiles its block visits, reaches the row's state
-    through ``0 * v`` (kernels/README.md).
+    for every x, ``-0.0`` included; the empty running fold times ``-0.0`` adds ``-0.0`` to the
+    other side's term, likewise exact. A NaN stays a NaN; its payload is the hardware's (an
+    NVIDIA GPU returns its canonical NaN from arithmetic, the interpreter keeps the input's).
+    Exactness holds for finite caches: a NaN or infinite V in keys a row does not see, in
+    tiles its block visits, reaches the row's state through ``0 * v`` (kernels/README.md).
     """
     a_empty = m_a == float("-inf")
     b_empty = m_b == float("-inf")
     m = tl.maximum(m_a, m_b)
     # NOTE: guard exp2(-inf - -inf) = NaN when both are empty.
     m_safe = tl.where(a_empty & b_empty, 0.0, m)
+    # NOTE: -0.0 from its bits: Triton 3.6 turns a literal -0.0 into +0.0 (its scalar_constant
+    # tests value == 0), and x + +0.0 turns a -0.0 into +0.0 (ARCHITECTURE.md, item 3).
+    neg_zero = tl.full([], -2147483648, tl.int32).to(tl.float32, bitcast=True)
     # b empty (both empty included): keep a. Else a empty: take b.
-    w_a = tl.where(b_empty, 1.0, tl.where(a_empty, -0.0, tl.exp2(m_a - m_safe)))
-    w_b = tl.where(b_empty, -0.0, tl.where(a_empty, 1.0, tl.exp2(m_b - m_safe)))
+    w_a = tl.where(b_empty, 1.0, tl.where(a_empty, neg_zero, tl.exp2(m_a - m_safe)))
+    w_b = tl.where(b_empty, neg_zero, tl.where(a_empty, 1.0, tl.exp2(m_b - m_safe)))
     # NOTE: explicit fmas leave the compiler no contraction choice, so the fold rounds the same
     # way whether state b was just computed in registers (fused plan) or loaded (split plan).
     l = tl.fma(l_a, w_a, l_b * w_b)

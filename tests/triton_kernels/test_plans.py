@@ -41,6 +41,22 @@ def test_fused_equals_split(dtype: torch.dtype, make_batch, args_of, assert_same
     assert_same_bits(split_plan, fused, "plan split vs fused")
 
 
+@pytest.mark.parametrize("sign", ["-0.0", "+0.0"])
+def test_fused_equals_split_with_zero_values(dtype: torch.dtype, make_batch, args_of,
+                                             assert_same_bits, sign: str) -> None:
+    """V exactly zero, of either sign: every output is a zero whose sign is the plans' to
+    agree on (the fused plan folds each row's first split into the empty state, the split plan
+    with one split writes it directly). On an H100 with Triton 3.6, state_fold's literal -0.0
+    weight compiled to +0.0 (reports/h100-round8/README.md)."""
+    # A decode over 1-4 splits, a prefill chunk over 1-3, an empty request.
+    batch = make_batch(dtype, [(1, 200), (5, 130), (0, 16)], PageLayout(4, "shuffled", seed=3))
+    batch.v_cache.fill_(float(sign))
+    split = 2 * tile_config(dtype, 64).block_n
+    fused = unified_attention(*args_of(batch), split_size=split, plan="fused")
+    split_plan = unified_attention(*args_of(batch), split_size=split, plan="split")
+    assert_same_bits(split_plan, fused, f"plan split vs fused, V = {sign}")
+
+
 @pytest.mark.parametrize("block_d", [16, 32])
 def test_merge_column_blocks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of,
                                              assert_same_bits, monkeypatch,
