@@ -15,7 +15,6 @@ and the device can do). See ARCHITECTURE.md, "Faces".
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,6 @@ __all__ = [
     "OPTIONS",
     "Option",
     "OptionError",
-    "StoreOnce",
     "add_options",
     "canonical_dtype",
     "check_int",
@@ -181,20 +179,6 @@ OPTIONS: tuple[Option, ...] = (
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
-class StoreOnce(argparse.Action):
-    """``store`` for a single-valued option, but a usage error when it is given twice: argparse
-    alone keeps the last value and silently drops the first (``check --backend a --backend b``
-    would check only ``b``)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        before = getattr(namespace, self.dest, None)
-        if before is not None and before != values:
-            parser.error(f"argument {option_string}: expected one value, got {before!r} and "
-                         f"{values!r} (it takes one; 'invariance bench' times several backends)")
-        setattr(namespace, self.dest, values)
-
-
 def add_options(addoption: Callable[..., Any], prefix: str = "", *,
                 exclude: Iterable[str] = ()) -> None:
     """Declare every option through ``addoption`` (argparse's ``add_argument`` or pytest's
@@ -214,7 +198,7 @@ def add_options(addoption: Callable[..., Any], prefix: str = "", *,
         else:
             addoption(f"--{prefix}{o.flag}", dest=f"{dest}{o.name}", default=None,
                       metavar=o.metavar, help=o.help,
-                      action="append" if o.multiple else StoreOnce)
+                      action="append" if o.multiple else "store")
 
 
 def collect(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Where ``state_fold`` changes the bits of -0.0 and NaN (reports/h100-round7/README.md).
+"""Where ``state_fold`` changes the bits of -0.0 and NaN (reports/h100-round7/ and round8/).
 
     PYTHONPATH=. python benchmarks/fold_signs.py   # on a GPU, or with TRITON_INTERPRET=1
 
@@ -10,7 +10,8 @@ Folds one real state (with a -0.0 and a NaN) into and next to empty states in se
 the bits of the two special elements after each sequence, and whether every other element, m
 and l came through unchanged. Under the interpreter every line keeps 0x80000000 / 0x7fc00000;
 on an H100 (round 8, with the -0.0 weight built from its bits) 0x80000000 / 0x7fffffff, the
-GPU's canonical NaN; with a literal -0.0 weight under Triton 3.6, -0.0 came out +0.0.
+GPU's canonical NaN. (With the literal -0.0 weight that Triton 3.6 compiles to +0.0, round 7's
+test saw -0.0 come out +0.0; this script has not run with that weight.)
 """
 
 import torch

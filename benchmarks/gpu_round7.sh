@@ -9,7 +9,7 @@
 #          hypothesis's compiled module does not carry to the GPU machine's Python 3.12). Call 6
 #          ran it without the --ignore (pytest stopped at test_fuzz.py's import), call 7 ran the
 #          tests alone with it
-#   Also there: PYTHONPATH=.:gpu_site python3 benchmarks/fold_signs.py (not yet run on a GPU)
+#   Also there: PYTHONPATH=.:gpu_site python3 benchmarks/fold_signs.py (run in round 8: gpu_round8.sh)
 # The steps of the reverted experiment (spp, check, validate, bench: split-plan programs walking
 # several splits) are in this file at commit d15c13a, with benchmarks/probe_round7.py.
 set -u

@@ -72,15 +72,23 @@ def plans_agree(args: Args, split: int) -> bool:
     unified_attention(*args, split_size=split, plan="auto")
     # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
     # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only).
+    same = True
     if args[0].dtype != torch.float32:
         unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
         unified_attention(*args, split_size=split, plan="fused",
                           tuning=Tuning(block_m=256, num_warps=8, num_stages=3))
+        # The split plan with its V columns cut into 2 and 4 programs (bits compared too).
+        for vb in (2, 4):
+            cut = unified_attention(*args, split_size=split, plan="split",
+                                    tuning=Tuning(value_blocks=vb))
+            same = same and all(torch.equal(bits(a), bits(b))
+                                for a, b in zip(cut, split_plan, strict=True))
     # host_lens that understate every length: they steer the plan only, never memory sizes.
     q_lens = (args[3][1:] - args[3][:-1]).tolist()
     unified_attention(*args, split_size=split, validate=False,
                       host_lens=(q_lens, [max(1, n) for n in q_lens]))
-    return all(torch.equal(bits(a), bits(b)) for a, b in zip(fused, split_plan, strict=True))
+    return same and all(torch.equal(bits(a), bits(b))
+                        for a, b in zip(fused, split_plan, strict=True))
 
 
 def malformed(args: Args) -> dict[str, Args]:
@@ -116,6 +124,10 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
             for plan in ("fused", "split"):
                 case(f"{tag}/validate=False/{label}/{plan}",
                      lambda b=bad, p=plan: call(b, validate=False, plan=p))
+            if dtype != torch.float32:
+                case(f"{tag}/validate=False/{label}/split-4-value-blocks",
+                     lambda b=bad: call(b, validate=False, plan="split",
+                                        tuning=Tuning(value_blocks=4)))
         empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
         case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
 

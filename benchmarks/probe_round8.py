@@ -1,7 +1,14 @@
 """Round-8 probe (H100): BLOCK_N 128 instead of 64 (bit-defining), with the bit-neutral launch
 settings swept for it, against the default launch in the same run (reports/h100-round8/README.md).
 
-    python benchmarks/probe_round8.py OUT_DIR
+    python benchmarks/probe_round8.py OUT_DIR [blockn|vblocks]
+
+``vblocks``: the split plan with the V columns cut into 1, 2 or 4 programs per (slot, KV head,
+split) (``Tuning(value_blocks=...)``), bits of out and LSE against 1 at float16 and bfloat16 on
+the decode workloads and mixed64, and the time of each on the short-decode workloads (bf16).
+Writes ``vblocks.jsonl``.
+
+``blockn`` (the default):
 
 Round 4 measured BLOCK_N 128 with the default warps and stages only (prefill and mixed 10-15%
 faster, large-batch decode 8-25% slower). Here the bench workloads are timed (CUDA-graph
@@ -60,5 +67,42 @@ def blockn(out_dir: str) -> None:
     save(out_dir, "blockn.jsonl", rows)
 
 
+VB_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx1k", "decode-b8-ctx8k",
+                "decode-b1-ctx32k", "decode-b64-ctx1k", "decode-prod64", "mixed64"]
+VB_TIMED = VB_WORKLOADS[:5]
+
+
+def vblocks(out_dir: str) -> None:
+    from benchmarks.probe_round5 import _bits_vs
+
+    timer = CudaTimer(iters=30, warmup=3)
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for name in VB_WORKLOADS:
+            batch = build_batch(WORKLOADS[name], dtype=dtype)
+            ref = call(batch, "split", kernels.Tuning(value_blocks=1))()
+            for vb in (1, 2, 4):
+                tuning = kernels.Tuning(value_blocks=vb)
+                row = dict(dtype=str(dtype).removeprefix("torch."), workload=name,
+                           value_blocks=vb,
+                           bits_differing=_bits_vs(ref, call(batch, "split", tuning)()))
+                if dtype == torch.bfloat16 and name in VB_TIMED:
+                    row["us"] = round(timer.time_fn(graphed(call(batch, "split", tuning))) * 1000,
+                                      1)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache,
+                                        batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
+                                        validate=False,
+                                        host_lens=(batch.q_lens(), batch.kv_lens.tolist()))
+            rows.append(dict(dtype=str(dtype).removeprefix("torch."), workload=name,
+                             auto=dict(plan=lp.plan, value_blocks=lp.value_blocks)))
+            print(json.dumps(rows[-1]), flush=True)
+            del batch
+            torch.cuda.empty_cache()
+        save(out_dir, "vblocks.jsonl", rows)
+
+
 if __name__ == "__main__":
-    blockn(sys.argv[1])
+    {"blockn": blockn, "vblocks": vblocks}[sys.argv[2] if len(sys.argv) > 2 else "blockn"](
+        sys.argv[1])

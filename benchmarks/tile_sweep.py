@@ -155,9 +155,10 @@ def to_markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 
 class Fuzz:
-    """``kernels`` with a candidate launch setting and plan picked per batch from a hash of the
-    batch's shape: under ``invariance check`` every perturbation then compares rows computed with
-    different settings, which agree bit for bit only if the settings are bit-neutral."""
+    """``kernels`` with a candidate launch setting, plan and V column blocks (split plan) picked
+    per batch from a hash of the batch's shape: under ``invariance check`` every perturbation
+    then compares rows computed with different settings, which agree bit for bit only if the
+    settings are bit-neutral."""
 
     plans = ("fused", "split", "auto")
 
@@ -178,11 +179,14 @@ class Fuzz:
             raise ValueError("fuzz: float32 has no bit-neutral BLOCK_M choice to draw from "
                              "(kernels/README.md); check float16 or bfloat16")
         bm, w, s = FUZZ_CANDIDATES[h % len(FUZZ_CANDIDATES)]
-        plan = self.plans[(h // len(FUZZ_CANDIDATES)) % len(self.plans)]
+        h //= len(FUZZ_CANDIDATES)
+        plan = self.plans[h % len(self.plans)]
+        # V column blocks of the split plan (ignored by the fused one); None: the shape rule.
+        vb = (None, 1, 2, 4)[(h // len(self.plans)) % 4]
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, plan=plan,
-            tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s))
+            tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s, value_blocks=vb))
         return AttentionResult(out, lse)
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from _invariance_options import OPTIONS, OptionError, StoreOnce, add_options, collect
+from _invariance_options import OPTIONS, OptionError, add_options, collect
 
 if TYPE_CHECKING:
     from invariance.report import Report
@@ -56,13 +56,30 @@ def _add_outputs(p: argparse.ArgumentParser, formats: Sequence[str]) -> None:
                            help=f"write the report as {what}")
 
 
+class _StoreOnce(argparse.Action):
+    """``store`` for a single-valued option, but a usage error when it is given twice: argparse
+    alone keeps the last value and silently drops the first (``check --backend a --backend b``
+    would check only ``b``). The CLI only: pytest's convention (an ``addopts`` value overridden
+    on the command line) keeps the last one in the plugin."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            hint = ("; 'invariance bench' times several backends"
+                    if option_string == "--backend" else "")
+            parser.error(f"argument {option_string}: expected one value, got {before!r} and "
+                         f"{values!r}{hint}")
+        setattr(namespace, self.dest, values)
+
+
 def _once(add_argument: Callable[..., Any]) -> Callable[..., Any]:
-    """``add_argument`` with :class:`StoreOnce` (a repeat is a usage error) for single-valued
+    """``add_argument`` with :class:`_StoreOnce` (a repeat is a usage error) for single-valued
     options."""
 
     def add(*flags: str, **kwargs: Any) -> Any:
         if kwargs.get("action", "store") == "store":
-            kwargs["action"] = StoreOnce
+            kwargs["action"] = _StoreOnce
         return add_argument(*flags, **kwargs)
     return add
 
@@ -84,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every perturbation's schedule pairs through a backend at each dtype, "
                     "compare the bits, check accuracy against the float64 reference, and "
                     f"print the report. The backend defaults to {DEFAULT_BACKEND}.")
-    add_options(c.add_argument)
+    add_options(_once(c.add_argument))
     c.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     c.add_argument("--cases", metavar="DIR", type=Path,
                    help="save each shown violation as a case file (replay it with "

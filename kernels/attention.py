@@ -42,6 +42,7 @@ from kernels.config import (
     prefill_like,
     rows_per_block,
     tile_config,
+    value_blocks,
 )
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention", "unified_attention"]
@@ -132,6 +133,9 @@ class Tuning:
       16/32 (``mma.sync``) and float32's 64 vs 32 were not (kernels/README.md). Vary them per
       batch only where the harness has shown, on the target GPU, that the values used agree bit
       for bit. A ``block_m`` given without warps or stages takes those from ``tile_config``.
+    - ``value_blocks`` (1, 2 or 4; split plan only): V column blocks per (slot, KV head,
+      split), each its own program. Bit-neutral on an H100 for half precision at head dim 128
+      (kernels/README.md); ``None`` takes :func:`~kernels.config.value_blocks`' choice.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -140,6 +144,7 @@ class Tuning:
     num_warps: int | None = None
     num_stages: int | None = None
     block_n: int | None = None
+    value_blocks: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -148,6 +153,7 @@ class Tuning:
             ("num_stages", self.num_stages, lambda v: 1 <= v <= 8, "an int in [1, 8]"),
             ("block_n", self.block_n, lambda v: _is_pow2(v) and v >= 16,
              "a power of two >= 16"),
+            ("value_blocks", self.value_blocks, lambda v: v in (1, 2, 4), "1, 2 or 4"),
         )
         for name, value, ok, expected in checks:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
@@ -185,6 +191,7 @@ class LaunchPlan:
     split_tiles: int  # KV tiles per split: split_tokens // block_n
     num_splits: int  # splits of the longest KV length (or its bound): the workspace depth
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
+    value_blocks: int  # split plan: V column blocks per (slot, KV head, split); fused: 1
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
@@ -485,14 +492,28 @@ def plan_attention(
             longest_tiles=stats.longest_tiles if stats is not None else None,
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
             decode=not prefill_like(T, G, B))
+    num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
+    if plan == "fused":
+        v_blocks = 1
+    elif tuning.value_blocks is not None:
+        v_blocks = tuning.value_blocks
+    else:
+        # Split programs that do work: every query block times the longest row's splits, or
+        # with statistics at most each block's own splits (its tiles / split_tiles, plus one).
+        # Without statistics (a CUDA-graph capture without host_lens) the block table's width
+        # bounds the lengths, so a wide table keeps one block. Speed only.
+        live = num_q_blocks * _cdiv(max_kv, split_tokens)
+        if stats is not None:
+            live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
+        v_blocks = value_blocks(q.dtype, D, live * Hkv, num_sms, _sm_major(q.device))
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=tuning.num_warps or launch.num_warps,
         num_stages=tuning.num_stages or launch.num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
-        num_splits=max(1, _cdiv(max_kv if trusted else bound, split_tokens)),
-        num_slots=T // block_q + B,
+        num_splits=num_splits,
+        num_slots=T // block_q + B, value_blocks=v_blocks,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -551,7 +572,8 @@ def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
 
 def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
                   lse: torch.Tensor, qk_scale: float) -> None:
-    """One program per (query-block slot, KV head, split) writes a partial; then the merge. With
+    """One program per (query-block slot, KV head x V column block, split) writes a partial;
+    then the merge. With
     one split per row (``num_splits == 1``: from checked lengths or the block table's bound) the
     programs write the results themselves and there is no merge (same bits, see the kernel)."""
     q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = inputs
@@ -565,9 +587,9 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         # its position, and those are always written.
         ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T, Hq, lp.num_splits, 2), dtype=torch.float32, device=q.device)
-    _unified_attention_split_kernel[(lp.num_slots, Hkv, lp.num_splits)](
+    _unified_attention_split_kernel[(lp.num_slots, Hkv * lp.value_blocks, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
-        num_splits=lp.num_splits, IS_DIRECT=direct,
+        num_splits=lp.num_splits, IS_DIRECT=direct, BLOCK_DV=D // lp.value_blocks,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)

@@ -23,6 +23,7 @@ __all__ = [
     "batch_tuning",
     "control_num_splits",
     "tile_config",
+    "value_blocks",
 ]
 
 # KV tokens per split, a multiple of every BLOCK_N below. Bit-defining. Measured on an H100 with
@@ -122,6 +123,31 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
             return replace(cfg, block_m=256, num_warps=8, num_stages=3)
         return replace(cfg, block_m=128)
     return cfg
+
+
+#: Fewest V columns a split-plan program computes (:func:`value_blocks`).
+MIN_VALUE_COLUMNS = 32
+
+
+def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
+                 sm_major: int | None = None) -> int:
+    """V column blocks per split-plan program (the grid multiplies by it): 1, 2 or 4.
+
+    A small split-plan grid (few requests, few splits: short decode at batch 1-8) leaves SMs
+    idle while each program walks its split's tiles in sequence. Cutting the V columns into
+    blocks gives each (slot, KV head, split) several programs that compute the same scores and
+    each its own columns of ``p @ v``: bit-neutral where the dot's per-element results do not
+    depend on its column count (measured on an H100 for half precision at head dim 128,
+    ``wgmma``: reports/h100-round8/README.md), so only there (``sm_major == 9``); 1 elsewhere.
+    Doubles the blocks while the grid (``num_programs`` x blocks) stays within the SMs; at least
+    :data:`MIN_VALUE_COLUMNS` columns per program. Shapes only (no sync)."""
+    if sm_major != 9 or dtype not in (torch.float16, torch.bfloat16) or head_dim != 128:
+        return 1
+    blocks = 1
+    while (blocks < 4 and num_programs * blocks * 2 <= num_sms
+           and head_dim // (2 * blocks) >= MIN_VALUE_COLUMNS):
+        blocks *= 2
+    return blocks
 
 
 def rows_per_block(block_m: int, group_size: int) -> tuple[int, int]:

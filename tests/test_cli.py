@@ -187,8 +187,11 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     # A single-valued option given twice: argparse alone would keep the last one silently.
     assert main(["check", "--backend", "reference", "--backend", "kernels-heuristic"]) == 2
-    assert ("argument --backend: expected one value, got 'reference' and 'kernels-heuristic'"
-            in capsys.readouterr().err)
+    assert ("argument --backend: expected one value, got 'reference' and 'kernels-heuristic'; "
+            "'invariance bench' times several backends" in capsys.readouterr().err)
+    assert main(["check", "--seed", "1", "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --seed: expected one value, got '1' and '1'" in err and "bench" not in err
     assert main(["replay", "case.json", "--device", "cpu", "--device", "cuda"]) == 2
     assert "argument --device: expected one value, got 'cpu' and 'cuda'" in capsys.readouterr().err
     assert main(["--help"]) == 0

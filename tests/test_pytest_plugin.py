@@ -230,12 +230,18 @@ def test_options_set_the_fixture_defaults(pytester: pytest.Pytester) -> None:
     ])
 
 
-def test_a_single_valued_option_given_twice_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("def test_it():\n    pass\n")
-    result = pytester.runpytest_inprocess("--invariance-seed=5", "--invariance-seed=6")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*argument --invariance-seed: expected one value, got '5' and "
-                                 "'6'*"])
+def test_the_command_line_overrides_addopts(pytester: pytest.Pytester) -> None:
+    """pytest's convention, kept by the plugin (the CLI refuses a repeat): the last value wins,
+    so a command-line option overrides the same option in ``addopts``."""
+    pytester.makeini("""
+        [pytest]
+        addopts = --invariance-seed=5
+    """)
+    pytester.makepyfile("""
+        def test_it(invariance_check):
+            assert invariance_check("reference", perturbations=["order"], device="cpu").seed == 6
+    """)
+    pytester.runpytest_inprocess("--invariance-seed=6").assert_outcomes(passed=1)
 
 
 def test_ini_settings_and_marker_defaults(pytester: pytest.Pytester) -> None:

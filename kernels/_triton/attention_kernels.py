@@ -113,8 +113,12 @@ def _attend_tile(
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    d0=0,  # first V column of acc
+    BLOCK_DV: tl.constexpr = None,  # V columns of acc (None: HEAD_DIM)
 ):
     """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
+
+    ``acc`` holds V columns ``[d0, d0 + BLOCK_DV)``; the scores always use the whole head dim.
 
     ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
     keys at or before the block's first position, hence < kv_len): no load masks, no select.
@@ -128,6 +132,10 @@ def _attend_tile(
     rounding on both paths, leaving the compiler no choice to make.
     """
     o_d = tl.arange(0, HEAD_DIM)
+    if BLOCK_DV is None:  # noqa: SIM108 (a constexpr branch: compiled away)
+        o_dv = o_d
+    else:
+        o_dv = d0 + tl.arange(0, BLOCK_DV)
     o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     # Positions are >= 0 and PAGE_SIZE a power of two: shifts and masks, not signed division.
     if IS_PAGE_PER_TILE:
@@ -149,9 +157,9 @@ def _attend_tile(
     # page ids and slots of a thread's keys serve both; the dot reads it transposed), else as
     # [D, BN]. Either way the dot multiplies the same operands (bit-neutral: kernels/README.md).
     if IS_MASKED:
-        b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_v = tl.load(v_ptr + off_v[:, None] + o_dv[None, :], mask=m_n[:, None], other=0.0)
     else:
-        b_v = tl.load(v_ptr + off_v[:, None] + o_d[None, :])
+        b_v = tl.load(v_ptr + off_v[:, None] + o_dv[None, :])
     if IS_K_ROWS:
         if IS_MASKED:
             b_k = tl.load(k_ptr + off_k[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)
@@ -210,14 +218,17 @@ def _attend_split(
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    d0,  # first V column of acc
+    BLOCK_DV: tl.constexpr,  # V columns of acc
 ):
     """Online softmax over the tiles of split ``i_split``, from a fresh state, in increasing order.
 
-    Returns the split's raw state (m [BM], l [BM], acc [BM, D]) fp32, m in log2 units.
+    Returns the split's raw state (m [BM], l [BM], acc [BM, BLOCK_DV]) fp32, m in log2 units,
+    ``acc`` for V columns ``[d0, d0 + BLOCK_DV)``.
     """
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     j_lo = i_split * split_tiles
     # Tiles past the block's last position are masked for every row: skip them.
     j_hi = tl.minimum(j_lo + split_tiles, max_pos // BLOCK_N + 1)
@@ -229,13 +240,13 @@ def _attend_split(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
     for j in range(j_mid, j_hi):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
     return m_i, l_i, acc
 
 
@@ -263,12 +274,19 @@ def _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh,
 
 @triton.jit
 def _store_out(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, i_kvh, Hq,
-               G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    o_d = tl.arange(0, HEAD_DIM)
+               G: tl.constexpr, HEAD_DIM: tl.constexpr, d0=0, BLOCK_DV: tl.constexpr = None):
+    """Stores ``b_o`` (out columns ``[d0, d0 + BLOCK_DV)``, all of them by default) and, from
+    the program of column 0, the LSE."""
     i_row = (q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)
+    if BLOCK_DV is None:
+        o_d = tl.arange(0, HEAD_DIM)
+        m_lse = m_row
+    else:
+        o_d = d0 + tl.arange(0, BLOCK_DV)
+        m_lse = m_row & (tok * 0 + d0 == 0)
     p_o = out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :]
     tl.store(p_o, b_o.to(out_ptr.dtype.element_ty), mask=m_row[:, None])
-    tl.store(lse_ptr + i_row, b_lse2 * LN2, mask=m_row)
+    tl.store(lse_ptr + i_row, b_lse2 * LN2, mask=m_lse)
 
 
 # NOTE: per-batch integers are not specialised (Triton would compile a variant per "== 1" /
@@ -413,15 +431,24 @@ def _unified_attention_split_kernel(
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IS_DIRECT: tl.constexpr,
+    BLOCK_DV: tl.constexpr,  # V columns per program: HEAD_DIM, or a fraction of it
 ):
-    """Split plan, phase 1: one program per (query-block slot, kv head, split) writes a partial.
+    """Split plan, phase 1: one program per (query-block slot, kv head x V column block, split)
+    writes a partial.
+
+    With ``BLOCK_DV < HEAD_DIM`` the programs of one (slot, kv head, split) each compute the
+    same scores, max and denominator and the ``p @ v`` of their own V columns: every column's
+    arithmetic is the same as with one program (bit-neutral where the dot's per-element results
+    do not depend on how many columns it computes; kernels/README.md), for more programs on a
+    small grid. Only the program of column 0 writes m, l and the LSE.
 
     ``IS_DIRECT`` (every row has one split, ``num_splits == 1``): the partial is the result, so
     it is normalized and goes straight to ``out`` / ``lse``; there is no merge. The same bits:
     folding one state into the empty state returns it unchanged (:func:`state_fold`), and the
     normalization and stores are the merge kernel's."""
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
-    i_kvh = tl.program_id(1)
+    i_kvh = tl.program_id(1) // (HEAD_DIM // BLOCK_DV)
+    d0 = (tl.program_id(1) % (HEAD_DIM // BLOCK_DV)) * BLOCK_DV
     i_split = tl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
@@ -441,16 +468,18 @@ def _unified_attention_split_kernel(
         num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
-        IS_INTERPRET, DOT_PRECISION)
+        IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
     if IS_DIRECT:
         b_o, b_lse = state_normalize(s_acc, s_l, s_m)
-        _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
+        _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM,
+                   d0, BLOCK_DV)
     else:
-        o_d = tl.arange(0, HEAD_DIM)
+        o_d = d0 + tl.arange(0, BLOCK_DV)
         i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
         tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], s_acc, mask=m_row[:, None])
-        tl.store(ws_ml_ptr + 2 * i_ws, s_m, mask=m_row)
-        tl.store(ws_ml_ptr + 2 * i_ws + 1, s_l, mask=m_row)
+        m_ml = m_row & (tok * 0 + d0 == 0)  # m and l from the program of column 0
+        tl.store(ws_ml_ptr + 2 * i_ws, s_m, mask=m_ml)
+        tl.store(ws_ml_ptr + 2 * i_ws + 1, s_l, mask=m_ml)
 
 
 @triton.jit(do_not_specialize=["split_tokens", "B", "num_splits", "max_kv_len"])
