@@ -386,3 +386,22 @@ def test_cli_without_cuda_is_one_line_exit_2(capsys: pytest.CaptureFixture[str],
     assert main(["bench", "--markdown", str(tmp_path / "missing" / "b.md")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
+    """benchmarks/kernel_stats.py: the kernels compiled for an H100 on this machine (Triton's
+    own ptxas, no launch), in a fresh process without the interpreter."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
+                           "--workload", "decode-b1-ctx1k"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # One 1k-token decode on 8 KV heads: the split plan, 64-row tiles, 4 V column blocks (the
+    # rule on 132 SMs), one kernel (one split per row: no merge).
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| decode-b1-ctx1k")]
+    assert len(rows) == 1, proc.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1:4] == ["split", "64/64/4/2/4", "unified_attention_split_kernel"], cells
+    assert 32 <= int(cells[4]) <= 255 and int(cells[6]) > 0, cells

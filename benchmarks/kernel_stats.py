@@ -1,0 +1,173 @@
+"""Registers, spills and shared memory of the attention kernels as compiled for an H100 (sm_90a),
+on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
+
+    PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
+        [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
+        [--value-blocks N] [--dtype bfloat16]
+
+For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
+would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
+off), then compiles every kernel the launch would run through Triton's ``warmup`` with a
+stand-in driver that reports an sm_90 target (nothing is launched), and runs the ptxas that
+Triton itself uses for sm_90 with ``-v`` on each PTX: registers per thread, spill stores and
+loads (bytes), and the shared memory Triton allocates. Put another Triton first on
+``PYTHONPATH`` (e.g. the GPU machine's 3.6, ``pip download triton==3.6.0`` unpacked) to see
+what that version makes.
+
+A compile statistic, not a time: it says which settings spill, not which are faster. The
+kernels are compiled with the same constexprs and alignment specialisation as a real launch
+(16-byte aligned pointers, strides divisible by 16), so the numbers match the GPU's for the
+same Triton version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+import kernels
+import kernels.attention as ka
+from invariance.bench import BENCH_HEADS, BENCH_PAGE_SIZE, WORKLOADS
+
+SM90 = GPUTarget("cuda", 90, 32)
+NUM_SMS = 132
+
+
+class _Sm90Driver:
+    """The part of Triton's driver interface that ``JITFunction.warmup`` uses, for sm_90."""
+
+    def get_current_target(self) -> GPUTarget:
+        return SM90
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+class _Recorder:
+    """Stands in for a jit kernel in the launcher: ``kernel[grid](*args, **kwargs)`` compiles
+    it (``warmup``, no launch) and records the result."""
+
+    def __init__(self, name: str, fn: Any, out: list[tuple[str, Any]]) -> None:
+        self.name, self.fn, self.out = name, fn, out
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.out.append((self.name, self.fn.warmup(*args, grid=grid, **kwargs)))
+        return launch
+
+
+def _ptxas_stats(ptx: str) -> dict[str, int]:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path  # the ptxas this Triton itself runs for sm_90
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.o")],
+                              capture_output=True, text=True, check=False)
+    log = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"{ptxas} failed ({done.returncode}): {log[-600:]}")
+    stats = {"regs": int(re.search(r"Used (\d+) registers", log).group(1))}  # type: ignore[union-attr]
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    stats["spill_stores"], stats["spill_loads"] = (int(spill.group(1)), int(spill.group(2))) \
+        if spill else (0, 0)
+    return stats
+
+
+def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """The workload's tensors at their real shapes, except the caches (two pages: only their
+    strides reach the compiler), and its host lengths."""
+    w = WORKLOADS[name]
+    h = BENCH_HEADS
+    T, B = sum(w.q_lens), len(w.q_lens)
+    pages = -(-max(w.kv_lens) // BENCH_PAGE_SIZE)
+    q = torch.zeros(T, h.num_q_heads, h.head_dim, dtype=dtype)
+    cache = torch.zeros(2, BENCH_PAGE_SIZE, h.num_kv_heads, h.head_dim, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(w.q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    kv = torch.tensor(w.kv_lens, dtype=torch.int32)
+    table = torch.zeros(B, pages, dtype=torch.int32)
+    return (q, cache, cache.clone(), cu, kv, table), (list(w.q_lens), list(w.kv_lens))
+
+
+def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning) -> list[dict[str, Any]]:
+    inputs, lens = _inputs(name, dtype)
+    saved = {k: getattr(ka, k) for k in ("_interpreting", "_sm_major", "_num_sms", "_capturing")}
+    try:
+        ka._interpreting = lambda: True  # type: ignore[assignment]  # CPU tensors pass the checks
+        ka._sm_major = lambda device: 9  # type: ignore[assignment]
+        ka._num_sms = lambda device: NUM_SMS  # type: ignore[assignment]
+        ka._capturing = lambda device: False  # type: ignore[assignment]
+        lp = ka.plan_attention(*inputs, plan=plan, validate=False, tuning=tuning, host_lens=lens)
+        ka._interpreting = lambda: False  # type: ignore[assignment]  # IS_INTERPRET=False
+        compiled: list[tuple[str, Any]] = []
+        names = ("_unified_attention_fused_kernel", "_unified_attention_split_kernel",
+                 "_merge_splits_kernel")
+        jit = {n: getattr(ka, n) for n in names}
+        for n in names:
+            setattr(ka, n, _Recorder(n, jit[n], compiled))
+        before = driver._active  # None on a machine without a GPU: no reset_active() there
+        driver.set_active(_Sm90Driver())  # type: ignore[arg-type]
+        try:
+            T, Hq, D = inputs[0].shape
+            out = torch.empty(T, Hq, D, dtype=dtype)
+            lse = torch.empty(T, Hq, dtype=torch.float32)
+            launch = ka._launch_fused if lp.plan == "fused" else ka._launch_split
+            launch(lp, inputs, out, lse, 0.125)
+        finally:
+            driver._active = before
+            for n in names:
+                setattr(ka, n, jit[n])
+    finally:
+        for k, v in saved.items():
+            setattr(ka, k, v)
+    rows = []
+    for kname, k in compiled:
+        rows.append(dict(workload=name, plan=lp.plan, block_m=lp.block_m, block_n=lp.block_n,
+                         num_warps=lp.num_warps, num_stages=lp.num_stages,
+                         value_blocks=lp.value_blocks, kernel=kname.strip("_"),
+                         shared=k.metadata.shared, **_ptxas_stats(k.asm["ptx"])))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
+    p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--plan", default="auto", choices=kernels.PLANS)
+    for f in ("block-m", "num-warps", "num-stages", "value-blocks", "block-n"):
+        p.add_argument(f"--{f}", type=int)
+    a = p.parse_args()
+    tuning = kernels.Tuning(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
+                            value_blocks=a.value_blocks, block_n=a.block_n)
+    print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
+    print("| workload | plan | BM/BN/warps/stages/vblocks | kernel | regs | spill st/ld B "
+          "| smem B |")
+    print("|---|---|---|---|---|---|---|")
+    for name in a.workload or list(WORKLOADS):
+        for r in stats(name, getattr(torch, a.dtype), a.plan, tuning):
+            print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"
+                  f"{r['num_warps']}/{r['num_stages']}/{r['value_blocks']} | {r['kernel']} | "
+                  f"{r['regs']} | {r['spill_stores']}/{r['spill_loads']} | {r['shared']} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
