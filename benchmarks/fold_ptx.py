@@ -11,18 +11,15 @@ instructions of the PTX select ``0f80000000`` (-0.0). Run it with another Triton
 
 import re
 
+import torch
 import triton
-from triton.backends.compiler import GPUTarget
 
+from benchmarks.kernel_stats import compile_sm90
 from tests.triton_kernels.test_merge import _fold_kernel
 
-SIGNATURE = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "out_m_ptr": "*fp32",
-             "out_l_ptr": "*fp32", "out_acc_ptr": "*fp32", "S": "i32", "BM": "constexpr",
-             "D": "constexpr"}
-
-src = triton.compiler.ASTSource(fn=_fold_kernel, signature=SIGNATURE,
-                                constexprs={"BM": 16, "D": 32})
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+m, l, acc = torch.zeros(2, 16), torch.zeros(2, 16), torch.zeros(2, 16, 32)
+k = compile_sm90(_fold_kernel, m, l, acc, torch.empty(16), torch.empty(16), torch.empty(16, 32),
+                 2, BM=16, D=32)
 ttir, ptx = k.asm["ttir"], k.asm["ptx"]
 neg = "-0.000000e+00" in ttir
 print(f"triton {triton.__version__}: TTIR has a float -0.0 constant: {neg}; "

@@ -68,8 +68,19 @@ class _Recorder:
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            self.out.append((self.name, self.fn.warmup(*args, grid=grid, **kwargs)))
+            self.out.append((self.name, compile_sm90(self.fn, *args, grid=grid, **kwargs)))
         return launch
+
+
+def compile_sm90(fn: Any, *args: Any, grid: tuple[int, ...] = (1,), **kwargs: Any) -> Any:
+    """``fn`` (a ``triton.jit`` function) compiled for sm_90 with these launch arguments, as a
+    launch would specialise them, without launching it or needing a GPU."""
+    before = driver._active  # None on a machine without a GPU: no reset_active() there
+    driver.set_active(_Sm90Driver())  # type: ignore[arg-type]
+    try:
+        return fn.warmup(*args, grid=grid, **kwargs)
+    finally:
+        driver._active = before
 
 
 def _ptxas_stats(ptx: str) -> dict[str, int]:
@@ -123,8 +134,6 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning) -> l
         jit = {n: getattr(ka, n) for n in names}
         for n in names:
             setattr(ka, n, _Recorder(n, jit[n], compiled))
-        before = driver._active  # None on a machine without a GPU: no reset_active() there
-        driver.set_active(_Sm90Driver())  # type: ignore[arg-type]
         try:
             T, Hq, D = inputs[0].shape
             out = torch.empty(T, Hq, D, dtype=dtype)
@@ -132,7 +141,6 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning) -> l
             launch = ka._launch_fused if lp.plan == "fused" else ka._launch_split
             launch(lp, inputs, out, lse, 0.125)
         finally:
-            driver._active = before
             for n in names:
                 setattr(ka, n, jit[n])
     finally:

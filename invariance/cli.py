@@ -62,33 +62,34 @@ class _StoreOnce(argparse.Action):
     would check only ``b``). The CLI only: pytest's convention (an ``addopts`` value overridden
     on the command line) keeps the last one in the plugin."""
 
+    _namespace: argparse.Namespace | None = None  # the namespace of this action's last use
+
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        before = getattr(namespace, self.dest, None)
-        if before is not None:
+        if self._namespace is namespace:
             hint = ("; 'invariance bench' times several backends"
                     if option_string == "--backend" else "")
-            parser.error(f"argument {option_string}: expected one value, got {before!r} and "
-                         f"{values!r}{hint}")
+            parser.error(f"argument {option_string}: expected one value, got "
+                         f"{getattr(namespace, self.dest)!r} and {values!r}{hint}")
+        self._namespace = namespace
         setattr(namespace, self.dest, values)
 
 
-def _once(add_argument: Callable[..., Any]) -> Callable[..., Any]:
-    """``add_argument`` with :class:`_StoreOnce` (a repeat is a usage error) for single-valued
-    options."""
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser (and, through ``add_subparsers``, subcommand parsers) whose
+    single-valued options are :class:`_StoreOnce`."""
 
-    def add(*flags: str, **kwargs: Any) -> Any:
-        if kwargs.get("action", "store") == "store":
-            kwargs["action"] = _StoreOnce
-        return add_argument(*flags, **kwargs)
-    return add
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true",
                         help="show the full traceback of runtime errors")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Prove attention kernels deterministic and batch-invariant, bit for bit.",
         epilog="exit status: 0 invariant and accurate, 1 violations, accuracy failures or an "
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every perturbation's schedule pairs through a backend at each dtype, "
                     "compare the bits, check accuracy against the float64 reference, and "
                     f"print the report. The backend defaults to {DEFAULT_BACKEND}.")
-    add_options(_once(c.add_argument))
+    add_options(c.add_argument)
     c.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     c.add_argument("--cases", metavar="DIR", type=Path,
                    help="save each shown violation as a case file (replay it with "
@@ -129,10 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "of a report's violation and compare their bits. Exit 1 "
                                     "when they still differ.")
     rp.add_argument("path", metavar="CASE.json|REPORT.json", type=Path)
-    _once(rp.add_argument)("--backend", metavar="NAME|module:attr",
+    rp.add_argument("--backend", metavar="NAME|module:attr",
                     help="default: the backend the case failed on")
-    _once(rp.add_argument)("--device", choices=("cpu", "cuda"),
-                           help="default: the case's device")
+    rp.add_argument("--device", choices=("cpu", "cuda"), help="default: the case's device")
     rp.add_argument("--index", type=int, default=0, metavar="N",
                     help="which violation of a report (default: 0, the first)")
 

@@ -125,10 +125,6 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     return cfg
 
 
-#: Fewest V columns a split-plan program computes (:func:`value_blocks`).
-MIN_VALUE_COLUMNS = 32
-
-
 def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
                  sm_major: int | None = None) -> int:
     """V column blocks per split-plan program (the grid multiplies by it): 1, 2 or 4.
@@ -139,13 +135,12 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     each its own columns of ``p @ v``: bit-neutral where the dot's per-element results do not
     depend on its column count (measured on an H100 for half precision at head dim 128,
     ``wgmma``: reports/h100-round8/README.md), so only there (``sm_major == 9``); 1 elsewhere.
-    Doubles the blocks while the grid (``num_programs`` x blocks) stays within the SMs; at least
-    :data:`MIN_VALUE_COLUMNS` columns per program. Shapes only (no sync)."""
+    Doubles the blocks, up to 4 (32 columns each), while the grid (``num_programs`` x blocks)
+    stays within the SMs. Shapes only (no sync)."""
     if sm_major != 9 or dtype not in (torch.float16, torch.bfloat16) or head_dim != 128:
         return 1
     blocks = 1
-    while (blocks < 4 and num_programs * blocks * 2 <= num_sms
-           and head_dim // (2 * blocks) >= MIN_VALUE_COLUMNS):
+    while blocks < 4 and num_programs * blocks * 2 <= num_sms:
         blocks *= 2
     return blocks
 

@@ -194,6 +194,11 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "argument --seed: expected one value, got '1' and '1'" in err and "bench" not in err
     assert main(["replay", "case.json", "--device", "cpu", "--device", "cuda"]) == 2
     assert "argument --device: expected one value, got 'cpu' and 'cuda'" in capsys.readouterr().err
+    # Every subcommand, options with defaults and typed values included; repeatable ones stay so.
+    assert main(["bench", "--iters", "3", "--iters", "4"]) == 2
+    assert "argument --iters: expected one value, got 3 and 4" in capsys.readouterr().err
+    assert main(["replay", "case.json", "--index", "0", "--index", "1"]) == 2
+    assert "argument --index: expected one value, got 0 and 1" in capsys.readouterr().err
     assert main(["--help"]) == 0
 
 
