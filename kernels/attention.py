@@ -565,8 +565,11 @@ def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
     """One program per (query-block slot, KV head): all splits, merged in registers."""
     q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = inputs
     Hkv = k_cache.shape[2]
+    mem = os.environ.get("KERNELS_FOLD_IN_MEMORY", "0") == "1" and lp.num_splits > 1
+    ws_f = (torch.empty(q.shape, dtype=torch.float32, device=q.device) if mem else out)
     _unified_attention_fused_kernel[(lp.num_slots, Hkv)](
-        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, out, lse,
+        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, out, lse, ws_f,
+        IS_FOLD_IN_MEMORY=mem,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
 
 
@@ -590,6 +593,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
     _unified_attention_split_kernel[(lp.num_slots, Hkv * lp.value_blocks, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
         num_splits=lp.num_splits, IS_DIRECT=direct, BLOCK_DV=D // lp.value_blocks,
+        TILES_PER_STEP=int(os.environ.get("KERNELS_TILES_PER_STEP", "1")),
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)

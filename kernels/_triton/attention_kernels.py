@@ -100,37 +100,22 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.con
 
 
 @triton.jit
-def _attend_tile(
-    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+def _load_tile(
+    j, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGE_SHIFT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_MASKED: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
-    IS_INTERPRET: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    d0=0,  # first V column of acc
-    BLOCK_DV: tl.constexpr = None,  # V columns of acc (None: HEAD_DIM)
+    d0=0,  # first V column
+    BLOCK_DV: tl.constexpr = None,  # V columns (None: HEAD_DIM)
 ):
-    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
-
-    ``acc`` holds V columns ``[d0, d0 + BLOCK_DV)``; the scores always use the whole head dim.
-
-    ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
-    keys at or before the block's first position, hence < kv_len): no load masks, no select.
-
-    NOTE: both paths must round identically. A first fast path wrote ``s * qk_scale`` and
-    ``s - m`` separately; without the select between them the compiler contracted them into an
-    FMA on the unmasked path only, and a row's bits depended on whether its block's first row had
-    reached the tile (prefill vs decode, chunking; seen on an H100). Here the scores stay raw
-    (the mask selects on raw scores), the row max is scaled after the max (exact: rounding is
-    monotonic and qk_scale > 0), and the exponent is one explicit ``tl.fma``: the same single
-    rounding on both paths, leaving the compiler no choice to make.
-    """
+    """K and V of KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``) through the block
+    table: ``b_kt`` [D, BN] (K transposed) and ``b_v`` [BN, BLOCK_DV] (V columns from ``d0``).
+    ``IS_MASKED=False`` only for tiles whose keys all lie before ``kv_len``."""
     o_d = tl.arange(0, HEAD_DIM)
     if BLOCK_DV is None:  # noqa: SIM108 (a constexpr branch: compiled away)
         o_dv = o_d
@@ -171,21 +156,191 @@ def _attend_tile(
             b_kt = tl.load(k_ptr + off_k[None, :] + o_d[:, None], mask=m_n[None, :], other=0.0)
         else:
             b_kt = tl.load(k_ptr + off_k[None, :] + o_d[:, None])
-    # [BM, BN] raw scores q.k (unscaled)
+    return b_kt, b_v
+
+
+@triton.jit
+def _tile_scores(b_q, b_kt, j, pos, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 IS_MASKED: tl.constexpr, IS_INTERPRET: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """[BM, BN] raw scores q.k (unscaled) of tile ``j``; ``-inf`` where a row does not see a key
+    (``IS_MASKED``)."""
     b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     b_s = _dot(b_q, b_kt, b_s, IS_INTERPRET, DOT_PRECISION)
     if IS_MASKED:
+        o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
         b_s = tl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
+    return b_s
+
+
+@triton.jit
+def _tile_weights(m_i, b_s, qk_scale):
+    """The online-softmax weights of one tile's raw scores ``b_s`` against the running max
+    ``m_i``: (m_new, alpha [BM], p [BM, BN] fp32).
+
+    NOTE: a row masked on this whole tile keeps m_new == m_i, so alpha is exactly 1 and every
+    p is exactly exp2(-inf) = 0: the state is left bit-identical. m_safe guards -inf - -inf.
+    """
     m_new = tl.maximum(m_i, tl.max(b_s, 1) * qk_scale)
-    # NOTE: a row masked on this whole tile keeps m_new == m_i, so alpha is exactly 1 and every
-    # p is exactly exp2(-inf) = 0: the state is left bit-identical. m_safe guards -inf - -inf.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
     b_p = tl.exp2(tl.fma(b_s, qk_scale, -m_safe[:, None]))
+    return m_new, alpha, b_p
+
+
+@triton.jit
+def _attend_tile(
+    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_MASKED: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    d0=0,  # first V column of acc
+    BLOCK_DV: tl.constexpr = None,  # V columns of acc (None: HEAD_DIM)
+):
+    """One online-softmax step over KV tile ``j`` (keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``).
+
+    ``acc`` holds V columns ``[d0, d0 + BLOCK_DV)``; the scores always use the whole head dim.
+
+    ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
+    keys at or before the block's first position, hence < kv_len): no load masks, no select.
+
+    NOTE: both paths must round identically. A first fast path wrote ``s * qk_scale`` and
+    ``s - m`` separately; without the select between them the compiler contracted them into an
+    FMA on the unmasked path only, and a row's bits depended on whether its block's first row had
+    reached the tile (prefill vs decode, chunking; seen on an H100). Here the scores stay raw
+    (the mask selects on raw scores), the row max is scaled after the max (exact: rounding is
+    monotonic and qk_scale > 0), and the exponent is one explicit ``tl.fma``: the same single
+    rounding on both paths, leaving the compiler no choice to make.
+    """
+    b_kt, b_v = _load_tile(
+        j, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, IS_MASKED, IS_PAGE_PER_TILE, IS_K_ROWS,
+        d0, BLOCK_DV)
+    b_s = _tile_scores(b_q, b_kt, j, pos, BLOCK_M, BLOCK_N, IS_MASKED, IS_INTERPRET,
+                       DOT_PRECISION)
+    m_new, alpha, b_p = _tile_weights(m_i, b_s, qk_scale)
     l_i = l_i * alpha + tl.sum(b_p, 1)
     acc = acc * alpha[:, None]
     acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_tile_pair(
+    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    d0,  # first V column of acc
+    BLOCK_DV: tl.constexpr,  # V columns of acc
+):
+    """Two unmasked online-softmax steps, over tiles ``j`` then ``j + 1``: the arithmetic of two
+    :func:`_attend_tile` calls, in the same order per row, written so that the second tile's
+    loads, scores and exponentials do not wait for the first tile's ``p @ v`` (a shorter
+    dependency chain per tile; bit-neutral, kernels/README.md)."""
+    b_kt0, b_v0 = _load_tile(
+        j, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
+        d0, BLOCK_DV)
+    b_kt1, b_v1 = _load_tile(
+        j + 1, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
+        d0, BLOCK_DV)
+    b_s0 = _tile_scores(b_q, b_kt0, j, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
+                        DOT_PRECISION)
+    b_s1 = _tile_scores(b_q, b_kt1, j + 1, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
+                        DOT_PRECISION)
+    m_0, alpha0, b_p0 = _tile_weights(m_i, b_s0, qk_scale)
+    m_1, alpha1, b_p1 = _tile_weights(m_0, b_s1, qk_scale)
+    l_i = l_i * alpha0 + tl.sum(b_p0, 1)
+    l_i = l_i * alpha1 + tl.sum(b_p1, 1)
+    acc = acc * alpha0[:, None]
+    acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = acc * alpha1[:, None]
+    acc = _dot(b_p1.to(b_v1.dtype), b_v1, acc, IS_INTERPRET, DOT_PRECISION)
+    return m_1, l_i, acc
+
+
+@triton.jit
+def _attend_tile_quad(
+    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    d0,
+    BLOCK_DV: tl.constexpr,
+):
+    """Four unmasked steps, tiles ``j`` to ``j + 3`` (see :func:`_attend_tile_pair`)."""
+    b_kt0, b_v0 = _load_tile(
+        j, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
+        d0, BLOCK_DV)
+    b_kt1, b_v1 = _load_tile(
+        j + 1, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
+        d0, BLOCK_DV)
+    b_kt2, b_v2 = _load_tile(
+        j + 2, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
+        d0, BLOCK_DV)
+    b_kt3, b_v3 = _load_tile(
+        j + 3, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
+        d0, BLOCK_DV)
+    b_s0 = _tile_scores(b_q, b_kt0, j, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
+                        DOT_PRECISION)
+    b_s1 = _tile_scores(b_q, b_kt1, j + 1, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
+                        DOT_PRECISION)
+    b_s2 = _tile_scores(b_q, b_kt2, j + 2, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
+                        DOT_PRECISION)
+    b_s3 = _tile_scores(b_q, b_kt3, j + 3, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
+                        DOT_PRECISION)
+    m_0, alpha0, b_p0 = _tile_weights(m_i, b_s0, qk_scale)
+    m_1, alpha1, b_p1 = _tile_weights(m_0, b_s1, qk_scale)
+    m_2, alpha2, b_p2 = _tile_weights(m_1, b_s2, qk_scale)
+    m_3, alpha3, b_p3 = _tile_weights(m_2, b_s3, qk_scale)
+    l_i = l_i * alpha0 + tl.sum(b_p0, 1)
+    l_i = l_i * alpha1 + tl.sum(b_p1, 1)
+    l_i = l_i * alpha2 + tl.sum(b_p2, 1)
+    l_i = l_i * alpha3 + tl.sum(b_p3, 1)
+    acc = acc * alpha0[:, None]
+    acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = acc * alpha1[:, None]
+    acc = _dot(b_p1.to(b_v1.dtype), b_v1, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = acc * alpha2[:, None]
+    acc = _dot(b_p2.to(b_v2.dtype), b_v2, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = acc * alpha3[:, None]
+    acc = _dot(b_p3.to(b_v3.dtype), b_v3, acc, IS_INTERPRET, DOT_PRECISION)
+    return m_3, l_i, acc
 
 
 @triton.jit
@@ -220,6 +375,7 @@ def _attend_split(
     DOT_PRECISION: tl.constexpr,
     d0,  # first V column of acc
     BLOCK_DV: tl.constexpr,  # V columns of acc
+    TILES_PER_STEP: tl.constexpr,  # unmasked tiles per loop step: 1 or 2 (_attend_tile_pair)
 ):
     """Online softmax over the tiles of split ``i_split``, from a fresh state, in increasing order.
 
@@ -235,7 +391,25 @@ def _attend_split(
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
     kv_off_h = i_kvh.to(tl.int64)
-    for j in range(j_lo, j_mid):
+    j_single = j_lo
+    if TILES_PER_STEP == 4:
+        j_single = j_lo + (j_mid - j_lo) // 4 * 4
+        for j in range(j_lo, j_single, 4):
+            m_i, l_i, acc = _attend_tile_quad(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
+    if TILES_PER_STEP == 2:
+        # Pairs of unmasked tiles, then the odd one out below.
+        j_single = j_lo + (j_mid - j_lo) // 2 * 2
+        for j in range(j_lo, j_single, 2):
+            m_i, l_i, acc = _attend_tile_pair(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
+    for j in range(j_single, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -255,6 +429,23 @@ def _close_split(f_m, f_l, f_acc, m_i, l_i, acc, BLOCK_M: tl.constexpr, HEAD_DIM
     """End of a split in the fused plan: fold its raw state into the running fold (f_m, f_l,
     f_acc) and return a fresh online-softmax state."""
     f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, m_i, l_i, acc)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    return f_m, f_l, f_acc, m_i, l_i, acc
+
+
+@triton.jit
+def _close_split_mem(f_m, f_l, p_f, m_f, has_prev, m_i, l_i, acc, BLOCK_M: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, IS_LAST: tl.constexpr):
+    """``_close_split`` with the running fold's ``acc`` in memory (``p_f``, [BM, D] fp32 rows of
+    the block): loaded (zeros for the first split, as the register fold starts), folded, stored
+    back unless this is the block's last split. Returns the fold and a fresh state; the fold's
+    ``acc`` only for the last split (else the fresh state's zeros stand in for it)."""
+    f_acc = tl.load(p_f, mask=m_f & (tl.zeros([BLOCK_M, 1], tl.int32) + has_prev > 0), other=0.0)
+    f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, m_i, l_i, acc)
+    if not IS_LAST:
+        tl.store(p_f, f_acc, mask=m_f)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -304,6 +495,7 @@ def _unified_attention_fused_kernel(
     # Outputs
     out_ptr,  # [T, Hq, D] contiguous
     lse_ptr,  # [T, Hq] fp32 contiguous
+    ws_f_ptr,  # [T, Hq, D] fp32 running fold (IS_FOLD_IN_MEMORY only)
     # Scalars
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
@@ -333,6 +525,7 @@ def _unified_attention_fused_kernel(
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    IS_FOLD_IN_MEMORY: tl.constexpr = False,
 ):
     """Fused plan: one program per (query-block slot, kv head) walks all splits of its block,
     merging each into a register state as soon as it ends."""
@@ -359,28 +552,56 @@ def _unified_attention_fused_kernel(
     j_end = max_pos // BLOCK_N + 1
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
-    for j in range(0, j_mid):
-        m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-        if (j + 1) % split_tiles == 0:
+    if IS_FOLD_IN_MEMORY:
+        i_row = (q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)
+        p_f = ws_f_ptr + i_row[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+        m_f = m_row[:, None]
+        for j in range(0, j_mid):
+            m_i, l_i, acc = _attend_tile(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            if ((j + 1) % split_tiles == 0) & (j + 1 < j_end):
+                f_m, f_l, _, m_i, l_i, acc = _close_split_mem(
+                    f_m, f_l, p_f, m_f, j // split_tiles, m_i, l_i, acc, BLOCK_M, HEAD_DIM,
+                    False)
+        for j in range(j_mid, j_end):
+            m_i, l_i, acc = _attend_tile(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            if ((j + 1) % split_tiles == 0) & (j + 1 < j_end):
+                f_m, f_l, _, m_i, l_i, acc = _close_split_mem(
+                    f_m, f_l, p_f, m_f, j // split_tiles, m_i, l_i, acc, BLOCK_M, HEAD_DIM,
+                    False)
+        if j_end > 0:
+            f_m, f_l, f_acc, m_i, l_i, acc = _close_split_mem(
+                f_m, f_l, p_f, m_f, (j_end - 1) // split_tiles, m_i, l_i, acc, BLOCK_M, HEAD_DIM, True)
+    else:
+        for j in range(0, j_mid):
+            m_i, l_i, acc = _attend_tile(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            if (j + 1) % split_tiles == 0:
+                f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                              BLOCK_M, HEAD_DIM)
+        for j in range(j_mid, j_end):
+            m_i, l_i, acc = _attend_tile(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            if (j + 1) % split_tiles == 0:
+                f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                              BLOCK_M, HEAD_DIM)
+        if j_end % split_tiles != 0:
+            # The last split ends inside the block's range.
             f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                           BLOCK_M, HEAD_DIM)
-    for j in range(j_mid, j_end):
-        m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-        if (j + 1) % split_tiles == 0:
-            f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
-                                                          BLOCK_M, HEAD_DIM)
-    if j_end % split_tiles != 0:
-        # The last split ends inside the block's range.
-        f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
-                                                      BLOCK_M, HEAD_DIM)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 
@@ -432,6 +653,7 @@ def _unified_attention_split_kernel(
     DOT_PRECISION: tl.constexpr,
     IS_DIRECT: tl.constexpr,
     BLOCK_DV: tl.constexpr,  # V columns per program: HEAD_DIM, or a fraction of it
+    TILES_PER_STEP: tl.constexpr = 1,  # unmasked KV tiles per loop step: 1 or 2
 ):
     """Split plan, phase 1: one program per (query-block slot, kv head x V column block, split)
     writes a partial.
@@ -468,7 +690,7 @@ def _unified_attention_split_kernel(
         num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
-        IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
+        IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV, TILES_PER_STEP)
     if IS_DIRECT:
         b_o, b_lse = state_normalize(s_acc, s_l, s_m)
         _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM,
