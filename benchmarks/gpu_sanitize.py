@@ -77,10 +77,11 @@ def plans_agree(args: Args, split: int) -> bool:
         unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
         unified_attention(*args, split_size=split, plan="fused",
                           tuning=Tuning(block_m=256, num_warps=8, num_stages=3))
-        # The split plan with its V columns cut into 2 and 4 programs (bits compared too).
-        for vb in (2, 4):
-            cut = unified_attention(*args, split_size=split, plan="split",
-                                    tuning=Tuning(value_blocks=vb))
+        # The split plan with its V columns cut into 2 and 4 programs, and walking two tiles
+        # per loop step (bits compared too).
+        for tuning in (Tuning(value_blocks=2), Tuning(value_blocks=4), Tuning(tiles_per_step=2),
+                       Tuning(value_blocks=4, tiles_per_step=2)):
+            cut = unified_attention(*args, split_size=split, plan="split", tuning=tuning)
             same = same and all(torch.equal(bits(a), bits(b))
                                 for a, b in zip(cut, split_plan, strict=True))
     # host_lens that understate every length: they steer the plan only, never memory sizes.
@@ -125,9 +126,9 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                 case(f"{tag}/validate=False/{label}/{plan}",
                      lambda b=bad, p=plan: call(b, validate=False, plan=p))
             if dtype != torch.float32:
-                case(f"{tag}/validate=False/{label}/split-4-value-blocks",
+                case(f"{tag}/validate=False/{label}/split-4-value-blocks-2-tiles-per-step",
                      lambda b=bad: call(b, validate=False, plan="split",
-                                        tuning=Tuning(value_blocks=4)))
+                                        tuning=Tuning(value_blocks=4, tiles_per_step=2)))
         empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
         case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
 

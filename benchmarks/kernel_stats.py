@@ -3,7 +3,7 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
 
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
-        [--value-blocks N] [--dtype bfloat16]
+        [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--ptx-hash]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -14,6 +14,10 @@ loads (bytes), and the shared memory Triton allocates. Put another Triton first 
 ``PYTHONPATH`` (e.g. the GPU machine's 3.6, ``pip download triton==3.6.0`` unpacked) to see
 what that version makes.
 
+``--ptx-hash`` prints a hash of each kernel's PTX (debug lines left out) instead of the ptxas
+statistics: run at two commits, equal hashes show that a refactor compiles to the same code
+(reports/h100-round9/cpu/).
+
 A compile statistic, not a time: it says which settings spill, not which are faster. The
 kernels are compiled with the same constexprs and alignment specialisation as a real launch
 (16-byte aligned pointers, strides divisible by 16), so the numbers match the GPU's for the
@@ -23,6 +27,7 @@ same Triton version.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -103,6 +108,16 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
     return stats
 
 
+def _ptx_hash(ptx: str) -> str:
+    """A hash of the PTX without its debug lines (``.loc``, ``.file``, comments, DWARF sections
+    and labels), which move with every edit of the source: two builds with the same hash
+    compiled to the same instructions."""
+    keep = [line for line in ptx.splitlines()
+            if not re.match(r"\s*(\.loc|\.file|//|\$L__|\.section|\.b8|\.b32|\.b64)", line)
+            and "debug" not in line]
+    return hashlib.sha256("\n".join(keep).encode()).hexdigest()[:12]
+
+
 def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], Any]:
     """The workload's tensors at their real shapes, except the caches (two pages: only their
     strides reach the compiler), and its host lengths."""
@@ -118,7 +133,8 @@ def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], An
     return (q, cache, cache.clone(), cu, kv, table), (list(w.q_lens), list(w.kv_lens))
 
 
-def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning) -> list[dict[str, Any]]:
+def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
+          ptx_hash: bool = False) -> list[dict[str, Any]]:
     inputs, lens = _inputs(name, dtype)
     saved = {k: getattr(ka, k) for k in ("_interpreting", "_sm_major", "_num_sms", "_capturing")}
     try:
@@ -150,8 +166,12 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning) -> l
     for kname, k in compiled:
         rows.append(dict(workload=name, plan=lp.plan, block_m=lp.block_m, block_n=lp.block_n,
                          num_warps=lp.num_warps, num_stages=lp.num_stages,
-                         value_blocks=lp.value_blocks, kernel=kname.strip("_"),
-                         shared=k.metadata.shared, **_ptxas_stats(k.asm["ptx"])))
+                         value_blocks=lp.value_blocks,
+                         tiles_per_step=getattr(lp, "tiles_per_step", 1),  # older kernels: 1
+                         kernel=kname.strip("_"),
+                         shared=k.metadata.shared,
+                         **(dict(ptx=_ptx_hash(k.asm["ptx"])) if ptx_hash
+                            else _ptxas_stats(k.asm["ptx"]))))
     return rows
 
 
@@ -160,21 +180,29 @@ def main() -> None:
     p.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
     p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--plan", default="auto", choices=kernels.PLANS)
-    for f in ("block-m", "num-warps", "num-stages", "value-blocks", "block-n"):
+    for f in ("block-m", "num-warps", "num-stages", "value-blocks", "tiles-per-step", "block-n"):
         p.add_argument(f"--{f}", type=int)
+    p.add_argument("--ptx-hash", action="store_true",
+                   help="print a hash of each kernel's PTX (debug lines left out) instead of "
+                        "registers and spills: equal hashes across two commits mean the same "
+                        "compiled code")
     a = p.parse_args()
-    tuning = kernels.Tuning(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
-                            value_blocks=a.value_blocks, block_n=a.block_n)
+    # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
+    fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
+                  value_blocks=a.value_blocks, tiles_per_step=a.tiles_per_step, block_n=a.block_n)
+    tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
     print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
-    print("| workload | plan | BM/BN/warps/stages/vblocks | kernel | regs | spill st/ld B "
+    compiled_cols = "ptx hash | " if a.ptx_hash else "regs | spill st/ld B "
+    print(f"| workload | plan | BM/BN/warps/stages/vblocks/tiles | kernel | {compiled_cols}"
           "| smem B |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---" * (6 if a.ptx_hash else 7) + "|")
     for name in a.workload or list(WORKLOADS):
-        for r in stats(name, getattr(torch, a.dtype), a.plan, tuning):
+        for r in stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash):
+            compiled = (f"{r['ptx']} | " if a.ptx_hash else
+                        f"{r['regs']} | {r['spill_stores']}/{r['spill_loads']} | ")
             print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"
-                  f"{r['num_warps']}/{r['num_stages']}/{r['value_blocks']} | {r['kernel']} | "
-                  f"{r['regs']} | {r['spill_stores']}/{r['spill_loads']} | {r['shared']} |",
-                  flush=True)
+                  f"{r['num_warps']}/{r['num_stages']}/{r['value_blocks']}/{r['tiles_per_step']} "
+                  f"| {r['kernel']} | {compiled}{r['shared']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,8 @@ def to_markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 
 class Fuzz:
-    """``kernels`` with a candidate launch setting, plan and V column blocks (split plan) picked
+    """``kernels`` with a candidate launch setting, plan, V column blocks and tiles per loop step
+    (split plan) picked
     per batch from a hash of the batch's shape: under ``invariance check`` every perturbation
     then compares rows computed with different settings, which agree bit for bit only if the
     settings are bit-neutral."""
@@ -181,12 +182,16 @@ class Fuzz:
         bm, w, s = FUZZ_CANDIDATES[h % len(FUZZ_CANDIDATES)]
         h //= len(FUZZ_CANDIDATES)
         plan = self.plans[h % len(self.plans)]
-        # V column blocks of the split plan (ignored by the fused one); None: the shape rule.
-        vb = (None, 1, 2, 4)[(h // len(self.plans)) % 4]
+        h //= len(self.plans)
+        # V column blocks and tiles per loop step of the split plan (ignored by the fused one);
+        # None: the shape rules.
+        vb = (None, 1, 2, 4)[h % 4]
+        step = (None, 1, 2)[(h // 4) % 3]
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, plan=plan,
-            tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s, value_blocks=vb))
+            tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s, value_blocks=vb,
+                                  tiles_per_step=step))
         return AttentionResult(out, lse)
 
 

@@ -42,6 +42,7 @@ from kernels.config import (
     prefill_like,
     rows_per_block,
     tile_config,
+    tiles_per_step,
     value_blocks,
 )
 
@@ -136,6 +137,10 @@ class Tuning:
     - ``value_blocks`` (1, 2 or 4; split plan only): V column blocks per (slot, KV head,
       split), each its own program. Bit-neutral on an H100 for half precision at head dim 128
       (kernels/README.md); ``None`` takes :func:`~kernels.config.value_blocks`' choice.
+    - ``tiles_per_step`` (1 or 2; split plan only): fully visible KV tiles per loop step of a
+      split-plan program (both tiles' scores and exponentials ahead of the first ``p @ v``).
+      The same arithmetic per row: bit-neutral on an H100 for half precision at head dim 128
+      (kernels/README.md); ``None`` takes :func:`~kernels.config.tiles_per_step`' choice.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -145,6 +150,7 @@ class Tuning:
     num_stages: int | None = None
     block_n: int | None = None
     value_blocks: int | None = None
+    tiles_per_step: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -154,6 +160,7 @@ class Tuning:
             ("block_n", self.block_n, lambda v: _is_pow2(v) and v >= 16,
              "a power of two >= 16"),
             ("value_blocks", self.value_blocks, lambda v: v in (1, 2, 4), "1, 2 or 4"),
+            ("tiles_per_step", self.tiles_per_step, lambda v: v in (1, 2), "1 or 2"),
         )
         for name, value, ok, expected in checks:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
@@ -192,6 +199,7 @@ class LaunchPlan:
     num_splits: int  # splits of the longest KV length (or its bound): the workspace depth
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     value_blocks: int  # split plan: V column blocks per (slot, KV head, split); fused: 1
+    tiles_per_step: int  # split plan: fully visible KV tiles per loop step (1 or 2); fused: 1
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
@@ -493,19 +501,18 @@ def plan_attention(
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
             decode=not prefill_like(T, G, B))
     num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
-    if plan == "fused":
-        v_blocks = 1
-    elif tuning.value_blocks is not None:
-        v_blocks = tuning.value_blocks
-    else:
+    v_blocks, step = 1, 1
+    if plan == "split":
         # Split programs that do work: every query block times the longest row's splits, or
         # with statistics at most each block's own splits (its tiles / split_tiles, plus one).
         # Without statistics (a CUDA-graph capture without host_lens) the block table's width
-        # bounds the lengths, so a wide table keeps one block. Speed only.
+        # bounds the lengths, so a wide table keeps the defaults. Speed only.
         live = num_q_blocks * _cdiv(max_kv, split_tokens)
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
-        v_blocks = value_blocks(q.dtype, D, live * Hkv, num_sms, _sm_major(q.device))
+        sm_major = _sm_major(q.device)
+        v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major)
+        step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major)
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=tuning.num_warps or launch.num_warps,
@@ -513,7 +520,7 @@ def plan_attention(
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
-        num_slots=T // block_q + B, value_blocks=v_blocks,
+        num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -565,11 +572,8 @@ def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
     """One program per (query-block slot, KV head): all splits, merged in registers."""
     q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = inputs
     Hkv = k_cache.shape[2]
-    mem = os.environ.get("KERNELS_FOLD_IN_MEMORY", "0") == "1" and lp.num_splits > 1
-    ws_f = (torch.empty(q.shape, dtype=torch.float32, device=q.device) if mem else out)
     _unified_attention_fused_kernel[(lp.num_slots, Hkv)](
-        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, out, lse, ws_f,
-        IS_FOLD_IN_MEMORY=mem,
+        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, out, lse,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
 
 
@@ -593,7 +597,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
     _unified_attention_split_kernel[(lp.num_slots, Hkv * lp.value_blocks, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
         num_splits=lp.num_splits, IS_DIRECT=direct, BLOCK_DV=D // lp.value_blocks,
-        TILES_PER_STEP=int(os.environ.get("KERNELS_TILES_PER_STEP", "1")),
+        TILES_PER_STEP=lp.tiles_per_step,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)

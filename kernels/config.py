@@ -23,6 +23,7 @@ __all__ = [
     "batch_tuning",
     "control_num_splits",
     "tile_config",
+    "tiles_per_step",
     "value_blocks",
 ]
 
@@ -143,6 +144,26 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     while blocks < 4 and num_programs * blocks * 2 <= num_sms:
         blocks *= 2
     return blocks
+
+
+def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
+                   sm_major: int | None = None) -> int:
+    """Fully visible KV tiles a split-plan program walks per loop step: 1 or 2.
+
+    With 2, the program loads two tiles and computes both tiles' scores, maxima and
+    exponentials before the first tile's ``p @ v``: the arithmetic of two one-tile steps, in
+    the same order per row, with a shorter chain of dependent instructions per tile (and
+    1.7x the shared memory per pipeline stage). Bit-neutral on an H100 for half precision at
+    head dim 128 (0 of 54 comparisons differing; reports/h100-round9/README.md), so only there
+    (``sm_major == 9``); 1 elsewhere. Taken on the small grids where each program's tile chain
+    is the time (the same grids as :func:`value_blocks`: ``num_programs * 2 <= num_sms``): on
+    the H100 decode at batch 1 with 1k tokens went from 29.5 to 24.3 us and batch 8 with 1k
+    from 39.3 to 35.0 us (batch 1 with 8k: 42.8 to 43.1), while larger grids got 17-19% slower
+    (decode at batch 8 with 8k and 32k, batch 1 with 32k, decode-prod64). Shapes only (no
+    sync)."""
+    if sm_major != 9 or dtype not in (torch.float16, torch.bfloat16) or head_dim != 128:
+        return 1
+    return 2 if num_programs * 2 <= num_sms else 1
 
 
 def rows_per_block(block_m: int, group_size: int) -> tuple[int, int]:

@@ -280,70 +280,6 @@ def _attend_tile_pair(
 
 
 @triton.jit
-def _attend_tile_quad(
-    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    PAGE_SHIFT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IS_PAGE_PER_TILE: tl.constexpr,
-    IS_K_ROWS: tl.constexpr,
-    IS_INTERPRET: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    d0,
-    BLOCK_DV: tl.constexpr,
-):
-    """Four unmasked steps, tiles ``j`` to ``j + 3`` (see :func:`_attend_tile_pair`)."""
-    b_kt0, b_v0 = _load_tile(
-        j, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
-        d0, BLOCK_DV)
-    b_kt1, b_v1 = _load_tile(
-        j + 1, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
-        d0, BLOCK_DV)
-    b_kt2, b_v2 = _load_tile(
-        j + 2, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
-        d0, BLOCK_DV)
-    b_kt3, b_v3 = _load_tile(
-        j + 3, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
-        d0, BLOCK_DV)
-    b_s0 = _tile_scores(b_q, b_kt0, j, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
-                        DOT_PRECISION)
-    b_s1 = _tile_scores(b_q, b_kt1, j + 1, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
-                        DOT_PRECISION)
-    b_s2 = _tile_scores(b_q, b_kt2, j + 2, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
-                        DOT_PRECISION)
-    b_s3 = _tile_scores(b_q, b_kt3, j + 3, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
-                        DOT_PRECISION)
-    m_0, alpha0, b_p0 = _tile_weights(m_i, b_s0, qk_scale)
-    m_1, alpha1, b_p1 = _tile_weights(m_0, b_s1, qk_scale)
-    m_2, alpha2, b_p2 = _tile_weights(m_1, b_s2, qk_scale)
-    m_3, alpha3, b_p3 = _tile_weights(m_2, b_s3, qk_scale)
-    l_i = l_i * alpha0 + tl.sum(b_p0, 1)
-    l_i = l_i * alpha1 + tl.sum(b_p1, 1)
-    l_i = l_i * alpha2 + tl.sum(b_p2, 1)
-    l_i = l_i * alpha3 + tl.sum(b_p3, 1)
-    acc = acc * alpha0[:, None]
-    acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
-    acc = acc * alpha1[:, None]
-    acc = _dot(b_p1.to(b_v1.dtype), b_v1, acc, IS_INTERPRET, DOT_PRECISION)
-    acc = acc * alpha2[:, None]
-    acc = _dot(b_p2.to(b_v2.dtype), b_v2, acc, IS_INTERPRET, DOT_PRECISION)
-    acc = acc * alpha3[:, None]
-    acc = _dot(b_p3.to(b_v3.dtype), b_v3, acc, IS_INTERPRET, DOT_PRECISION)
-    return m_3, l_i, acc
-
-
-@triton.jit
 def _attend_split(
     b_q,  # [BM, D] q tile
     pos,  # [BM] int32 absolute position of each row, -1 for padding rows
@@ -392,14 +328,6 @@ def _attend_split(
     j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
     kv_off_h = i_kvh.to(tl.int64)
     j_single = j_lo
-    if TILES_PER_STEP == 4:
-        j_single = j_lo + (j_mid - j_lo) // 4 * 4
-        for j in range(j_lo, j_single, 4):
-            m_i, l_i, acc = _attend_tile_quad(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
     if TILES_PER_STEP == 2:
         # Pairs of unmasked tiles, then the odd one out below.
         j_single = j_lo + (j_mid - j_lo) // 2 * 2
@@ -429,23 +357,6 @@ def _close_split(f_m, f_l, f_acc, m_i, l_i, acc, BLOCK_M: tl.constexpr, HEAD_DIM
     """End of a split in the fused plan: fold its raw state into the running fold (f_m, f_l,
     f_acc) and return a fresh online-softmax state."""
     f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, m_i, l_i, acc)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    return f_m, f_l, f_acc, m_i, l_i, acc
-
-
-@triton.jit
-def _close_split_mem(f_m, f_l, p_f, m_f, has_prev, m_i, l_i, acc, BLOCK_M: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, IS_LAST: tl.constexpr):
-    """``_close_split`` with the running fold's ``acc`` in memory (``p_f``, [BM, D] fp32 rows of
-    the block): loaded (zeros for the first split, as the register fold starts), folded, stored
-    back unless this is the block's last split. Returns the fold and a fresh state; the fold's
-    ``acc`` only for the last split (else the fresh state's zeros stand in for it)."""
-    f_acc = tl.load(p_f, mask=m_f & (tl.zeros([BLOCK_M, 1], tl.int32) + has_prev > 0), other=0.0)
-    f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, m_i, l_i, acc)
-    if not IS_LAST:
-        tl.store(p_f, f_acc, mask=m_f)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -495,7 +406,6 @@ def _unified_attention_fused_kernel(
     # Outputs
     out_ptr,  # [T, Hq, D] contiguous
     lse_ptr,  # [T, Hq] fp32 contiguous
-    ws_f_ptr,  # [T, Hq, D] fp32 running fold (IS_FOLD_IN_MEMORY only)
     # Scalars
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
@@ -525,7 +435,6 @@ def _unified_attention_fused_kernel(
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    IS_FOLD_IN_MEMORY: tl.constexpr = False,
 ):
     """Fused plan: one program per (query-block slot, kv head) walks all splits of its block,
     merging each into a register state as soon as it ends."""
@@ -552,56 +461,28 @@ def _unified_attention_fused_kernel(
     j_end = max_pos // BLOCK_N + 1
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
-    if IS_FOLD_IN_MEMORY:
-        i_row = (q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)
-        p_f = ws_f_ptr + i_row[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-        m_f = m_row[:, None]
-        for j in range(0, j_mid):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if ((j + 1) % split_tiles == 0) & (j + 1 < j_end):
-                f_m, f_l, _, m_i, l_i, acc = _close_split_mem(
-                    f_m, f_l, p_f, m_f, j // split_tiles, m_i, l_i, acc, BLOCK_M, HEAD_DIM,
-                    False)
-        for j in range(j_mid, j_end):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if ((j + 1) % split_tiles == 0) & (j + 1 < j_end):
-                f_m, f_l, _, m_i, l_i, acc = _close_split_mem(
-                    f_m, f_l, p_f, m_f, j // split_tiles, m_i, l_i, acc, BLOCK_M, HEAD_DIM,
-                    False)
-        if j_end > 0:
-            f_m, f_l, f_acc, m_i, l_i, acc = _close_split_mem(
-                f_m, f_l, p_f, m_f, (j_end - 1) // split_tiles, m_i, l_i, acc, BLOCK_M, HEAD_DIM, True)
-    else:
-        for j in range(0, j_mid):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if (j + 1) % split_tiles == 0:
-                f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
-                                                              BLOCK_M, HEAD_DIM)
-        for j in range(j_mid, j_end):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if (j + 1) % split_tiles == 0:
-                f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
-                                                              BLOCK_M, HEAD_DIM)
-        if j_end % split_tiles != 0:
-            # The last split ends inside the block's range.
+    for j in range(0, j_mid):
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+        if (j + 1) % split_tiles == 0:
             f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                           BLOCK_M, HEAD_DIM)
+    for j in range(j_mid, j_end):
+        m_i, l_i, acc = _attend_tile(
+            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
+            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+        if (j + 1) % split_tiles == 0:
+            f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                          BLOCK_M, HEAD_DIM)
+    if j_end % split_tiles != 0:
+        # The last split ends inside the block's range.
+        f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                      BLOCK_M, HEAD_DIM)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 

@@ -103,6 +103,80 @@ def test_value_blocks_only_on_small_grids_where_measured_neutral() -> None:
     assert value_blocks(bf16, 64, 8, 132, 9) == 1
 
 
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_two_tiles_per_step_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
+                                               assert_same_bits, blocks: int) -> None:
+    """The split plan walking its fully visible tiles two per loop step vs one: rows over 0-7
+    tiles, splits of 3 and 4 tiles (an odd tile left over, a masked last tile) and one split
+    per row (direct stores), with one or two V column blocks."""
+    block_n = tile_config(dtype, 64).block_n
+    shape = [(1, 7 * block_n + 5), (3, 5 * block_n), (1, 2 * block_n), (6, 3 * block_n + 1),
+             (0, 16), (1, 1)]
+    batch = make_batch(dtype, shape, PageLayout(4, "shuffled", seed=2), seed=1)
+    for size in (3 * block_n, 4 * block_n, 1 << 20):
+        one = unified_attention(*args_of(batch), split_size=size, plan="split",
+                                tuning=Tuning(tiles_per_step=1, value_blocks=blocks))
+        two = unified_attention(*args_of(batch), split_size=size, plan="split",
+                                tuning=Tuning(tiles_per_step=2, value_blocks=blocks))
+        assert_same_bits(two, one, f"2 tiles per step vs 1, split size {size}")
+
+
+def test_tiles_per_step_apply_to_the_split_plan_only(dtype: torch.dtype, make_batch, args_of,
+                                                    monkeypatch) -> None:
+    batch = make_batch(dtype, [(1, 40)])
+    for plan, expected in (("split", 2), ("fused", 1)):
+        lp = plan_attention(*args_of(batch), plan=plan, tuning=Tuning(tiles_per_step=2))
+        assert (lp.plan, lp.tiles_per_step) == (plan, expected)
+    # No tuning: the shape rule, 1 here (the interpreter, and head dim 64).
+    assert plan_attention(*args_of(batch), plan="split").tiles_per_step == 1
+    # As on an H100 (132 SMs), head dim 128: one short decode (8 programs) takes two tiles per
+    # step in half precision; 40 decodes of 2 KV heads over 1 split (80 programs) do not.
+    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.attention, "_num_sms", lambda device: 132)
+    heads = HeadConfig(4, 2, 128)
+    half = dtype != torch.float32
+    one = make_batch(dtype, [(1, 40)], heads=heads)
+    assert plan_attention(*args_of(one), plan="split").tiles_per_step == (2 if half else 1)
+    many = make_batch(dtype, [(1, 40)] * 40, heads=heads)
+    assert plan_attention(*args_of(many), plan="split").tiles_per_step == 1
+
+
+def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_batch, args_of,
+                                                    monkeypatch) -> None:
+    """The split kernel is launched with the plan's tiles per step (a launcher that dropped it
+    would make the bit comparison above compare one tile per step with itself)."""
+    real = kernels.attention._unified_attention_split_kernel
+    seen: list[object] = []
+
+    class Spy:
+        def __getitem__(self, grid: tuple[int, ...]):
+            def launch(*args: object, **kwargs: object) -> None:
+                seen.append(kwargs["TILES_PER_STEP"])
+                real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(kernels.attention, "_unified_attention_split_kernel", Spy())
+    batch = make_batch(dtype, [(1, 40)])
+    for step in (2, 1, None):
+        unified_attention(*args_of(batch), plan="split", tuning=Tuning(tiles_per_step=step))
+    assert seen == [2, 1, 1]
+
+
+def test_tiles_per_step_only_on_small_grids_where_measured_neutral() -> None:
+    from kernels.config import tiles_per_step
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    # decode at batch 1 with 1k tokens: 8 programs; batch 8: 64; batch 1 with 8k: 64 (8
+    # splits); batch 8 with 8k: 512.
+    assert [tiles_per_step(bf16, 128, n, 132, 9) for n in (8, 64, 66, 67, 512)] == [2, 2, 2, 1, 1]
+    assert tiles_per_step(torch.float16, 128, 8, 132, 9) == 2
+    # Unmeasured: other GPUs, the interpreter, float32, other head dims.
+    assert tiles_per_step(bf16, 128, 8, 132, 8) == 1
+    assert tiles_per_step(bf16, 128, 8, 132, None) == 1
+    assert tiles_per_step(fp32, 128, 8, 132, 9) == 1
+    assert tiles_per_step(bf16, 64, 8, 132, 9) == 1
+
+
 @pytest.mark.parametrize("sign", ["-0.0", "+0.0"])
 def test_fused_equals_split_with_zero_values(dtype: torch.dtype, make_batch, args_of,
                                              assert_same_bits, sign: str) -> None:

@@ -180,7 +180,9 @@ def test_bad_option(args: Args, name: str, value: Any) -> None:
 @pytest.mark.parametrize(("field", "value"), [("block_m", 24), ("block_m", 0), ("num_warps", 3),
                                               ("num_stages", 0), ("block_n", 8),
                                               ("block_n", True), ("num_warps", 4.0),
-                                              ("value_blocks", 3), ("value_blocks", 8)])
+                                              ("value_blocks", 3), ("value_blocks", 8),
+                                              ("tiles_per_step", 4), ("tiles_per_step", 0),
+                                              ("tiles_per_step", True)])
 def test_bad_tuning(field: str, value: Any) -> None:
     _raises(f"Tuning.{field}", lambda: Tuning(**{field: value}))
 
