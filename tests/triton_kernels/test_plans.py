@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -59,15 +60,22 @@ def test_value_blocks_give_the_same_bits(dtype: torch.dtype, make_batch, args_of
         assert_same_bits(cut, one, f"{blocks} value blocks vs 1, split size {size}")
 
 
-def test_value_blocks_apply_to_the_split_plan_only(dtype: torch.dtype, make_batch, args_of,
-                                                  monkeypatch) -> None:
+def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_batch, args_of,
+                                                     monkeypatch) -> None:
+    """V column blocks and tiles per loop step: forced by Tuning for the split plan only, else
+    the shape rules, through plan_attention."""
     batch = make_batch(dtype, [(1, 40)])
-    for plan, expected in (("split", 2), ("fused", 1)):
-        lp = plan_attention(*args_of(batch), plan=plan, tuning=Tuning(value_blocks=2))
-        assert (lp.plan, lp.value_blocks) == (plan, expected)
-    # No tuning: the shape rule, which leaves the interpreter (no GPU measured) at 1.
-    assert plan_attention(*args_of(batch), plan="split").value_blocks == 1
-    # The rule through plan_attention, as on an H100 (132 SMs), head dim 128: one decode of a
+
+    def picks(*args: torch.Tensor, **kwargs: Any) -> tuple[int, int]:
+        lp = plan_attention(*args, **kwargs)
+        return lp.value_blocks, lp.tiles_per_step
+
+    for plan, expected in (("split", (2, 2)), ("fused", (1, 1))):
+        tuning = Tuning(value_blocks=2, tiles_per_step=2)
+        assert picks(*args_of(batch), plan=plan, tuning=tuning) == expected, plan
+    # No tuning: the shape rules, which leave the interpreter (no GPU measured) at 1.
+    assert picks(*args_of(batch), plan="split") == (1, 1)
+    # The rules through plan_attention, as on an H100 (132 SMs), head dim 128: one decode of a
     # short row and 8 decodes of 2 KV heads over 1-4 splits of 64 tokens (a 4096-token table
     # bound without host_lens).
     monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
@@ -75,17 +83,17 @@ def test_value_blocks_apply_to_the_split_plan_only(dtype: torch.dtype, make_batc
     heads = HeadConfig(4, 2, 128)
     half = dtype != torch.float32
     one = make_batch(dtype, [(1, 40)], heads=heads)
-    assert plan_attention(*args_of(one), plan="split").value_blocks == (4 if half else 1)
+    assert picks(*args_of(one), plan="split") == ((4, 2) if half else (1, 1))
     many = make_batch(dtype, [(1, 40 + 20 * i) for i in range(8)], heads=heads)
     args = args_of(many)
     wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(8, 250)], 1))  # 4096 tokens
     lens = ([1] * 8, [40 + 20 * i for i in range(8)])
     # With host_lens: 8 query blocks, 16 tiles of 64 in all -> at most 16 + 8 = 24 live splits
-    # x 2 heads = 48 programs (2 blocks); the table bound alone counts 8 x 64 x 2 (1 block).
-    assert plan_attention(*wide, plan="split", split_size=64, validate=False,
-                          host_lens=lens).value_blocks == (2 if half else 1)
-    assert plan_attention(*wide, plan="split", split_size=64,
-                          validate=False).value_blocks == 1
+    # x 2 heads = 48 programs (2 blocks, 2 tiles); the table bound alone counts 8 x 64 x 2
+    # (1 block, 1 tile).
+    assert picks(*wide, plan="split", split_size=64, validate=False,
+                 host_lens=lens) == ((2, 2) if half else (1, 1))
+    assert picks(*wide, plan="split", split_size=64, validate=False) == (1, 1)
 
 
 def test_value_blocks_only_on_small_grids_where_measured_neutral() -> None:
@@ -119,26 +127,6 @@ def test_two_tiles_per_step_give_the_same_bits(dtype: torch.dtype, make_batch, a
         two = unified_attention(*args_of(batch), split_size=size, plan="split",
                                 tuning=Tuning(tiles_per_step=2, value_blocks=blocks))
         assert_same_bits(two, one, f"2 tiles per step vs 1, split size {size}")
-
-
-def test_tiles_per_step_apply_to_the_split_plan_only(dtype: torch.dtype, make_batch, args_of,
-                                                    monkeypatch) -> None:
-    batch = make_batch(dtype, [(1, 40)])
-    for plan, expected in (("split", 2), ("fused", 1)):
-        lp = plan_attention(*args_of(batch), plan=plan, tuning=Tuning(tiles_per_step=2))
-        assert (lp.plan, lp.tiles_per_step) == (plan, expected)
-    # No tuning: the shape rule, 1 here (the interpreter, and head dim 64).
-    assert plan_attention(*args_of(batch), plan="split").tiles_per_step == 1
-    # As on an H100 (132 SMs), head dim 128: one short decode (8 programs) takes two tiles per
-    # step in half precision; 40 decodes of 2 KV heads over 1 split (80 programs) do not.
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
-    monkeypatch.setattr(kernels.attention, "_num_sms", lambda device: 132)
-    heads = HeadConfig(4, 2, 128)
-    half = dtype != torch.float32
-    one = make_batch(dtype, [(1, 40)], heads=heads)
-    assert plan_attention(*args_of(one), plan="split").tiles_per_step == (2 if half else 1)
-    many = make_batch(dtype, [(1, 40)] * 40, heads=heads)
-    assert plan_attention(*args_of(many), plan="split").tiles_per_step == 1
 
 
 def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_batch, args_of,
