@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kernels.attention
+import kernels.config
 from invariance import HeadConfig, PageLayout
 from kernels import Tuning, plan_attention, tile_config, unified_attention
 
@@ -96,19 +97,21 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     assert picks(*wide, plan="split", split_size=64, validate=False) == (1, 1)
 
 
-def test_value_blocks_only_on_small_grids_where_measured_neutral() -> None:
-    from kernels.config import value_blocks
-
+@pytest.mark.parametrize(("rule", "small_to_large"), [
+    ("value_blocks", [4, 2, 2, 1, 1]), ("tiles_per_step", [2, 2, 2, 1, 1])])
+def test_split_rules_only_on_small_grids_where_measured_neutral(
+        rule: str, small_to_large: list[int]) -> None:
+    """The shape rules of the split plan: decode at batch 1 with 1k tokens is 8 programs (8 KV
+    heads, one split), batch 8 (or batch 1 with 8k: 8 splits) 64, batch 1 with 32k 256."""
+    pick = getattr(kernels.config, rule)
     bf16, fp32 = torch.bfloat16, torch.float32
-    # decode at batch 1 with 1k tokens: 8 programs (8 KV heads, one split) -> 4 blocks;
-    # batch 8: 64 -> 2; batch 1 with 32k: 256 -> 1.
-    assert [value_blocks(bf16, 128, n, 132, 9) for n in (8, 64, 66, 67, 256)] == [4, 2, 2, 1, 1]
-    assert value_blocks(torch.float16, 128, 8, 132, 9) == 4
+    assert [pick(bf16, 128, n, 132, 9) for n in (8, 64, 66, 67, 256)] == small_to_large
+    assert pick(torch.float16, 128, 8, 132, 9) == small_to_large[0]
     # Unmeasured: other GPUs, the interpreter, float32, other head dims.
-    assert value_blocks(bf16, 128, 8, 132, 8) == 1
-    assert value_blocks(bf16, 128, 8, 132, None) == 1
-    assert value_blocks(fp32, 128, 8, 132, 9) == 1
-    assert value_blocks(bf16, 64, 8, 132, 9) == 1
+    assert pick(bf16, 128, 8, 132, 8) == 1
+    assert pick(bf16, 128, 8, 132, None) == 1
+    assert pick(fp32, 128, 8, 132, 9) == 1
+    assert pick(bf16, 64, 8, 132, 9) == 1
 
 
 @pytest.mark.parametrize("blocks", [1, 2])
@@ -148,21 +151,6 @@ def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_bat
     for step in (2, 1, None):
         unified_attention(*args_of(batch), plan="split", tuning=Tuning(tiles_per_step=step))
     assert seen == [2, 1, 1]
-
-
-def test_tiles_per_step_only_on_small_grids_where_measured_neutral() -> None:
-    from kernels.config import tiles_per_step
-
-    bf16, fp32 = torch.bfloat16, torch.float32
-    # decode at batch 1 with 1k tokens: 8 programs; batch 8: 64; batch 1 with 8k: 64 (8
-    # splits); batch 8 with 8k: 512.
-    assert [tiles_per_step(bf16, 128, n, 132, 9) for n in (8, 64, 66, 67, 512)] == [2, 2, 2, 1, 1]
-    assert tiles_per_step(torch.float16, 128, 8, 132, 9) == 2
-    # Unmeasured: other GPUs, the interpreter, float32, other head dims.
-    assert tiles_per_step(bf16, 128, 8, 132, 8) == 1
-    assert tiles_per_step(bf16, 128, 8, 132, None) == 1
-    assert tiles_per_step(fp32, 128, 8, 132, 9) == 1
-    assert tiles_per_step(bf16, 64, 8, 132, 9) == 1
 
 
 @pytest.mark.parametrize("sign", ["-0.0", "+0.0"])
