@@ -162,4 +162,6 @@ def pair(out_dir: str) -> None:
 
 if __name__ == "__main__":
     modes = {"pair": pair, "vbpair": vbpair, "mixsplit": mixsplit}
-    modes[sys.argv[2] if len(sys.argv) > 2 else "pair"](sys.argv[1])
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in modes):
+        sys.exit(f"usage: probe_round9.py OUT_DIR [{'|'.join(modes)}]; got {sys.argv[1:]}")
+    modes[sys.argv[2] if len(sys.argv) == 3 else "pair"](sys.argv[1])

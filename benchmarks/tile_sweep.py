@@ -155,11 +155,10 @@ def to_markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 
 class Fuzz:
-    """``kernels`` with a candidate launch setting, plan, V column blocks and tiles per loop step
-    (split plan) picked
-    per batch from a hash of the batch's shape: under ``invariance check`` every perturbation
-    then compares rows computed with different settings, which agree bit for bit only if the
-    settings are bit-neutral."""
+    """``kernels`` with a candidate launch setting, plan, and (split plan) V column blocks and
+    tiles per loop step picked per batch from a hash of the batch's shape: under ``invariance
+    check`` every perturbation then compares rows computed with different settings, which agree
+    bit for bit only if the settings are bit-neutral."""
 
     plans = ("fused", "split", "auto")
 

@@ -469,7 +469,8 @@ def plan_attention(
     _, page_size, Hkv, _ = k_cache.shape
     B = kv_lens.shape[0]
     G = Hq // Hkv
-    cfg = batch_tuning(q.dtype, D, G, T, B, _sm_major(q.device))
+    sm_major = _sm_major(q.device)
+    cfg = batch_tuning(q.dtype, D, G, T, B, sm_major)
     # An explicit block_m takes its warps and stages from tile_config, not from the per-batch
     # choice (which pairs 256 rows with 8 warps: 128 rows on 8 warps ran 31% slower there).
     launch = cfg if tuning.block_m is None else tile_config(q.dtype, D)
@@ -510,7 +511,6 @@ def plan_attention(
         live = num_q_blocks * _cdiv(max_kv, split_tokens)
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
-        sm_major = _sm_major(q.device)
         v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major)
         step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major)
     return LaunchPlan(

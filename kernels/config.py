@@ -97,6 +97,20 @@ def prefill_like(num_tokens: int, group_size: int, batch_size: int) -> bool:
 LONG_PROMPT_TOKENS = 1024
 
 
+def _measured_neutral(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:
+    """Whether the per-batch settings below were measured bit-neutral for this call: half
+    precision at head dim 128 on Hopper (``sm_major == 9``: ``wgmma``), the scope of the H100
+    evidence in reports/. Elsewhere (other GPUs, float32's FMA dots, other head dims, the
+    interpreter: ``None``) every call keeps :func:`tile_config`'s fixed launch."""
+    return sm_major == 9 and dtype in (torch.float16, torch.bfloat16) and head_dim == 128
+
+
+def _small_split_grid(num_programs: int, num_sms: int) -> bool:
+    """A split-plan grid with at most one program per two SMs: each program's chain of tiles,
+    not the SMs' throughput, is the time (short decode at batch 1-8)."""
+    return num_programs * 2 <= num_sms
+
+
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
                  batch_size: int, sm_major: int | None = None) -> TileConfig:
     """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 for
@@ -118,7 +132,7 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     bit the same as 64 and 128 on an H100 (0 of 2 x 3 workloads differing, and the tuning fuzz
     of the full check; reports/h100-round6/README.md), 3-4% faster on a varlen prefill."""
     cfg = tile_config(dtype, head_dim)
-    if (sm_major == 9 and dtype in (torch.float16, torch.bfloat16) and head_dim == 128
+    if (_measured_neutral(dtype, head_dim, sm_major)
             and prefill_like(num_tokens, group_size, batch_size)):
         if num_tokens >= LONG_PROMPT_TOKENS * max(batch_size, 1):
             return replace(cfg, block_m=256, num_warps=8, num_stages=3)
@@ -138,10 +152,10 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     ``wgmma``: reports/h100-round8/README.md), so only there (``sm_major == 9``); 1 elsewhere.
     Doubles the blocks, up to 4 (32 columns each), while the grid (``num_programs`` x blocks)
     stays within the SMs. Shapes only (no sync)."""
-    if sm_major != 9 or dtype not in (torch.float16, torch.bfloat16) or head_dim != 128:
+    if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     blocks = 1
-    while blocks < 4 and num_programs * blocks * 2 <= num_sms:
+    while blocks < 4 and _small_split_grid(num_programs * blocks, num_sms):
         blocks *= 2
     return blocks
 
@@ -161,9 +175,9 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
     from 39.3 to 35.0 us (batch 1 with 8k: 42.8 to 43.1), while larger grids got 17-19% slower
     (decode at batch 8 with 8k and 32k, batch 1 with 32k, decode-prod64). Shapes only (no
     sync)."""
-    if sm_major != 9 or dtype not in (torch.float16, torch.bfloat16) or head_dim != 128:
+    if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
-    return 2 if num_programs * 2 <= num_sms else 1
+    return 2 if _small_split_grid(num_programs, num_sms) else 1
 
 
 def rows_per_block(block_m: int, group_size: int) -> tuple[int, int]:

@@ -405,3 +405,21 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1:4] == ["split", "64/64/4/2/4/2", "unified_attention_split_kernel"], cells
     assert 32 <= int(cells[4]) <= 255 and int(cells[6]) > 0, cells
+
+
+def test_ptx_hash_ignores_debug_lines_only() -> None:
+    """benchmarks/kernel_stats.py --ptx-hash: the evidence that a refactor compiles to the same
+    code (reports/h100-round9/cpu/), so line numbers and debug sections must not move it, and
+    any instruction must."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.kernel_stats import _ptx_hash
+    finally:
+        sys.path.remove(str(ROOT))
+    ptx = ("\t.loc\t1 10 5\n\tmov.b32 \t%r1, 0;\n$L__tmp0:\n\tfma.rn.f32 \t%f3, %f1, %f2, %f0;\n"
+           "\t.section\t.debug_info\n\t.b8 42\n")
+    moved = ptx.replace("1 10 5", "1 99 7").replace(".b8 42", ".b8 43").replace("$L__tmp0",
+                                                                             "$L__tmp9")
+    assert _ptx_hash(moved) == _ptx_hash(ptx)
+    assert _ptx_hash(ptx.replace("fma.rn.f32", "mul.rn.f32")) != _ptx_hash(ptx)
+    assert _ptx_hash(ptx.replace("%r1, 0", "%r1, 1")) != _ptx_hash(ptx)

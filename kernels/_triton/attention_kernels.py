@@ -534,7 +534,7 @@ def _unified_attention_split_kernel(
     DOT_PRECISION: tl.constexpr,
     IS_DIRECT: tl.constexpr,
     BLOCK_DV: tl.constexpr,  # V columns per program: HEAD_DIM, or a fraction of it
-    TILES_PER_STEP: tl.constexpr = 1,  # unmasked KV tiles per loop step: 1 or 2
+    TILES_PER_STEP: tl.constexpr,  # fully visible KV tiles per loop step: 1 or 2
 ):
     """Split plan, phase 1: one program per (query-block slot, kv head x V column block, split)
     writes a partial.
