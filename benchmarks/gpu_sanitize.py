@@ -69,6 +69,9 @@ def call(args: Args, **kwargs: object) -> None:
 def plans_agree(args: Args, split: int) -> bool:
     fused = unified_attention(*args, split_size=split, plan="fused")
     split_plan = unified_attention(*args, split_size=split, plan="split")
+    # The fused plan with its slots sorted on the device, longest first (bits compared too).
+    ordered = unified_attention(*args, split_size=split, plan="fused",
+                                tuning=Tuning(slot_order=True))
     unified_attention(*args, split_size=split, plan="auto")
     # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
     # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only).
@@ -77,10 +80,13 @@ def plans_agree(args: Args, split: int) -> bool:
         unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
         unified_attention(*args, split_size=split, plan="fused",
                           tuning=Tuning(block_m=256, num_warps=8, num_stages=3))
-        # The split plan with its V columns cut into 2 and 4 programs, and walking two tiles
-        # per loop step (bits compared too).
+        # The split plan with its V columns cut into 2, 4 and 8 programs (8 at head dim 128
+        # and more: 16 columns each), walking two tiles per loop step, and with the merge as an
+        # ordinary launch instead of a dependent one (bits compared too).
+        eight = [Tuning(value_blocks=8, tiles_per_step=2)] if args[0].shape[2] >= 128 else []
         for tuning in (Tuning(value_blocks=2), Tuning(value_blocks=4), Tuning(tiles_per_step=2),
-                       Tuning(value_blocks=4, tiles_per_step=2)):
+                       Tuning(value_blocks=4, tiles_per_step=2), *eight,
+                       Tuning(dependent_merge=False)):
             cut = unified_attention(*args, split_size=split, plan="split", tuning=tuning)
             same = same and all(torch.equal(bits(a), bits(b))
                                 for a, b in zip(cut, split_plan, strict=True))
@@ -88,8 +94,8 @@ def plans_agree(args: Args, split: int) -> bool:
     q_lens = (args[3][1:] - args[3][:-1]).tolist()
     unified_attention(*args, split_size=split, validate=False,
                       host_lens=(q_lens, [max(1, n) for n in q_lens]))
-    return same and all(torch.equal(bits(a), bits(b))
-                        for a, b in zip(fused, split_plan, strict=True))
+    return same and all(torch.equal(bits(a), bits(b)) and torch.equal(bits(a), bits(c))
+                        for a, b, c in zip(fused, split_plan, ordered, strict=True))
 
 
 def malformed(args: Args) -> dict[str, Args]:
@@ -125,10 +131,15 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
             for plan in ("fused", "split"):
                 case(f"{tag}/validate=False/{label}/{plan}",
                      lambda b=bad, p=plan: call(b, validate=False, plan=p))
+            case(f"{tag}/validate=False/{label}/fused-slot-order",
+                 lambda b=bad: call(b, validate=False, plan="fused",
+                                    tuning=Tuning(slot_order=True)))
             if dtype != torch.float32:
-                case(f"{tag}/validate=False/{label}/split-4-value-blocks-2-tiles-per-step",
-                     lambda b=bad: call(b, validate=False, plan="split",
-                                        tuning=Tuning(value_blocks=4, tiles_per_step=2)))
+                blocks = 8 if heads.head_dim >= 128 else 4
+                case(f"{tag}/validate=False/{label}/split-{blocks}-value-blocks-2-tiles-per-step",
+                     lambda b=bad, n=blocks: call(b, validate=False, plan="split",
+                                                  tuning=Tuning(value_blocks=n,
+                                                                tiles_per_step=2)))
         empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
         case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
 

@@ -3,7 +3,8 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
 
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
-        [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--ptx-hash]
+        [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
+        [--ptx-hash]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -146,7 +147,8 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
         ka._interpreting = lambda: False  # type: ignore[assignment]  # IS_INTERPRET=False
         compiled: list[tuple[str, Any]] = []
         names = ("_unified_attention_fused_kernel", "_unified_attention_split_kernel",
-                 "_merge_splits_kernel")
+                 "_merge_splits_kernel", "_slot_keys_kernel", "_slot_rank_kernel")
+        names = tuple(n for n in names if hasattr(ka, n))  # older kernels lack some
         jit = {n: getattr(ka, n) for n in names}
         for n in names:
             setattr(ka, n, _Recorder(n, jit[n], compiled))
@@ -182,6 +184,9 @@ def main() -> None:
     p.add_argument("--plan", default="auto", choices=kernels.PLANS)
     for f in ("block-m", "num-warps", "num-stages", "value-blocks", "tiles-per-step", "block-n"):
         p.add_argument(f"--{f}", type=int)
+    p.add_argument("--no-dependent-merge", action="store_true",
+                   help="launch the merge as an ordinary kernel (Tuning(dependent_merge=False)):"
+                        " without the griddepcontrol instructions, as before round 10")
     p.add_argument("--ptx-hash", action="store_true",
                    help="print a hash of each kernel's PTX (debug lines left out) instead of "
                         "registers and spills: equal hashes across two commits mean the same "
@@ -190,6 +195,8 @@ def main() -> None:
     # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
     fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
                   value_blocks=a.value_blocks, tiles_per_step=a.tiles_per_step, block_n=a.block_n)
+    if a.no_dependent_merge:
+        fields["dependent_merge"] = False
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
     print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
     compiled_cols = "ptx hash | " if a.ptx_hash else "regs | spill st/ld B "

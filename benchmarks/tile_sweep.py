@@ -155,10 +155,11 @@ def to_markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 
 class Fuzz:
-    """``kernels`` with a candidate launch setting, plan, and (split plan) V column blocks and
-    tiles per loop step picked per batch from a hash of the batch's shape: under ``invariance
-    check`` every perturbation then compares rows computed with different settings, which agree
-    bit for bit only if the settings are bit-neutral."""
+    """``kernels`` with a candidate launch setting, plan, (split plan) V column blocks, tiles per
+    loop step and the merge's launch, and (fused plan) the slot order picked per batch from a
+    hash of the batch's shape: under ``invariance check`` every perturbation then compares rows
+    computed with different settings, which agree bit for bit only if the settings are
+    bit-neutral."""
 
     plans = ("fused", "split", "auto")
 
@@ -182,15 +183,19 @@ class Fuzz:
         h //= len(FUZZ_CANDIDATES)
         plan = self.plans[h % len(self.plans)]
         h //= len(self.plans)
-        # V column blocks and tiles per loop step of the split plan (ignored by the fused one);
-        # None: the shape rules.
-        vb = (None, 1, 2, 4)[h % 4]
-        step = (None, 1, 2)[(h // 4) % 3]
+        # V column blocks, tiles per loop step and the merge's dependent launch of the split
+        # plan (ignored by the fused one); None: the shape rules.
+        vb = (None, 1, 2, 4, 8)[h % 5]
+        step = (None, 1, 2)[(h // 5) % 3]
+        dependent = (None, False)[(h // 15) % 2]
+        # The fused plan's slot order (ignored by the split plan); None: the shape rule.
+        ordered = (None, True, False)[(h // 30) % 3]
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, plan=plan,
             tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s, value_blocks=vb,
-                                  tiles_per_step=step))
+                                  tiles_per_step=step, dependent_merge=dependent,
+                                  slot_order=ordered))
         return AttentionResult(out, lse)
 
 

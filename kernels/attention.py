@@ -28,6 +28,8 @@ import triton
 
 from kernels._triton.attention_kernels import (
     _merge_splits_kernel,
+    _slot_keys_kernel,
+    _slot_rank_kernel,
     _unified_attention_fused_kernel,
     _unified_attention_split_kernel,
 )
@@ -41,6 +43,7 @@ from kernels.config import (
     control_num_splits,
     prefill_like,
     rows_per_block,
+    slot_order,
     tile_config,
     tiles_per_step,
     value_blocks,
@@ -54,6 +57,8 @@ _LOG2E = 1.4426950408889634
 _FP32_MIN_NORMAL = 1.1754943508222875e-38
 _FP32_MAX = 3.4028234663852886e38
 _NUM_WARPS = (1, 2, 4, 8, 16)
+# Fewest V columns a value block may have: tl.dot needs N >= 16.
+_MIN_DOT_COLUMNS = 16
 # Split partials the merge kernel loads per step (their loads are in flight together; 1 under the
 # interpreter, where it only costs time: the chunk size never changes the merge order).
 _MERGE_CHUNK = 8
@@ -63,6 +68,9 @@ _MERGE_CHUNK = 8
 # the merge itself went from 12.8 to 2.9 us (batch 1, 1k) and 47.6 to 9.3 us (batch 1, 32k).
 _MERGE_BLOCK_D = 32
 _MERGE_NUM_WARPS = 1
+# Keys the slot-rank kernel compares per step (the fused plan's slot order).
+_RANK_BLOCK = 1024
+_RANK_NUM_WARPS = 4
 
 
 def _merge_block_d(head_dim: int) -> int:
@@ -134,13 +142,23 @@ class Tuning:
       16/32 (``mma.sync``) and float32's 64 vs 32 were not (kernels/README.md). Vary them per
       batch only where the harness has shown, on the target GPU, that the values used agree bit
       for bit. A ``block_m`` given without warps or stages takes those from ``tile_config``.
-    - ``value_blocks`` (1, 2 or 4; split plan only): V column blocks per (slot, KV head,
-      split), each its own program. Bit-neutral on an H100 for half precision at head dim 128
-      (kernels/README.md); ``None`` takes :func:`~kernels.config.value_blocks`' choice.
+    - ``value_blocks`` (1, 2, 4 or 8, at least 16 columns each; split plan only): V column
+      blocks per (slot, KV head, split), each its own program. Bit-neutral on an H100 for half
+      precision at head dim 128 (kernels/README.md); ``None`` takes
+      :func:`~kernels.config.value_blocks`' choice.
     - ``tiles_per_step`` (1 or 2; split plan only): fully visible KV tiles per loop step of a
       split-plan program (both tiles' scores and exponentials ahead of the first ``p @ v``).
       The same arithmetic per row: bit-neutral on an H100 for half precision at head dim 128
       (kernels/README.md); ``None`` takes :func:`~kernels.config.tiles_per_step`' choice.
+    - ``dependent_merge`` (bool; split plan with several splits only): launch the merge kernel
+      as a programmatic dependent launch of the split kernel (``griddepcontrol``, sm_90 and
+      later), so that it is scheduled while the split kernel finishes and waits for its writes
+      in-kernel. Scheduling only, no arithmetic changes; ``None`` takes it wherever the GPU has
+      it (compute capability 9 or more; never under the interpreter).
+    - ``slot_order`` (bool; fused plan only): programs take their query-block slots with the
+      requests sorted by KV length, longest first, each request's last blocks first (sorted on
+      the device), instead of the last slots first. Scheduling only; ``None`` takes
+      :func:`~kernels.config.slot_order`'s choice.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -151,6 +169,8 @@ class Tuning:
     block_n: int | None = None
     value_blocks: int | None = None
     tiles_per_step: int | None = None
+    dependent_merge: bool | None = None
+    slot_order: bool | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -159,13 +179,17 @@ class Tuning:
             ("num_stages", self.num_stages, lambda v: 1 <= v <= 8, "an int in [1, 8]"),
             ("block_n", self.block_n, lambda v: _is_pow2(v) and v >= 16,
              "a power of two >= 16"),
-            ("value_blocks", self.value_blocks, lambda v: v in (1, 2, 4), "1, 2 or 4"),
+            ("value_blocks", self.value_blocks, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8"),
             ("tiles_per_step", self.tiles_per_step, lambda v: v in (1, 2), "1 or 2"),
         )
         for name, value, ok, expected in checks:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
                                           and ok(value)):
                 raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
+        for name in ("dependent_merge", "slot_order"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"Tuning.{name}: expected a bool or None, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -200,6 +224,8 @@ class LaunchPlan:
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     value_blocks: int  # split plan: V column blocks per (slot, KV head, split); fused: 1
     tiles_per_step: int  # split plan: fully visible KV tiles per loop step (1 or 2); fused: 1
+    dependent_merge: bool  # split plan's merge as a programmatic dependent launch (sm_90+)
+    slot_order: bool  # fused plan: requests with the most KV first (sorted on the device)
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
@@ -477,6 +503,11 @@ def plan_attention(
     block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
     block_n = tuning.block_n or cfg.block_n
     _check_options(split_size, plan, validate, block_n, q)
+    if tuning.value_blocks is not None and D // tuning.value_blocks < _MIN_DOT_COLUMNS:
+        raise ValueError(
+            f"tuning: expected value_blocks <= head_dim / {_MIN_DOT_COLUMNS} = "
+            f"{D // _MIN_DOT_COLUMNS} (each block keeps at least {_MIN_DOT_COLUMNS} V columns), "
+            f"got value_blocks={tuning.value_blocks} at head_dim {D}")
     hint = None if host_lens is None else _check_host_lens(host_lens, B, T)
     trusted = validate and not _capturing(q.device)
     stats: HostStats | None = None
@@ -511,8 +542,16 @@ def plan_attention(
         live = num_q_blocks * _cdiv(max_kv, split_tokens)
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
-        v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major)
+        v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major,
+                                                       several_splits=num_splits > 1)
         step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major)
+    # Only where the hardware has griddepcontrol (sm_90+), and only when there is a merge.
+    has_pdl = sm_major is not None and sm_major >= 9
+    dependent = (plan == "split" and num_splits > 1 and has_pdl
+                 and (tuning.dependent_merge is None or tuning.dependent_merge))
+    ordered = plan == "fused" and (
+        slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
+        if tuning.slot_order is None else tuning.slot_order)
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=tuning.num_warps or launch.num_warps,
@@ -521,6 +560,7 @@ def plan_attention(
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
+        dependent_merge=dependent, slot_order=ordered,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -569,11 +609,27 @@ def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
 
 def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
                   lse: torch.Tensor, qk_scale: float) -> None:
-    """One program per (query-block slot, KV head): all splits, merged in registers."""
+    """One program per (query-block slot, KV head): all splits, merged in registers. With
+    ``lp.slot_order`` the slots are first sorted on the device, requests with the most KV first
+    and each request's last blocks first (``_slot_keys_kernel``, then ``_slot_rank_kernel``:
+    two small launches, no sync, so CUDA graphs capture them), and program i takes slot
+    ``order[i]``. (``torch.argsort`` took about 40 us on an H100, round 10.)"""
     q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table = inputs
+    T, Hq, _ = q.shape
     Hkv = k_cache.shape[2]
+    order = cu_seqlens_q  # not read without lp.slot_order
+    if lp.slot_order:
+        keys = torch.empty(lp.num_slots, dtype=torch.int64, device=q.device)
+        _slot_keys_kernel[(lp.num_slots,)](
+            cu_seqlens_q, kv_lens, keys, kv_lens.shape[0], T,
+            block_table.shape[1] * k_cache.shape[1], G=Hq // Hkv, BLOCK_M=lp.block_m,
+            BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n, num_warps=1)
+        order = torch.empty(lp.num_slots, dtype=torch.int32, device=q.device)
+        _slot_rank_kernel[(lp.num_slots,)](keys, order, lp.num_slots, BLOCK=_RANK_BLOCK,
+                                           num_warps=_RANK_NUM_WARPS)
     _unified_attention_fused_kernel[(lp.num_slots, Hkv)](
-        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, out, lse,
+        q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, order, out, lse,
+        IS_SLOT_ORDER=lp.slot_order,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
 
 
@@ -597,7 +653,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
     _unified_attention_split_kernel[(lp.num_slots, Hkv * lp.value_blocks, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
         num_splits=lp.num_splits, IS_DIRECT=direct, BLOCK_DV=D // lp.value_blocks,
-        TILES_PER_STEP=lp.tiles_per_step,
+        TILES_PER_STEP=lp.tiles_per_step, IS_PDL=lp.dependent_merge,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
@@ -606,7 +662,9 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
 def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
                   inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor) -> None:
     """One program per (query token, KV head, block of head-dim columns) folds its row's partials
-    in split order."""
+    in split order. With ``lp.dependent_merge`` it is a programmatic dependent launch
+    (``launch_pdl``): scheduled while the split kernel finishes, it waits in-kernel for that
+    kernel's writes."""
     q, k_cache, _, cu_seqlens_q, kv_lens, block_table = inputs
     T, Hq, D = q.shape
     Hkv, G = k_cache.shape[2], Hq // k_cache.shape[2]
@@ -617,7 +675,8 @@ def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
         split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
         G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
-        CHUNK=_merge_chunk(), num_warps=_MERGE_NUM_WARPS)
+        CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, num_warps=_MERGE_NUM_WARPS,
+        **({"launch_pdl": True} if lp.dependent_merge else {}))
 
 
 # ------------------------------------------------------------------------------------------------

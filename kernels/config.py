@@ -22,6 +22,7 @@ __all__ = [
     "TileConfig",
     "batch_tuning",
     "control_num_splits",
+    "slot_order",
     "tile_config",
     "tiles_per_step",
     "value_blocks",
@@ -141,22 +142,31 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
 
 
 def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
-                 sm_major: int | None = None) -> int:
-    """V column blocks per split-plan program (the grid multiplies by it): 1, 2 or 4.
+                 sm_major: int | None = None, several_splits: bool = False) -> int:
+    """V column blocks per split-plan program (the grid multiplies by it): 1, 2, 4 or 8.
 
     A small split-plan grid (few requests, few splits: short decode at batch 1-8) leaves SMs
     idle while each program walks its split's tiles in sequence. Cutting the V columns into
     blocks gives each (slot, KV head, split) several programs that compute the same scores and
     each its own columns of ``p @ v``: bit-neutral where the dot's per-element results do not
     depend on its column count (measured on an H100 for half precision at head dim 128,
-    ``wgmma``: reports/h100-round8/README.md), so only there (``sm_major == 9``); 1 elsewhere.
-    Doubles the blocks, up to 4 (32 columns each), while the grid (``num_programs`` x blocks)
-    stays within the SMs. Shapes only (no sync)."""
+    ``wgmma``, with 2, 4 and 8 blocks: reports/h100-round8/README.md and
+    reports/h100-round10/README.md), so only there (``sm_major == 9``); 1 elsewhere.
+
+    Doubles the blocks, up to 8 (16 columns each), while the grid (``num_programs`` x blocks)
+    stays within half the SMs' count before the doubling. With ``several_splits`` (rows span
+    several splits, so a merge follows), a grid this gives 2 blocks gets 4, about two programs
+    per SM. On the H100 (round 10, bf16) that took decode at batch 1 with 8k tokens, batch 2
+    with 4k and batch 4 with 2k (64 programs) from 42.7-43.0 to 39.3-39.8 us, while batch 8 with
+    1k (64 programs, one split) was 1.5 us faster with 2; 8 blocks took 8-16-program grids
+    0.5-0.9 us lower than 4 (batch 1-2 with 1k-2k tokens). Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     blocks = 1
-    while blocks < 4 and _small_split_grid(num_programs * blocks, num_sms):
+    while blocks < 8 and _small_split_grid(num_programs * blocks, num_sms):
         blocks *= 2
+    if several_splits and blocks == 2:
+        return 4
     return blocks
 
 
@@ -178,6 +188,28 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     return 2 if _small_split_grid(num_programs, num_sms) else 1
+
+
+def slot_order(num_programs: int, num_sms: int, num_tokens: int, group_size: int,
+               batch_size: int) -> bool:
+    """Whether the fused plan's programs take their query-block slots with the requests sorted
+    by KV length, longest first (each request's last blocks first, as in the plain order),
+    sorted on the device (two small kernels, no sync), instead of the last slots first.
+
+    Which program takes which slot is scheduling only, bit-neutral by construction (a program's
+    arithmetic depends on its slot alone), so this is about the tail: in a mixed batch the
+    requests with the most KV sit anywhere in the batch, and a long program that starts last
+    runs alone at the end (a list-scheduling model of mixed64, programs as long as the tiles
+    they walk, puts the plain order 10% above this one). On an H100 (round 10,
+    reports/h100-round10/README.md) it took mixed64 6% and 32 decodes plus 32 chunks of 256
+    tokens 8% lower, but a varlen prefill of long prompts (256-row tiles) 0.9% higher. So:
+    batches that are prefill-like (:func:`prefill_like`) but not long prompts (fewer than
+    :data:`LONG_PROMPT_TOKENS` query tokens per request on average: mixed batches), with more
+    than two programs per SM (a smaller grid starts every program at once). Decode batches keep
+    the plain order. Shapes only."""
+    return (prefill_like(num_tokens, group_size, batch_size)
+            and num_tokens < LONG_PROMPT_TOKENS * max(batch_size, 1)
+            and num_programs > 2 * num_sms)
 
 
 def rows_per_block(block_m: int, group_size: int) -> tuple[int, int]:

@@ -15,6 +15,7 @@ does not reach leave its state bit-identical.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels._triton.merge_kernels import state_fold, state_normalize
 
@@ -403,6 +404,7 @@ def _unified_attention_fused_kernel(
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
+    slot_order_ptr,  # [num_slots] int32, a permutation of the slots (IS_SLOT_ORDER only)
     # Outputs
     out_ptr,  # [T, Hq, D] contiguous
     lse_ptr,  # [T, Hq] fp32 contiguous
@@ -435,11 +437,23 @@ def _unified_attention_fused_kernel(
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    IS_SLOT_ORDER: tl.constexpr,  # program i takes slot slot_order[i]
 ):
     """Fused plan: one program per (query-block slot, kv head) walks all splits of its block,
-    merging each into a register state as soon as it ends."""
-    # Last slots first: within a request the last query blocks see the most keys.
-    i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
+    merging each into a register state as soon as it ends.
+
+    Which program takes which slot is scheduling only (a program's work depends on its slot
+    alone). ``IS_SLOT_ORDER``: program ``i`` takes slot ``slot_order[i]``, a permutation that
+    puts the requests with the most KV first (:func:`_slot_keys_kernel`, then
+    :func:`_slot_rank_kernel`), so that long programs do not start last (the tail of a mixed
+    batch). Else the last slots go first: within a request the last query blocks see the most
+    keys."""
+    if IS_SLOT_ORDER:
+        # NOTE: the clamp is a no-op for the sort's permutation; it bounds the slot anyway.
+        i_qb = tl.minimum(tl.maximum(tl.load(slot_order_ptr + tl.program_id(0)), 0),
+                          tl.num_programs(0) - 1)
+    else:
+        i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
@@ -485,6 +499,56 @@ def _unified_attention_fused_kernel(
                                                       BLOCK_M, HEAD_DIM)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["B", "T", "max_kv_len"])
+def _slot_keys_kernel(
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    keys_ptr,  # [num_slots] int64 output
+    B,  # requests
+    T,  # query tokens
+    max_kv_len,  # KV tokens the block table covers (kv_len clamp, as in _block_rows)
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program per query-block slot: the key of the fused plan's slot order,
+    ``request_tiles * 2**32 + slot``, where ``request_tiles`` is the KV tiles of the slot's
+    request (``ceil(kv_len / BLOCK_N)``: what its last block walks), 0 for a slot past its
+    request's blocks. Sorted descending, the requests with the most KV go first and, within a
+    request, its last blocks first (the plain order's, which keeps one request's blocks, and so
+    its K and V in L2, together). Reads the lengths as the fused kernel does
+    (:func:`_block_rows`, with its clamps): malformed lengths give some key, never an
+    out-of-bounds read."""
+    i_qb = tl.program_id(0)
+    _, _, q_len, kv_len, i_qblk, _, _, _, _, _, _ = _block_rows(
+        cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
+    tiles = tl.where(i_qblk * BLOCK_Q < q_len, (kv_len + BLOCK_N - 1) // BLOCK_N, 0)
+    tl.store(keys_ptr + i_qb, tiles.to(tl.int64) * 4294967296 + i_qb)
+
+
+@triton.jit(do_not_specialize=["num_slots"])
+def _slot_rank_kernel(
+    keys_ptr,  # [num_slots] int64, distinct and >= 0 (_slot_keys_kernel)
+    order_ptr,  # [num_slots] int32 output: the slots by descending key
+    num_slots,
+    BLOCK: tl.constexpr,
+):
+    """One program per slot: its rank, the number of larger keys, and ``order[rank] = slot``.
+    The keys are distinct (the slot is their low 32 bits), so the ranks are a permutation of
+    ``[0, num_slots)`` and every entry of ``order`` is written once: a sort in one launch with
+    no temporary storage (``num_slots`` squared comparisons, a few microseconds for the
+    thousands of slots of a large prefill)."""
+    i = tl.program_id(0)
+    key = tl.load(keys_ptr + i)
+    rank = 0
+    for j0 in range(0, num_slots, BLOCK):
+        o = j0 + tl.arange(0, BLOCK)
+        other = tl.load(keys_ptr + o, mask=o < num_slots, other=-1)
+        rank += tl.sum((other > key).to(tl.int32))
+    tl.store(order_ptr + rank, i)
 
 
 @triton.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len",
@@ -535,6 +599,7 @@ def _unified_attention_split_kernel(
     IS_DIRECT: tl.constexpr,
     BLOCK_DV: tl.constexpr,  # V columns per program: HEAD_DIM, or a fraction of it
     TILES_PER_STEP: tl.constexpr,  # fully visible KV tiles per loop step: 1 or 2
+    IS_PDL: tl.constexpr,  # the merge is a programmatic dependent launch (sm_90+)
 ):
     """Split plan, phase 1: one program per (query-block slot, kv head x V column block, split)
     writes a partial.
@@ -548,7 +613,13 @@ def _unified_attention_split_kernel(
     ``IS_DIRECT`` (every row has one split, ``num_splits == 1``): the partial is the result, so
     it is normalized and goes straight to ``out`` / ``lse``; there is no merge. The same bits:
     folding one state into the empty state returns it unchanged (:func:`state_fold`), and the
-    normalization and stores are the merge kernel's."""
+    normalization and stores are the merge kernel's.
+
+    ``IS_PDL``: every program lets the merge kernel launch now (``griddepcontrol``); the merge
+    waits for this whole grid to finish and its writes to be visible before it reads a partial.
+    Scheduling only: no arithmetic changes."""
+    if IS_PDL:
+        gdc_launch_dependents()
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1) // (HEAD_DIM // BLOCK_DV)
     d0 = (tl.program_id(1) % (HEAD_DIM // BLOCK_DV)) * BLOCK_DV
@@ -607,6 +678,7 @@ def _merge_splits_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
+    IS_PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel (sm_90+)
 ):
     """Split plan, phase 2: one program per (query token, kv head, BLOCK_D columns of the head
     dim) folds the raw partials of the group's heads in increasing split order
@@ -615,7 +687,12 @@ def _merge_splits_kernel(
     Every column of a row runs the same merge arithmetic on the same LSEs, so cutting the head dim
     into column blocks is bit-neutral (it only adds programs when there are few tokens). CHUNK
     splits are loaded per step (unrolled, so their loads are in flight together) and merged one by
-    one, in order; splits past the row's last one load as empty states, exact no-ops."""
+    one, in order; splits past the row's last one load as empty states, exact no-ops.
+
+    ``IS_PDL``: the kernel may start while the split kernel still runs; it finds its row (from
+    ``cu_seqlens_q`` and ``kv_lens``, which the split kernel does not write) and then waits
+    (``griddepcontrol.wait``: the split kernel has finished and its writes are visible) before
+    it reads the workspace."""
     i_t = tl.program_id(0)
     i_kvh = tl.program_id(1)
     i_db = tl.program_id(2)
@@ -632,6 +709,8 @@ def _merge_splits_kernel(
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
     m_g = o_g < G
     i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * num_splits  # [BG]
+    if IS_PDL:
+        gdc_wait()
     f_m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     f_l = tl.zeros([BLOCK_G], dtype=tl.float32)
     f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)

@@ -61,6 +61,21 @@ def test_value_blocks_give_the_same_bits(dtype: torch.dtype, make_batch, args_of
         assert_same_bits(cut, one, f"{blocks} value blocks vs 1, split size {size}")
 
 
+def test_eight_value_blocks_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
+                                               assert_same_bits) -> None:
+    """Eight V column blocks of 16 columns (head dim 128) vs one, with two tiles per loop step
+    as the rule pairs them: a decode over 1-3 splits, a prefill chunk, one split per row."""
+    block_n = tile_config(dtype, 128).block_n
+    batch = make_batch(dtype, [(1, 5 * block_n + 3), (4, 2 * block_n)],
+                       PageLayout(4, "shuffled", seed=5), heads=HeadConfig(4, 2, 128), seed=2)
+    for size in (2 * block_n, 1 << 20):
+        one = unified_attention(*args_of(batch), split_size=size, plan="split",
+                                tuning=Tuning(value_blocks=1, tiles_per_step=1))
+        cut = unified_attention(*args_of(batch), split_size=size, plan="split",
+                                tuning=Tuning(value_blocks=8, tiles_per_step=2))
+        assert_same_bits(cut, one, f"8 value blocks vs 1, split size {size}")
+
+
 def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_batch, args_of,
                                                      monkeypatch) -> None:
     """V column blocks and tiles per loop step: forced by Tuning for the split plan only, else
@@ -84,21 +99,21 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     heads = HeadConfig(4, 2, 128)
     half = dtype != torch.float32
     one = make_batch(dtype, [(1, 40)], heads=heads)
-    assert picks(*args_of(one), plan="split") == ((4, 2) if half else (1, 1))
+    assert picks(*args_of(one), plan="split") == ((8, 2) if half else (1, 1))
     many = make_batch(dtype, [(1, 40 + 20 * i) for i in range(8)], heads=heads)
     args = args_of(many)
     wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(8, 250)], 1))  # 4096 tokens
     lens = ([1] * 8, [40 + 20 * i for i in range(8)])
     # With host_lens: 8 query blocks, 16 tiles of 64 in all -> at most 16 + 8 = 24 live splits
-    # x 2 heads = 48 programs (2 blocks, 2 tiles); the table bound alone counts 8 x 64 x 2
-    # (1 block, 1 tile).
+    # x 2 heads = 48 programs (2 tiles; 2 blocks, 4 as rows span several splits); the table
+    # bound alone counts 8 x 64 x 2 (1 block, 1 tile).
     assert picks(*wide, plan="split", split_size=64, validate=False,
-                 host_lens=lens) == ((2, 2) if half else (1, 1))
+                 host_lens=lens) == ((4, 2) if half else (1, 1))
     assert picks(*wide, plan="split", split_size=64, validate=False) == (1, 1)
 
 
 @pytest.mark.parametrize(("rule", "small_to_large"), [
-    ("value_blocks", [4, 2, 2, 1, 1]), ("tiles_per_step", [2, 2, 2, 1, 1])])
+    ("value_blocks", [8, 2, 2, 1, 1]), ("tiles_per_step", [2, 2, 2, 1, 1])])
 def test_split_rules_only_on_small_grids_where_measured_neutral(
         rule: str, small_to_large: list[int]) -> None:
     """The shape rules of the split plan: decode at batch 1 with 1k tokens is 8 programs (8 KV
@@ -112,6 +127,19 @@ def test_split_rules_only_on_small_grids_where_measured_neutral(
     assert pick(bf16, 128, 8, 132, None) == 1
     assert pick(fp32, 128, 8, 132, 9) == 1
     assert pick(bf16, 64, 8, 132, 9) == 1
+
+
+def test_value_blocks_with_several_splits() -> None:
+    """Rows over several splits: a grid the rule gives 2 blocks gets 4 (about two programs per
+    SM; round 10 on the H100), the others keep the doubling rule."""
+    pick = kernels.config.value_blocks
+    bf16 = torch.bfloat16
+    grids = (8, 16, 17, 32, 33, 64, 66, 67, 128)
+    assert [pick(bf16, 128, n, 132, 9) for n in grids] == [8, 8, 4, 4, 4, 2, 2, 1, 1]
+    assert [pick(bf16, 128, n, 132, 9, several_splits=True) for n in grids] == \
+        [8, 8, 4, 4, 4, 4, 4, 1, 1]
+    assert pick(torch.float32, 128, 64, 132, 9, several_splits=True) == 1
+    assert pick(bf16, 128, 64, 132, None, several_splits=True) == 1
 
 
 @pytest.mark.parametrize("blocks", [1, 2])
@@ -151,6 +179,58 @@ def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_bat
     for step in (2, 1, None):
         unified_attention(*args_of(batch), plan="split", tuning=Tuning(tiles_per_step=step))
     assert seen == [2, 1, 1]
+
+
+def test_dependent_merge_where_the_gpu_has_it(dtype: torch.dtype, make_batch, args_of,
+                                              monkeypatch) -> None:
+    """The merge is a programmatic dependent launch only for the split plan with several
+    splits, on compute capability 9 or more, unless Tuning turns it off; the interpreter never
+    takes it (griddepcontrol is PTX). The compute capability is set here, so the test means
+    the same on a CPU and on any GPU."""
+    batch = make_batch(dtype, [(1, 200), (3, 90)])
+    block_n = tile_config(dtype, 64).block_n
+
+    def dependent(**kwargs: Any) -> bool:
+        return plan_attention(*args_of(batch), **kwargs).dependent_merge
+
+    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: None)  # the interpreter
+    assert not dependent(plan="split", split_size=block_n)
+    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
+    assert dependent(plan="split", split_size=block_n)
+    assert not dependent(plan="split", split_size=block_n,
+                         tuning=Tuning(dependent_merge=False))
+    assert not dependent(plan="split", split_size=1 << 20)  # one split: no merge
+    assert not dependent(plan="fused", split_size=block_n)
+    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 8)
+    assert not dependent(plan="split", split_size=block_n)
+
+
+def test_the_merge_launch_follows_the_plans_dependent_merge(dtype: torch.dtype, make_batch,
+                                                            args_of, monkeypatch) -> None:
+    """Both kernels get the plan's setting: the split kernel's trigger (IS_PDL) and the merge
+    kernel's wait (IS_PDL) with the launch attribute (launch_pdl). Recorded, not launched: the
+    interpreter has no griddepcontrol."""
+    seen: list[tuple[str, object, object]] = []
+
+    class Spy:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, grid: tuple[int, ...]):
+            def launch(*args: object, **kwargs: object) -> None:
+                seen.append((self.name, kwargs["IS_PDL"], kwargs.get("launch_pdl", False)))
+            return launch
+
+    monkeypatch.setattr(kernels.attention, "_unified_attention_split_kernel", Spy("split"))
+    monkeypatch.setattr(kernels.attention, "_merge_splits_kernel", Spy("merge"))
+    batch = make_batch(dtype, [(1, 200)])
+    split = tile_config(dtype, 64).block_n
+    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: None)  # the interpreter
+    unified_attention(*args_of(batch), plan="split", split_size=split)
+    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
+    unified_attention(*args_of(batch), plan="split", split_size=split)
+    assert seen == [("split", False, False), ("merge", False, False),
+                    ("split", True, False), ("merge", True, True)]
 
 
 @pytest.mark.parametrize("sign", ["-0.0", "+0.0"])
@@ -398,3 +478,99 @@ def test_caches_with_other_layouts_give_the_same_bits(make_batch, args_of,
                          f"combined KV cache ({plan})")
         assert_same_bits(unified_attention(q, k, v3, cu, kv, bt, split_size=64, plan=plan), ref,
                          f"V with other strides ({plan})")
+
+
+@pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)
+def test_slot_order_gives_the_same_bits(dtype: torch.dtype, make_batch, args_of,
+                                        assert_same_bits, seed: int, split_tiles: int,
+                                        page_size: int) -> None:
+    """The fused plan with its slots taken longest first (sorted on the device) vs the plain
+    order: which program takes which slot is scheduling only."""
+    batch = make_batch(dtype, [*_random_shape(seed), (37, 120), (1, 128)],
+                       PageLayout(page_size, "shuffled", seed=seed))
+    split = split_tiles * tile_config(dtype, 64).block_n
+    plain = unified_attention(*args_of(batch), split_size=split, plan="fused",
+                              tuning=Tuning(slot_order=False))
+    ordered = unified_attention(*args_of(batch), split_size=split, plan="fused",
+                                tuning=Tuning(slot_order=True))
+    assert_same_bits(ordered, plain, "slot order vs plain order")
+
+
+def _host_slot_keys(shape: list[tuple[int, int]], num_slots: int, block_q: int,
+                    block_n: int) -> list[int]:
+    """The slot order's key per query-block slot, on the host: the KV tiles of the slot's
+    request (``ceil(kv_len / block_n)``) times 2**32 plus the slot; the slot alone for slots
+    past a request's blocks. Request b owns the slots from ``cu[b] // block_q + b``."""
+    keys, cu = list(range(num_slots)), 0
+    for b, (q_len, kv_len) in enumerate(shape):
+        first = cu // block_q + b
+        for i in range(-(-q_len // block_q)):
+            keys[first + i] += -(-kv_len // block_n) << 32
+        cu += q_len
+    return keys
+
+
+def test_slot_keys_order_requests_by_kv_then_last_blocks_first(dtype: torch.dtype, make_batch,
+                                                                args_of) -> None:
+    """The sort key of every query-block slot, against the same key on the host."""
+    shape = [(37, 120), (1, 128), (0, 5), (16, 16), (5, 300)]
+    batch = make_batch(dtype, shape, PageLayout(4, "shuffled", seed=1))
+    args = args_of(batch)
+    lp = plan_attention(*args, plan="fused")
+    keys = torch.empty(lp.num_slots, dtype=torch.int64, device=batch.q.device)
+    T, Hq, _ = batch.q.shape
+    Hkv = batch.k_cache.shape[2]
+    kernels.attention._slot_keys_kernel[(lp.num_slots,)](
+        args[3], args[4], keys, len(shape), T, args[5].shape[1] * batch.k_cache.shape[1],
+        G=Hq // Hkv, BLOCK_M=lp.block_m, BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n, num_warps=1)
+    assert keys.cpu().tolist() == _host_slot_keys(shape, lp.num_slots, lp.block_q, lp.block_n)
+
+
+def test_slot_order_rule_and_plan(dtype: torch.dtype, make_batch, args_of) -> None:
+    """kernels.config.slot_order: mixed batches (prefill-like on average, not long prompts) of
+    more than two programs per SM; the plan takes it for the fused plan only, and Tuning
+    overrides it."""
+    rule = kernels.config.slot_order
+    # 64 requests, G = 4: 148 query tokens each on average (mixed64) is prefill-like; 16 each
+    # is decode-like; 1024 each is long prompts.
+    assert rule(265, 132, 64 * 148, 4, 64) and not rule(264, 132, 64 * 148, 4, 64)
+    assert not rule(10_000, 132, 64 * 16, 4, 64)
+    assert not rule(10_000, 132, 64 * 1024, 4, 64) and rule(10_000, 132, 64 * 1023, 4, 64)
+    batch = make_batch(dtype, [(40, 60), (1, 30)])
+
+    def ordered(**kwargs: Any) -> bool:
+        return plan_attention(*args_of(batch), **kwargs).slot_order
+
+    assert not ordered(plan="fused")  # a small grid
+    assert ordered(plan="fused", tuning=Tuning(slot_order=True))
+    assert not ordered(plan="split", tuning=Tuning(slot_order=True))
+
+
+def test_the_fused_launch_takes_the_slots_longest_first(dtype: torch.dtype, make_batch,
+                                                         args_of, monkeypatch) -> None:
+    """With the slot order the fused kernel gets IS_SLOT_ORDER and, as its slot_order
+    argument, the slots of the requests with the most KV first, each request's last block
+    first: a permutation, so every slot has exactly one program."""
+    real = kernels.attention._unified_attention_fused_kernel
+    seen: list[tuple[object, list[int]]] = []
+
+    class Spy:
+        def __getitem__(self, grid: tuple[int, ...]):
+            def launch(*args: object, **kwargs: object) -> None:
+                order = args[6]
+                assert isinstance(order, torch.Tensor)
+                seen.append((kwargs["IS_SLOT_ORDER"], order.tolist()))
+                real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(kernels.attention, "_unified_attention_fused_kernel", Spy())
+    shape = [(1, 30), (40, 200), (0, 3), (9, 70)]
+    batch = make_batch(dtype, shape)
+    lp = plan_attention(*args_of(batch), plan="fused")
+    unified_attention(*args_of(batch), plan="fused", tuning=Tuning(slot_order=True))
+    flag, order = seen[0]
+    keys = _host_slot_keys(shape, lp.num_slots, lp.block_q, lp.block_n)
+    assert flag is True
+    assert order == sorted(range(lp.num_slots), key=lambda i: -keys[i]), (order, keys)
+    # Not the plain order (last slots first): request 1 (200 tokens of KV) goes before 3 (70).
+    assert order != list(range(lp.num_slots))[::-1]

@@ -180,11 +180,21 @@ def test_bad_option(args: Args, name: str, value: Any) -> None:
 @pytest.mark.parametrize(("field", "value"), [("block_m", 24), ("block_m", 0), ("num_warps", 3),
                                               ("num_stages", 0), ("block_n", 8),
                                               ("block_n", True), ("num_warps", 4.0),
-                                              ("value_blocks", 3), ("value_blocks", 8),
+                                              ("value_blocks", 3), ("value_blocks", 16),
+                                              ("dependent_merge", 1), ("dependent_merge", "yes"),
+                                              ("slot_order", 0),
                                               ("tiles_per_step", 4), ("tiles_per_step", 0),
                                               ("tiles_per_step", True)])
 def test_bad_tuning(field: str, value: Any) -> None:
     _raises(f"Tuning.{field}", lambda: Tuning(**{field: value}))
+
+
+def test_value_blocks_keep_sixteen_columns(args: Args) -> None:
+    """Eight V column blocks need head dim 128 or more (16 columns each: tl.dot's least N);
+    at head dim 64 the call names the tuning and the bound."""
+    msg = _raises("tuning", lambda: unified_attention(**args, plan="split",
+                                                      tuning=Tuning(value_blocks=8)))
+    assert "value_blocks <= head_dim / 16 = 4" in msg and "head_dim 64" in msg, msg
 
 
 def test_tile_config_rejects_unsupported() -> None:
@@ -234,6 +244,10 @@ def test_validate_false_never_reads_out_of_bounds(args: Args, assert_same_bits, 
     # The garbage rows too are the same under both plans (every row is written: none is left
     # as uninitialised memory, e.g. by the split plan's direct write of a row with no position).
     assert_same_bits(results["split"], results["fused"], f"garbage in {name}: split vs fused")
+    # The fused plan's slot order reads the same garbage lengths to sort the slots: still a
+    # permutation, every row the same.
+    ordered = unified_attention(**bad, validate=False, plan="fused", tuning=Tuning(slot_order=True))
+    assert_same_bits(ordered, results["fused"], f"garbage in {name}: slot order vs plain")
 
 
 @GARBAGE_WARNINGS
@@ -243,3 +257,4 @@ def test_validate_false_with_garbage_everywhere(args: Args) -> None:
            "block_table": torch.full_like(args["block_table"], -(1 << 30))}
     for plan in ("fused", "split"):
         unified_attention(**bad, validate=False, plan=plan)
+    unified_attention(**bad, validate=False, plan="fused", tuning=Tuning(slot_order=True))
