@@ -4,8 +4,9 @@
     python benchmarks/probe_round10.py OUT_DIR [small|pdl|order|profile]
 
 ``small``: short and medium decodes at batch 1-8 (the grids where ``value_blocks`` and
-``tiles_per_step`` apply) under V column blocks 1, 2, 4 and 8 (8: 16 columns, outside
-``Tuning``'s range, set on the frozen dataclass for this probe only), one or two tiles per step
+``tiles_per_step`` apply) under V column blocks 1, 2, 4 and 8 (8: 16 columns; outside
+``Tuning``'s range when this ran, so set on the frozen dataclass; ``Tuning`` takes it now), one
+or two tiles per step
 and 2, 3 or 4 pipeline stages. Bits of out and LSE of every cell against one block, one tile per
 step, two stages (round 8's validated launch) at bf16 (every cell) and fp16 (the cells with 8
 blocks or 3-4 stages), times at bf16 (CUDA graphs, L2 flushed, medians of 30), the rules' pick
@@ -17,9 +18,11 @@ compare a rerun of the reference with itself (run-to-run repeats), not two setti
 LSE against the ordinary launch, times at bf16 (three repeats, interleaved). Writes
 ``pdl.jsonl``.
 
-``order``: the fused plan's slot order (``Tuning(slot_order=True)``: slots sorted on the device
-by the KV tiles their programs walk, longest first) against the plain order (last slots first)
-on prefill-like batches, under the default launch otherwise: bits of out and LSE at bf16 and
+``order``: the fused plan's slot order (``Tuning(slot_order=True)``: the slots of the requests
+with the most KV first, each request's last blocks first, sorted on the device) against the
+plain order (last slots first) on prefill-like batches, under the default launch otherwise
+(calls 5 and 6 ran it on two first versions of the slot order: slots sorted by their own tiles,
+and ``torch.argsort`` in place of the rank kernel): bits of out and LSE at bf16 and
 fp16, times at bf16 (three repeats, interleaved; CUDA graphs, so the sort is captured too).
 Writes ``order.jsonl``.
 

@@ -27,6 +27,7 @@ import torch
 import triton
 
 from kernels._triton.attention_kernels import (
+    HAS_GDC,
     _merge_splits_kernel,
     _slot_keys_kernel,
     _slot_rank_kernel,
@@ -98,8 +99,10 @@ def _cuda_sm_major(index: int) -> int:
 
 
 def _sm_major(device: torch.device) -> int | None:
-    """Compute capability major of a CUDA device; ``None`` elsewhere (the interpreter)."""
-    if device.type != "cuda" or _interpreting():
+    """Compute capability major of a CUDA device; ``None`` elsewhere (the interpreter, and ROCm,
+    whose devices report their own architecture numbers: every rule measured on NVIDIA GPUs
+    stays off there)."""
+    if device.type != "cuda" or _interpreting() or torch.version.hip is not None:
         return None
     return _cuda_sm_major(device.index if device.index is not None else
                           torch.cuda.current_device())
@@ -142,10 +145,11 @@ class Tuning:
       16/32 (``mma.sync``) and float32's 64 vs 32 were not (kernels/README.md). Vary them per
       batch only where the harness has shown, on the target GPU, that the values used agree bit
       for bit. A ``block_m`` given without warps or stages takes those from ``tile_config``.
-    - ``value_blocks`` (1, 2, 4 or 8, at least 16 columns each; split plan only): V column
-      blocks per (slot, KV head, split), each its own program. Bit-neutral on an H100 for half
-      precision at head dim 128 (kernels/README.md); ``None`` takes
-      :func:`~kernels.config.value_blocks`' choice.
+    - ``value_blocks`` (1, 2, 4 or 8; split plan only, but the bound is checked whatever the
+      plan: at least 16 columns each, ``head_dim / value_blocks >= 16``): V column blocks per
+      (slot, KV head, split), each its own program. Bit-neutral on an H100 for half precision
+      at head dim 128 (kernels/README.md); ``None`` takes :func:`~kernels.config.value_blocks`'
+      choice.
     - ``tiles_per_step`` (1 or 2; split plan only): fully visible KV tiles per loop step of a
       split-plan program (both tiles' scores and exponentials ahead of the first ``p @ v``).
       The same arithmetic per row: bit-neutral on an H100 for half precision at head dim 128
@@ -153,8 +157,9 @@ class Tuning:
     - ``dependent_merge`` (bool; split plan with several splits only): launch the merge kernel
       as a programmatic dependent launch of the split kernel (``griddepcontrol``, sm_90 and
       later), so that it is scheduled while the split kernel finishes and waits for its writes
-      in-kernel. Scheduling only, no arithmetic changes; ``None`` takes it wherever the GPU has
-      it (compute capability 9 or more; never under the interpreter).
+      in-kernel. Scheduling only, no arithmetic changes. ``None`` or ``True``: wherever it is
+      available (compute capability 9 or more on an NVIDIA GPU, Triton 3.4 or later; never
+      under the interpreter), ``False``: never.
     - ``slot_order`` (bool; fused plan only): programs take their query-block slots with the
       requests sorted by KV length, longest first, each request's last blocks first (sorted on
       the device), instead of the last slots first. Scheduling only; ``None`` takes
@@ -542,11 +547,15 @@ def plan_attention(
         live = num_q_blocks * _cdiv(max_kv, split_tokens)
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
+        # Several splits per row by the longest length known (checked, or the caller's
+        # host_lens), else by the table's bound. Speed only.
         v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major,
-                                                       several_splits=num_splits > 1)
+                                                       several_splits=_cdiv(max_kv,
+                                                                            split_tokens) > 1)
         step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major)
-    # Only where the hardware has griddepcontrol (sm_90+), and only when there is a merge.
-    has_pdl = sm_major is not None and sm_major >= 9
+    # Only where the hardware has griddepcontrol (sm_90+) and Triton exposes it (3.4+), and only
+    # when there is a merge.
+    has_pdl = HAS_GDC and sm_major is not None and sm_major >= 9
     dependent = (plan == "split" and num_splits > 1 and has_pdl
                  and (tuning.dependent_merge is None or tuning.dependent_merge))
     ordered = plan == "fused" and (

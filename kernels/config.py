@@ -159,7 +159,7 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     per SM. On the H100 (round 10, bf16) that took decode at batch 1 with 8k tokens, batch 2
     with 4k and batch 4 with 2k (64 programs) from 42.7-43.0 to 39.3-39.8 us, while batch 8 with
     1k (64 programs, one split) was 1.5 us faster with 2; 8 blocks took 8-16-program grids
-    0.5-0.9 us lower than 4 (batch 1-2 with 1k-2k tokens). Shapes only (no sync)."""
+    0.5-0.8 us lower than 4 (batch 1-2 with 1k-2k tokens). Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     blocks = 1
@@ -200,9 +200,11 @@ def slot_order(num_programs: int, num_sms: int, num_tokens: int, group_size: int
     arithmetic depends on its slot alone), so this is about the tail: in a mixed batch the
     requests with the most KV sit anywhere in the batch, and a long program that starts last
     runs alone at the end (a list-scheduling model of mixed64, programs as long as the tiles
-    they walk, puts the plain order 10% above this one). On an H100 (round 10,
+    they walk, puts the plain order 10% above this one;
+    benchmarks/slot_order_model.py). On an H100 (round 10,
     reports/h100-round10/README.md) it took mixed64 6% and 32 decodes plus 32 chunks of 256
-    tokens 8% lower, but a varlen prefill of long prompts (256-row tiles) 0.9% higher. So:
+    tokens 8% lower; of three batches of long prompts (256-row tiles) two were 0.3% and 0.9%
+    slower and one 1.4% faster. So:
     batches that are prefill-like (:func:`prefill_like`) but not long prompts (fewer than
     :data:`LONG_PROMPT_TOKENS` query tokens per request on average: mixed batches), with more
     than two programs per SM (a smaller grid starts every program at once). Decode batches keep

@@ -423,3 +423,24 @@ def test_ptx_hash_ignores_debug_lines_only() -> None:
     assert _ptx_hash(moved) == _ptx_hash(ptx)
     assert _ptx_hash(ptx.replace("fma.rn.f32", "mul.rn.f32")) != _ptx_hash(ptx)
     assert _ptx_hash(ptx.replace("%r1, 0", "%r1, 1")) != _ptx_hash(ptx)
+
+
+def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/slot_order_model.py (the model behind the fused plan's slot order,
+    reports/h100-round10/): list scheduling in order, and its table runs to the end with the
+    request order never longer than the plain one on the measured mixed batches."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import slot_order_model as m
+    finally:
+        sys.path.remove(str(ROOT))
+    assert m.makespan([3, 3, 2, 2, 2], 2) == 7  # 3|3, then 2 on each, then 2: 3+2+2
+    assert m.makespan([2, 2, 2, 3, 3], 2) == 7
+    assert m.makespan([3, 3, 2, 2], 2) == 5
+    m.main()
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| mixed64") or line.startswith("| decode:8kx32")]
+    assert len(rows) == 2
+    for r in rows:
+        plain, request = int(r[5]), int(r[7])
+        assert request < plain, r

@@ -116,8 +116,9 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     ("value_blocks", [8, 2, 2, 1, 1]), ("tiles_per_step", [2, 2, 2, 1, 1])])
 def test_split_rules_only_on_small_grids_where_measured_neutral(
         rule: str, small_to_large: list[int]) -> None:
-    """The shape rules of the split plan: decode at batch 1 with 1k tokens is 8 programs (8 KV
-    heads, one split), batch 8 (or batch 1 with 8k: 8 splits) 64, batch 1 with 32k 256."""
+    """The shape rules of the split plan, with one split per row (several splits:
+    test_value_blocks_with_several_splits): decode at batch 1 with 1k tokens is 8 programs (8
+    KV heads, one split), batch 8 with 1k 64, batch 1 with 32k 256 (with its 32 splits)."""
     pick = getattr(kernels.config, rule)
     bf16, fp32 = torch.bfloat16, torch.float32
     assert [pick(bf16, 128, n, 132, 9) for n in (8, 64, 66, 67, 256)] == small_to_large
@@ -193,6 +194,7 @@ def test_dependent_merge_where_the_gpu_has_it(dtype: torch.dtype, make_batch, ar
     def dependent(**kwargs: Any) -> bool:
         return plan_attention(*args_of(batch), **kwargs).dependent_merge
 
+    monkeypatch.setattr(kernels.attention, "HAS_GDC", True)  # Triton 3.4+ (gdc_wait)
     monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: None)  # the interpreter
     assert not dependent(plan="split", split_size=block_n)
     monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
@@ -202,6 +204,10 @@ def test_dependent_merge_where_the_gpu_has_it(dtype: torch.dtype, make_batch, ar
     assert not dependent(plan="split", split_size=1 << 20)  # one split: no merge
     assert not dependent(plan="fused", split_size=block_n)
     monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 8)
+    assert not dependent(plan="split", split_size=block_n)
+    # A Triton without griddepcontrol (before 3.4): never, even on sm_90.
+    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.attention, "HAS_GDC", False)
     assert not dependent(plan="split", split_size=block_n)
 
 
@@ -223,6 +229,7 @@ def test_the_merge_launch_follows_the_plans_dependent_merge(dtype: torch.dtype, 
 
     monkeypatch.setattr(kernels.attention, "_unified_attention_split_kernel", Spy("split"))
     monkeypatch.setattr(kernels.attention, "_merge_splits_kernel", Spy("merge"))
+    monkeypatch.setattr(kernels.attention, "HAS_GDC", True)
     batch = make_batch(dtype, [(1, 200)])
     split = tile_config(dtype, 64).block_n
     monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: None)  # the interpreter
@@ -510,9 +517,9 @@ def _host_slot_keys(shape: list[tuple[int, int]], num_slots: int, block_q: int,
     return keys
 
 
-def test_slot_keys_order_requests_by_kv_then_last_blocks_first(dtype: torch.dtype, make_batch,
-                                                                args_of) -> None:
-    """The sort key of every query-block slot, against the same key on the host."""
+def test_slot_keys_match_a_host_count(dtype: torch.dtype, make_batch, args_of) -> None:
+    """The sort key of every query-block slot (request KV tiles x 2**32 + slot), against the
+    same key computed on the host; the order it gives is checked at the launch below."""
     shape = [(37, 120), (1, 128), (0, 5), (16, 16), (5, 300)]
     batch = make_batch(dtype, shape, PageLayout(4, "shuffled", seed=1))
     args = args_of(batch)
@@ -574,3 +581,12 @@ def test_the_fused_launch_takes_the_slots_longest_first(dtype: torch.dtype, make
     assert order == sorted(range(lp.num_slots), key=lambda i: -keys[i]), (order, keys)
     # Not the plain order (last slots first): request 1 (200 tokens of KV) goes before 3 (70).
     assert order != list(range(lp.num_slots))[::-1]
+
+
+def test_no_measured_rule_on_rocm(monkeypatch) -> None:
+    """ROCm devices report their own architecture numbers (9 for an MI300): the rules measured
+    on NVIDIA GPUs (wgmma tiles, value blocks, tiles per step, the dependent merge) see no
+    compute capability there, as under the interpreter."""
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(kernels.attention, "_interpreting", lambda: False)
+    assert kernels.attention._sm_major(torch.device("cuda", 0)) is None
