@@ -26,7 +26,8 @@
 # (order-tiles-key/: slots sorted by their own tiles with torch.argsort; order-argsort/: the
 # request key with torch.argsort); call 7 is the order step on the final kernels (the request
 # key ranked by _slot_rank_kernel), call 8 the fuzz and sanitize steps, call 9 bench (its test
-# step cut at 80 s, three test bugs seen), call 10 the tests step after mending them.
+# step cut at 80 s, three test bugs seen), call 10 the tests step after mending them. A rerun of
+# the tests step after the review mends was refused (no device time left).
 set -u
 STEP=${1:?usage: sh benchmarks/gpu_round10.sh check|order|fuzz|sanitize|fuzzsan|tests|bench}
 INV="python3 -m invariance.cli"
