@@ -155,10 +155,11 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
 
     Doubles the blocks, up to 8 (16 columns each), while the grid (``num_programs`` x blocks)
     stays within half the SMs' count before the doubling. With ``several_splits`` (rows span
-    several splits, so a merge follows), a grid this gives 2 blocks gets 4, about two programs
-    per SM. On the H100 (round 10, bf16) that took decode at batch 1 with 8k tokens, batch 2
-    with 4k and batch 4 with 2k (64 programs) from 42.7-43.0 to 39.3-39.8 us, while batch 8 with
-    1k (64 programs, one split) was 1.5 us faster with 2; 8 blocks took 8-16-program grids
+    several splits, by the longest length the caller knows: a merge follows), a grid this
+    gives 2 blocks gets 4, about two programs per SM. On the H100 (round 10, bf16) that took
+    decode at batch 1 with 8k tokens, batch 2 with 4k and batch 4 with 2k (64 programs) from
+    42.7-43.0 to 39.3-39.8 us, while batch 8 with 1k (64 programs, one split) was 1.5 us
+    faster with 2; 8 blocks took 8-16-program grids
     0.5-0.8 us lower than 4 (batch 1-2 with 1k-2k tokens). Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1

@@ -428,7 +428,8 @@ def test_ptx_hash_ignores_debug_lines_only() -> None:
 def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/slot_order_model.py (the model behind the fused plan's slot order,
     reports/h100-round10/): list scheduling in order, and its table runs to the end with the
-    request order never longer than the plain one on the measured mixed batches."""
+    published mixed64 row (reports/h100-round10/cpu/slot-order-model.md) and the request order
+    shorter than the plain one on both measured mixed batches."""
     sys.path.insert(0, str(ROOT))
     try:
         from benchmarks import slot_order_model as m
@@ -444,3 +445,4 @@ def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str])
     for r in rows:
         plain, request = int(r[5]), int(r[7])
         assert request < plain, r
+    assert [int(x) for x in rows[0][4:8]] == [643, 724, 657, 660], rows[0]

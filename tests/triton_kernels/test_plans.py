@@ -110,6 +110,15 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     assert picks(*wide, plan="split", split_size=64, validate=False,
                  host_lens=lens) == ((4, 2) if half else (1, 1))
     assert picks(*wide, plan="split", split_size=64, validate=False) == (1, 1)
+    # Several splits are judged from the longest length known, not the table's bound: 24
+    # decodes of one split each (40 tokens) in a 4096-token table, 48 programs: the doubling
+    # rule's 2 blocks, not the 4 of rows over several splits.
+    short = make_batch(dtype, [(1, 40)] * 24, heads=heads)
+    args = args_of(short)
+    wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(24, 250)], 1))
+    assert picks(*wide, plan="split", split_size=64, validate=False,
+                 host_lens=([1] * 24, [40] * 24)) == ((2, 2) if half else (1, 1))
+    assert picks(*wide, plan="split", split_size=64) == ((2, 2) if half else (1, 1))
 
 
 @pytest.mark.parametrize(("rule", "small_to_large"), [
@@ -531,6 +540,36 @@ def test_slot_keys_match_a_host_count(dtype: torch.dtype, make_batch, args_of) -
         args[3], args[4], keys, len(shape), T, args[5].shape[1] * batch.k_cache.shape[1],
         G=Hq // Hkv, BLOCK_M=lp.block_m, BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n, num_warps=1)
     assert keys.cpu().tolist() == _host_slot_keys(shape, lp.num_slots, lp.block_q, lp.block_n)
+
+
+def test_slot_keys_do_not_wrap_near_two_to_the_31_tokens(make_batch, args_of) -> None:
+    """A KV length near 2**31 (a block table that wide): the request's tiles,
+    ``ceil(kv_len / BLOCK_N)``, in int64, so the key stays positive and ordered (int32 would
+    wrap ``kv_len + BLOCK_N - 1`` negative). The kernel alone, on made-up lengths."""
+    batch = make_batch(torch.float16, [(1, 40), (2, 60)])
+    args = args_of(batch)
+    big = 2**31 - 1
+    dev = batch.q.device
+    kv = torch.tensor([big, 60], dtype=torch.int32, device=dev)
+    lp = plan_attention(*args, plan="fused")
+    keys = torch.empty(lp.num_slots, dtype=torch.int64, device=dev)
+    Hq, Hkv = batch.q.shape[1], batch.k_cache.shape[2]
+    kernels.attention._slot_keys_kernel[(lp.num_slots,)](
+        args[3], kv, keys, 2, batch.q.shape[0], big, G=Hq // Hkv, BLOCK_M=lp.block_m,
+        BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n, num_warps=1)
+    got = keys.cpu().tolist()
+    assert got[0] == (-(-big // lp.block_n) << 32), got  # request 0's one slot, slot 0
+    assert all(k >= 0 for k in got) and got[0] == max(got), got
+
+
+def test_slot_rank_is_a_permutation_for_any_distinct_keys(device: Any) -> None:
+    """The rank kernel: ``order[rank] = slot`` by descending key, with a key count that is not a
+    multiple of the block (padded lanes never counted, even against keys below their
+    padding value)."""
+    keys = torch.tensor([3, -2, 7, 0, -9], dtype=torch.int64, device=device)
+    order = torch.full((5,), -1, dtype=torch.int32, device=device)
+    kernels.attention._slot_rank_kernel[(5,)](keys, order, 5, BLOCK=4, num_warps=1)
+    assert order.cpu().tolist() == [2, 0, 3, 1, 4]
 
 
 def test_slot_order_rule_and_plan(dtype: torch.dtype, make_batch, args_of) -> None:
