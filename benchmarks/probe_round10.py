@@ -93,26 +93,32 @@ def _workload(spec: str):
     return WORKLOADS[spec] if spec in WORKLOADS else parse_lengths(spec)
 
 
+def _a_against_b(row: dict, timer: CudaTimer, timed: bool, a, b, names: tuple[str, str]) -> None:
+    """Into ``row``: the bits of out and LSE of call ``b`` against call ``a``, and with
+    ``timed`` three interleaved CUDA-graph timings of each (us), under ``us_<name>``."""
+    row["bits_differing"] = _bits_vs(a(), b())
+    if timed:
+        graphs = [graphed(a), graphed(b)]
+        for name in names:
+            row[f"us_{name}"] = []
+        for _ in range(3):
+            for name, g in zip(names, graphs, strict=True):
+                row[f"us_{name}"].append(round(timer.time_fn(g) * 1000, 1))
+
+
 def pdl(out_dir: str) -> None:
     timer = CudaTimer(iters=30, warmup=3)
     rows = []
     for dtype in (torch.bfloat16, torch.float16):
         for spec in PDL_WORKLOADS:
             batch = build_batch(_workload(spec), dtype=dtype)
-            off = call(batch, "split", kernels.Tuning(dependent_merge=False))
-            on = call(batch, "split", kernels.Tuning())
-            ref = off()
-            row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
-                       bits_differing=_bits_vs(ref, on()))
-            if dtype == torch.bfloat16:
-                g_off, g_on = graphed(off), graphed(on)
-                row["us_off"], row["us_on"] = [], []
-                for _ in range(3):
-                    row["us_off"].append(round(timer.time_fn(g_off) * 1000, 1))
-                    row["us_on"].append(round(timer.time_fn(g_on) * 1000, 1))
+            row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec)
+            _a_against_b(row, timer, dtype == torch.bfloat16,
+                         call(batch, "split", kernels.Tuning(dependent_merge=False)),
+                         call(batch, "split", kernels.Tuning()), ("off", "on"))
             rows.append(row)
             print(json.dumps(row), flush=True)
-            del batch, ref
+            del batch
             torch.cuda.empty_cache()
             save(out_dir, "pdl.jsonl", rows)
 
@@ -128,25 +134,19 @@ def order(out_dir: str) -> None:
     for dtype in (torch.bfloat16, torch.float16):
         for spec in ORDER_WORKLOADS:
             batch = build_batch(_workload(spec), dtype=dtype)
-            plain = call(batch, "fused", kernels.Tuning(slot_order=False))
-            ordered = call(batch, "fused", kernels.Tuning(slot_order=True))
             lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache,
                                         batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
                                         plan="fused", validate=False,
                                         host_lens=(batch.q_lens(), batch.kv_lens.tolist()))
-            ref = plain()
             row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
-                       block_m=lp.block_m, rule=lp.slot_order,
-                       bits_differing=_bits_vs(ref, ordered()))
-            if dtype == torch.bfloat16:
-                g_plain, g_ordered = graphed(plain), graphed(ordered)
-                row["us_plain"], row["us_ordered"] = [], []
-                for _ in range(3):
-                    row["us_plain"].append(round(timer.time_fn(g_plain) * 1000, 1))
-                    row["us_ordered"].append(round(timer.time_fn(g_ordered) * 1000, 1))
+                       block_m=lp.block_m, rule=lp.slot_order)
+            _a_against_b(row, timer, dtype == torch.bfloat16,
+                         call(batch, "fused", kernels.Tuning(slot_order=False)),
+                         call(batch, "fused", kernels.Tuning(slot_order=True)),
+                         ("plain", "ordered"))
             rows.append(row)
             print(json.dumps(row), flush=True)
-            del batch, ref
+            del batch
             torch.cuda.empty_cache()
             save(out_dir, "order.jsonl", rows)
 

@@ -544,14 +544,14 @@ def plan_attention(
         # with statistics at most each block's own splits (its tiles / split_tiles, plus one).
         # Without statistics (a CUDA-graph capture without host_lens) the block table's width
         # bounds the lengths, so a wide table keeps the defaults. Speed only.
-        live = num_q_blocks * _cdiv(max_kv, split_tokens)
+        # Splits per row by the longest length known (checked, or the caller's host_lens), else
+        # by the table's bound.
+        row_splits = _cdiv(max_kv, split_tokens)
+        live = num_q_blocks * row_splits
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
-        # Several splits per row by the longest length known (checked, or the caller's
-        # host_lens), else by the table's bound. Speed only.
         v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major,
-                                                       several_splits=_cdiv(max_kv,
-                                                                            split_tokens) > 1)
+                                                       several_splits=row_splits > 1)
         step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major)
     # Only where the hardware has griddepcontrol (sm_90+) and Triton exposes it (3.4+), and only
     # when there is a merge.

@@ -98,6 +98,12 @@ def prefill_like(num_tokens: int, group_size: int, batch_size: int) -> bool:
 LONG_PROMPT_TOKENS = 1024
 
 
+def long_prompts(num_tokens: int, batch_size: int) -> bool:
+    """Whether the batch averages at least :data:`LONG_PROMPT_TOKENS` query tokens per request
+    (256-row tiles; the fused plan keeps its plain slot order); from shapes alone (no sync)."""
+    return num_tokens >= LONG_PROMPT_TOKENS * max(batch_size, 1)
+
+
 def _measured_neutral(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:
     """Whether the per-batch settings below were measured bit-neutral for this call: half
     precision at head dim 128 on Hopper (``sm_major == 9``: ``wgmma``), the scope of the H100
@@ -135,7 +141,7 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     cfg = tile_config(dtype, head_dim)
     if (_measured_neutral(dtype, head_dim, sm_major)
             and prefill_like(num_tokens, group_size, batch_size)):
-        if num_tokens >= LONG_PROMPT_TOKENS * max(batch_size, 1):
+        if long_prompts(num_tokens, batch_size):
             return replace(cfg, block_m=256, num_warps=8, num_stages=3)
         return replace(cfg, block_m=128)
     return cfg
@@ -159,8 +165,8 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     gives 2 blocks gets 4, about two programs per SM. On the H100 (round 10, bf16) that took
     decode at batch 1 with 8k tokens, batch 2 with 4k and batch 4 with 2k (64 programs) from
     42.7-43.0 to 39.3-39.8 us, while batch 8 with 1k (64 programs, one split) was 1.5 us
-    faster with 2; 8 blocks took 8-16-program grids
-    0.5-0.8 us lower than 4 (batch 1-2 with 1k-2k tokens). Shapes only (no sync)."""
+    faster with 2; 8 blocks took 8-16-program grids 0.5-0.8 us lower than 4 (batch 1-2 with
+    1k-2k tokens). Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     blocks = 1
@@ -201,17 +207,15 @@ def slot_order(num_programs: int, num_sms: int, num_tokens: int, group_size: int
     arithmetic depends on its slot alone), so this is about the tail: in a mixed batch the
     requests with the most KV sit anywhere in the batch, and a long program that starts last
     runs alone at the end (a list-scheduling model of mixed64, programs as long as the tiles
-    they walk, puts the plain order 10% above this one;
-    benchmarks/slot_order_model.py). On an H100 (round 10,
-    reports/h100-round10/README.md) it took mixed64 6% and 32 decodes plus 32 chunks of 256
-    tokens 8% lower; of three batches of long prompts (256-row tiles) two were 0.3% and 0.9%
-    slower and one 1.4% faster. So:
-    batches that are prefill-like (:func:`prefill_like`) but not long prompts (fewer than
-    :data:`LONG_PROMPT_TOKENS` query tokens per request on average: mixed batches), with more
-    than two programs per SM (a smaller grid starts every program at once). Decode batches keep
-    the plain order. Shapes only."""
+    they walk, puts the plain order 10% above this one; benchmarks/slot_order_model.py). On an
+    H100 (round 10, reports/h100-round10/README.md) it took mixed64 6% and 32 decodes plus 32
+    chunks of 256 tokens 8% lower; of three batches of long prompts (256-row tiles) two were
+    0.3% and 0.9% slower and one 1.4% faster. So: batches that are prefill-like
+    (:func:`prefill_like`) but not long prompts (:func:`long_prompts`: mixed batches), with
+    more than two programs per SM (a smaller grid starts every program at once). Decode batches
+    keep the plain order. Shapes only."""
     return (prefill_like(num_tokens, group_size, batch_size)
-            and num_tokens < LONG_PROMPT_TOKENS * max(batch_size, 1)
+            and not long_prompts(num_tokens, batch_size)
             and num_programs > 2 * num_sms)
 
 
