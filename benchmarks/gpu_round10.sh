@@ -33,16 +33,9 @@ STEP=${1:?usage: sh benchmarks/gpu_round10.sh check|order|fuzz|sanitize|fuzzsan|
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
-# The full default check of the kernels at three dtypes, then the control (it must fail), into
-# $C (the order step of calls 5-7 gave the control 100 s, the check step 120).
-full_check_and_control() {
-  s=$(date +%s)
-  timeout 260 $INV check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
-  echo "check rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/check.txt | tail -1
-  s=$(date +%s)
-  timeout 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
-  echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
-}
+# full_check_and_control (the full default check at three dtypes, then the control, into $C;
+# the order step of calls 5-7 gave the control 100 s, the check step 120).
+. benchmarks/gpu_full_check.sh
 
 step_check() {
   C=$OUT/check; mkdir -p $C

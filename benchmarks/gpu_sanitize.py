@@ -6,9 +6,9 @@
 At each dtype, on two head configurations, small batches (built by the harness's
 ``materialize``; shuffled pages, NaN-filled unused memory, unused block-table columns) go through:
 the fused and the split plan at two split sizes (validate=True; the two plans must agree bit for
-bit), the fused plan with 128- and 256-row tiles (half precision), ``plan="auto"``, the control mode
-(``split_size=None``), a step without query tokens, ``merge_states`` (with empty, NaN and +inf
-partials), and malformed index values with
+bit), the fused plan with 128- and 256-row tiles and its nested loop (half precision),
+``plan="auto"``, the control mode (``split_size=None``), a step without query tokens,
+``merge_states`` (with empty, NaN and +inf partials), and malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
 block table, negative or below ``q_len``, ``cu_seqlens_q`` past T or not starting at 0). Outputs
 of malformed calls are never read (their garbage rows may be unwritten); ``--valid-only`` leaves
@@ -69,9 +69,12 @@ def call(args: Args, **kwargs: object) -> None:
 def plans_agree(args: Args, split: int) -> bool:
     fused = unified_attention(*args, split_size=split, plan="fused")
     split_plan = unified_attention(*args, split_size=split, plan="split")
-    # The fused plan with its slots sorted on the device, longest first (bits compared too).
+    # The fused plan with its slots sorted on the device, longest first, and with its nested
+    # loop (two tiles per step, K as rows; bits compared too).
     ordered = unified_attention(*args, split_size=split, plan="fused",
                                 tuning=Tuning(slot_order=True))
+    nested = unified_attention(*args, split_size=split, plan="fused",
+                               tuning=Tuning(nested_loop=True, tiles_per_step=2))
     unified_attention(*args, split_size=split, plan="auto")
     # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
     # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only).
@@ -80,6 +83,10 @@ def plans_agree(args: Args, split: int) -> bool:
         unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
         unified_attention(*args, split_size=split, plan="fused",
                           tuning=Tuning(block_m=256, num_warps=8, num_stages=3))
+        # Round 11's prefill tile: 128 rows on 8 warps, nested loop, two tiles per step.
+        unified_attention(*args, split_size=split, plan="fused",
+                          tuning=Tuning(block_m=128, num_warps=8, num_stages=3,
+                                        nested_loop=True, tiles_per_step=2))
         # The split plan with its V columns cut into 2, 4 and 8 programs (8 at head dim 128
         # and more: 16 columns each), walking two tiles per loop step, and with the merge as an
         # ordinary launch instead of a dependent one (bits compared too).
@@ -95,7 +102,8 @@ def plans_agree(args: Args, split: int) -> bool:
     unified_attention(*args, split_size=split, validate=False,
                       host_lens=(q_lens, [max(1, n) for n in q_lens]))
     return same and all(torch.equal(bits(a), bits(b)) and torch.equal(bits(a), bits(c))
-                        for a, b, c in zip(fused, split_plan, ordered, strict=True))
+                        and torch.equal(bits(a), bits(d))
+                        for a, b, c, d in zip(fused, split_plan, ordered, nested, strict=True))
 
 
 def malformed(args: Args) -> dict[str, Args]:
@@ -134,6 +142,9 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
             case(f"{tag}/validate=False/{label}/fused-slot-order",
                  lambda b=bad: call(b, validate=False, plan="fused",
                                     tuning=Tuning(slot_order=True)))
+            case(f"{tag}/validate=False/{label}/fused-nested-2-tiles-per-step",
+                 lambda b=bad: call(b, validate=False, plan="fused",
+                                    tuning=Tuning(nested_loop=True, tiles_per_step=2)))
             if dtype != torch.float32:
                 blocks = 8 if heads.head_dim >= 128 else 4
                 case(f"{tag}/validate=False/{label}/split-{blocks}-value-blocks-2-tiles-per-step",

@@ -4,7 +4,7 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
         [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
-        [--ptx-hash]
+        [--fused-loop nested|flat] [--ptx-hash]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -187,6 +187,8 @@ def main() -> None:
     p.add_argument("--no-dependent-merge", action="store_true",
                    help="launch the merge as an ordinary kernel (Tuning(dependent_merge=False)):"
                         " without the griddepcontrol instructions, as before round 10")
+    p.add_argument("--fused-loop", choices=("nested", "flat"),
+                   help="the fused plan's loop (Tuning(nested_loop=...)); default: the rule's")
     p.add_argument("--ptx-hash", action="store_true",
                    help="print a hash of each kernel's PTX (debug lines left out) instead of "
                         "registers and spills: equal hashes across two commits mean the same "
@@ -197,6 +199,8 @@ def main() -> None:
                   value_blocks=a.value_blocks, tiles_per_step=a.tiles_per_step, block_n=a.block_n)
     if a.no_dependent_merge:
         fields["dependent_merge"] = False
+    if a.fused_loop is not None:
+        fields["nested_loop"] = a.fused_loop == "nested"
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
     print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
     compiled_cols = "ptx hash | " if a.ptx_hash else "regs | spill st/ld B "

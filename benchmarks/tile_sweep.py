@@ -33,7 +33,7 @@ from invariance.batch import AttentionBatch, AttentionResult
 HALF_CANDIDATES = [(bm, w, s) for bm in (64, 128) for w in (4, 8) for s in (2, 3, 4)]
 FP32_CANDIDATES = [(bm, w, s) for bm in (32, 64) for w in (4, 8) for s in (2, 3)]
 #: What ``fuzz`` draws from (fewer than the sweep: each setting compiles its own kernels).
-FUZZ_CANDIDATES = [(64, 4, 2), (128, 4, 2), (64, 8, 3), (128, 8, 4), (256, 8, 3)]
+FUZZ_CANDIDATES = [(64, 4, 2), (128, 4, 2), (64, 8, 3), (128, 8, 4), (256, 8, 3), (128, 8, 3)]
 CONTROL = {"bfloat16": (32, 4, 2), "float16": (32, 4, 2), "float32": (16, 4, 2)}
 WORKLOADS = ["prefill-varlen", "mixed64", "decode-prod64", "decode-b8-ctx8k", "decode-b1-ctx32k",
              "decode-b64-ctx8k"]
@@ -156,7 +156,8 @@ def to_markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 class Fuzz:
     """``kernels`` with a candidate launch setting, plan, (split plan) V column blocks, tiles per
-    loop step and the merge's launch, and (fused plan) the slot order picked per batch from a
+    loop step and the merge's launch, and (fused plan) the slot order and the loop (flat or
+    nested, with K loaded as rows; tiles per step too when nested) picked per batch from a
     hash of the batch's shape: under ``invariance check`` every perturbation then compares rows
     computed with different settings, which agree bit for bit only if the settings are
     bit-neutral."""
@@ -190,12 +191,14 @@ class Fuzz:
         dependent = (None, False)[(h // 15) % 2]
         # The fused plan's slot order (ignored by the split plan); None: the shape rule.
         ordered = (None, True, False)[(h // 30) % 3]
+        # The fused plan's loop (ignored by the split plan); None: the shape rule.
+        nested = (None, True, False)[(h // 90) % 3]
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, plan=plan,
             tuning=kernels.Tuning(block_m=bm, num_warps=w, num_stages=s, value_blocks=vb,
                                   tiles_per_step=step, dependent_merge=dependent,
-                                  slot_order=ordered))
+                                  slot_order=ordered, nested_loop=nested))
         return AttentionResult(out, lse)
 
 

@@ -42,6 +42,7 @@ from kernels.config import (
     batch_tuning,
     choose_plan,
     control_num_splits,
+    fused_loop,
     prefill_like,
     rows_per_block,
     slot_order,
@@ -150,8 +151,8 @@ class Tuning:
       (slot, KV head, split), each its own program. Bit-neutral on an H100 for half precision
       at head dim 128 (kernels/README.md); ``None`` takes :func:`~kernels.config.value_blocks`'
       choice.
-    - ``tiles_per_step`` (1 or 2; split plan only): fully visible KV tiles per loop step of a
-      split-plan program (both tiles' scores and exponentials ahead of the first ``p @ v``).
+    - ``tiles_per_step`` (1 or 2; split plan, and the fused plan's nested loop): fully visible
+      KV tiles per loop step (both tiles' scores and exponentials ahead of the first ``p @ v``).
       The same arithmetic per row: bit-neutral on an H100 for half precision at head dim 128
       (kernels/README.md); ``None`` takes :func:`~kernels.config.tiles_per_step`' choice.
     - ``dependent_merge`` (bool; split plan with several splits only): launch the merge kernel
@@ -164,6 +165,12 @@ class Tuning:
       requests sorted by KV length, longest first, each request's last blocks first (sorted on
       the device), instead of the last slots first. Scheduling only; ``None`` takes
       :func:`~kernels.config.slot_order`'s choice.
+    - ``nested_loop`` (bool; fused plan only): a fused program walks each split in its own inner
+      loop (the split kernel's loop) and folds the split's state after it, instead of one flat
+      loop over every tile with the fold at each split boundary. The same operations in the
+      same order per row; only the loop structure (hence register allocation and pipelining)
+      changes. ``None`` takes :func:`~kernels.config.fused_loop`'s choice (with its tiles per
+      step unless ``tiles_per_step`` is given; the flat loop walks one tile per step).
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -176,6 +183,7 @@ class Tuning:
     tiles_per_step: int | None = None
     dependent_merge: bool | None = None
     slot_order: bool | None = None
+    nested_loop: bool | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -191,7 +199,7 @@ class Tuning:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
                                           and ok(value)):
                 raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
-        for name in ("dependent_merge", "slot_order"):
+        for name in ("dependent_merge", "slot_order", "nested_loop"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"Tuning.{name}: expected a bool or None, got {value!r}")
@@ -228,9 +236,10 @@ class LaunchPlan:
     num_splits: int  # splits of the longest KV length (or its bound): the workspace depth
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     value_blocks: int  # split plan: V column blocks per (slot, KV head, split); fused: 1
-    tiles_per_step: int  # split plan: fully visible KV tiles per loop step (1 or 2); fused: 1
+    tiles_per_step: int  # fully visible KV tiles per loop step (1 or 2); flat fused loop: 1
     dependent_merge: bool  # split plan's merge as a programmatic dependent launch (sm_90+)
     slot_order: bool  # fused plan: requests with the most KV first (sorted on the device)
+    nested_loop: bool  # fused plan: an inner loop per split, its fold after it (else one loop)
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
@@ -503,7 +512,7 @@ def plan_attention(
     sm_major = _sm_major(q.device)
     cfg = batch_tuning(q.dtype, D, G, T, B, sm_major)
     # An explicit block_m takes its warps and stages from tile_config, not from the per-batch
-    # choice (which pairs 256 rows with 8 warps: 128 rows on 8 warps ran 31% slower there).
+    # choice (which pairs 128 rows with 8 warps and 3 stages).
     launch = cfg if tuning.block_m is None else tile_config(q.dtype, D)
     block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
     block_n = tuning.block_n or cfg.block_n
@@ -538,6 +547,7 @@ def plan_attention(
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
             decode=not prefill_like(T, G, B))
     num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
+    num_warps = tuning.num_warps or launch.num_warps
     v_blocks, step = 1, 1
     if plan == "split":
         # Split programs that do work: every query block times the longest row's splits, or
@@ -552,24 +562,31 @@ def plan_attention(
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
         v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major,
                                                        several_splits=row_splits > 1)
-        step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major)
+        step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major,
+                                                       block_m, num_warps)
     # Only where the hardware has griddepcontrol (sm_90+) and Triton exposes it (3.4+), and only
     # when there is a merge.
     has_pdl = HAS_GDC and sm_major is not None and sm_major >= 9
     dependent = (plan == "split" and num_splits > 1 and has_pdl
                  and (tuning.dependent_merge is None or tuning.dependent_merge))
+    nested = False
+    if plan == "fused":
+        nested, rule_step = fused_loop(q.dtype, D, block_m, num_warps, sm_major)
+        nested = nested if tuning.nested_loop is None else tuning.nested_loop
+        # The flat loop walks one tile per step.
+        step = (tuning.tiles_per_step or rule_step) if nested else 1
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
-        num_warps=tuning.num_warps or launch.num_warps,
+        num_warps=num_warps,
         num_stages=tuning.num_stages or launch.num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
-        dependent_merge=dependent, slot_order=ordered,
+        dependent_merge=dependent, slot_order=ordered, nested_loop=nested,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -587,10 +604,12 @@ def _k_rows(lp: LaunchPlan, dtype: torch.dtype) -> bool:
     an H100 in one session (reports/h100-round5/final/probe-k-rows.jsonl): rows in the split
     kernel (decode-b1-ctx1k 33.3 -> 32.4 us; prefill-varlen and mixed64 5% faster when forced
     there) and in the fused kernel's tiles of up to 64 rows (decode-b8-ctx32k 1209 -> 1119 us);
-    columns in the fused kernel's 128-row tiles (prefill-varlen 9003 -> 9639 us and mixed64 +7%
-    with rows), its 256-row tiles (timed with columns only: reports/h100-round6/README.md) and
-    for float32 (FMA dots)."""
-    return dtype != torch.float32 and (lp.plan == "split" or lp.block_m <= 64)
+    columns in the fused kernel's 128-row tiles on 4 warps (prefill-varlen 9003 -> 9639 us and
+    mixed64 +7% with rows), its 256-row tiles (round 11: 1.6% faster with rows, still slower
+    than the nested loop) and for float32 (FMA dots). The fused kernel's nested loop takes rows
+    (round 11, 128 rows on 8 warps: mixed64 2221 -> 2116 us, prefill-varlen 8788 -> 8245 us;
+    reports/h100-round11/README.md)."""
+    return dtype != torch.float32 and (lp.plan == "split" or lp.block_m <= 64 or lp.nested_loop)
 
 
 def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
@@ -638,7 +657,7 @@ def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                                            num_warps=_RANK_NUM_WARPS)
     _unified_attention_fused_kernel[(lp.num_slots, Hkv)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, order, out, lse,
-        IS_SLOT_ORDER=lp.slot_order,
+        IS_SLOT_ORDER=lp.slot_order, IS_NESTED=lp.nested_loop, TILES_PER_STEP=lp.tiles_per_step,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
 
 

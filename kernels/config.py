@@ -22,6 +22,7 @@ __all__ = [
     "TileConfig",
     "batch_tuning",
     "control_num_splits",
+    "fused_loop",
     "slot_order",
     "tile_config",
     "tiles_per_step",
@@ -79,28 +80,27 @@ def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
 
 
 #: Tile rows a request fills on average (``num_tokens * group_size / batch_size``) from which a
-#: batch counts as prefill-like: it gets 128-row tiles (256 for long prompts) and the fused plan;
-#: below it is decode-like.
+#: batch counts as prefill-like: it gets 128-row tiles on 8 warps (:func:`batch_tuning`) and,
+#: without host statistics, the fused plan; below it is decode-like.
 PREFILL_ROWS_PER_REQUEST = 128
 
 
 def prefill_like(num_tokens: int, group_size: int, batch_size: int) -> bool:
     """Whether the batch's requests fill a 128-row tile on average (prefill and mixed batches:
-    128-row tiles, or 256 for long prompts); from shapes alone (no sync)."""
+    128-row tiles on 8 warps); from shapes alone (no sync)."""
     return num_tokens * group_size >= PREFILL_ROWS_PER_REQUEST * max(batch_size, 1)
 
 
 #: Query tokens per request on average from which a prefill-like batch counts as long prompts:
-#: it gets 256-row tiles on 8 warps (two warpgroups of 128 rows). On an H100 (round 6) that took a
-#: varlen prefill (8 prompts, 4608 tokens on average) from 8730 to 8480 us at bfloat16 and from
-#: 8886 to 8529 us at float16, and made a mixed batch (148 tokens per request on average, half
-#: of them decodes) 13% slower: its decode rows would sit in 256-row tiles.
+#: the fused plan keeps its plain slot order there (:func:`slot_order`). Rounds 6-10 also gave
+#: such batches 256-row tiles on 8 warps; round 11's tile (:func:`batch_tuning`) serves every
+#: prefill-like batch.
 LONG_PROMPT_TOKENS = 1024
 
 
 def long_prompts(num_tokens: int, batch_size: int) -> bool:
     """Whether the batch averages at least :data:`LONG_PROMPT_TOKENS` query tokens per request
-    (256-row tiles; the fused plan keeps its plain slot order); from shapes alone (no sync)."""
+    (the fused plan keeps its plain slot order); from shapes alone (no sync)."""
     return num_tokens >= LONG_PROMPT_TOKENS * max(batch_size, 1)
 
 
@@ -120,31 +120,52 @@ def _small_split_grid(num_programs: int, num_sms: int) -> bool:
 
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
                  batch_size: int, sm_major: int | None = None) -> TileConfig:
-    """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 for
-    half precision at head dim 128 on Hopper (``sm_major == 9``, where both compile to
-    ``wgmma``) when the batch's requests fill 128-row tiles on average (``num_tokens *
-    group_size >= 128 * batch_size``, :func:`prefill_like`; decode keeps 64). Elsewhere
-    (other GPUs, where 64 and 128 both take ``mma.sync``, the family whose row counts changed
-    bits on the H100; the interpreter: ``None``) it is :func:`tile_config` itself.
+    """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 on 8
+    warps (two warpgroups of 64 rows) and 3 pipeline stages for half precision at head dim 128
+    on Hopper (``sm_major == 9``, where every one of these compiles to ``wgmma``) when the
+    batch's requests fill 128-row tiles on average (``num_tokens * group_size >= 128 *
+    batch_size``, :func:`prefill_like`; decode keeps 64 rows on 4 warps). Elsewhere (other
+    GPUs, where 64 and 128 both take ``mma.sync``, the family whose row counts changed bits on
+    the H100; the interpreter: ``None``) it is :func:`tile_config` itself.
 
-    Shapes only (no device read, so CUDA graphs can capture it). BLOCK_M 128 vs 64 (and 4 vs 8
-    warps, 2-4 stages) changed no bit of out or LSE in any of 11 workloads x both plans on an
-    H100 at bfloat16 and 3 at float16, all on the same wgmma instruction family; BLOCK_M 32
-    (mma.sync) did change bits there, and for float32 (FMA dots) BLOCK_M 64 vs 32 did too, so
-    float32 keeps its fixed BLOCK_M (reports/h100-round3/README.md). Worth 21% on a varlen
-    prefill and 5% on a mixed batch.
+    Shapes only (no device read, so CUDA graphs can capture it). BLOCK_M 64/128/256, 4 vs 8
+    warps and 2-4 stages changed no bit of out or LSE on an H100 (rounds 3, 6 and 11: every row
+    on an m64 ``wgmma``); BLOCK_M 32 (``mma.sync``) did, and for float32 (FMA dots) BLOCK_M 64
+    vs 32 did too, so float32 keeps its fixed BLOCK_M (reports/h100-round3/README.md).
 
-    Long prompts (at least :data:`LONG_PROMPT_TOKENS` query tokens per request on average) take
-    BLOCK_M 256 on 8 warps and 3 stages instead: every row still on an m64 ``wgmma``, bit for
-    bit the same as 64 and 128 on an H100 (0 of 2 x 3 workloads differing, and the tuning fuzz
-    of the full check; reports/h100-round6/README.md), 3-4% faster on a varlen prefill."""
+    The tile is paired with the fused plan's nested loop and two tiles per step
+    (:func:`fused_loop`) and K loaded as rows: on an H100 (round 11,
+    reports/h100-round11/README.md) that took a mixed batch 8% and a varlen prefill 2% below
+    rounds 6-10's tiles (128 rows on 4 warps for mixed batches, 256 rows on 8 warps for long
+    prompts), both of which spill registers; 128 rows on 8 warps in the flat loop ran 24-37%
+    slower."""
     cfg = tile_config(dtype, head_dim)
     if (_measured_neutral(dtype, head_dim, sm_major)
             and prefill_like(num_tokens, group_size, batch_size)):
-        if long_prompts(num_tokens, batch_size):
-            return replace(cfg, block_m=256, num_warps=8, num_stages=3)
-        return replace(cfg, block_m=128)
+        return replace(cfg, block_m=128, num_warps=8, num_stages=3)
     return cfg
+
+
+def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
+               sm_major: int | None = None) -> tuple[bool, int]:
+    """(nested, tiles per step) of the fused kernel's loop for a launch of ``block_m`` rows on
+    ``num_warps`` warps.
+
+    Nested: each split is walked in its own inner loop (the split kernel's loop, with one or
+    two fully visible tiles per step) and folded after it, instead of one flat loop over every
+    tile with the fold at each split boundary. The same operations in the same order per row
+    (bit-neutral by construction; 0 of 137 comparisons differing on an H100, round 11); only
+    register allocation and the schedule change. Taken for 128 rows on 8 warps, with two tiles
+    per step, half precision at head dim 128 on Hopper: there (round 11, bf16) the flat loop ran
+    24-37% above the default tiles of rounds 6-10, the nested loop 14-21%, with two tiles per
+    step 1-8%, and with 3 stages and K rows 2-9% below them. Other shapes keep the flat loop:
+    nested, 128 rows on 4 warps ran 2.3-2.7x slower (they spill; where was not profiled), 256
+    rows on 8 warps
+    ran 2-30% slower (3 stages), and 64-row decode tiles gained 0.5-2% with one tile per step
+    and lost 14-18% with two."""
+    if _measured_neutral(dtype, head_dim, sm_major) and block_m == 128 and num_warps == 8:
+        return True, 2
+    return False, 1
 
 
 def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
@@ -178,7 +199,7 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
-                   sm_major: int | None = None) -> int:
+                   sm_major: int | None = None, block_m: int = 64, num_warps: int = 4) -> int:
     """Fully visible KV tiles a split-plan program walks per loop step: 1 or 2.
 
     With 2, the program loads two tiles and computes both tiles' scores, maxima and
@@ -190,10 +211,19 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
     is the time (the same grids as :func:`value_blocks`: ``num_programs * 2 <= num_sms``): on
     the H100 decode at batch 1 with 1k tokens went from 29.5 to 24.3 us and batch 8 with 1k
     from 39.3 to 35.0 us (batch 1 with 8k: 42.8 to 43.1), while larger grids got 17-19% slower
-    (decode at batch 8 with 8k and 32k, batch 1 with 32k, decode-prod64). Shapes only (no
-    sync)."""
+    (decode at batch 8 with 8k and 32k, batch 1 with 32k, decode-prod64).
+
+    Also taken, on any grid, by the prefill tile (``block_m`` 128 on ``num_warps`` 8, from
+    :func:`batch_tuning`), as in the fused plan's nested loop (:func:`fused_loop`): on the H100
+    (round 11, bf16, prefill-like batches whose grid is smaller than the GPU, so split) it was
+    6-13% faster than one tile per step on five of six (chunks of 64-512 tokens at 2k-32k) and
+    3% slower on two prompts of 256 tokens (18.6 -> 19.2 us); against round 10's launch (128
+    rows on 4 warps, 2 stages, one tile) 1-31% faster on all six, and 7-9% faster on two large
+    grids forced to the split plan (mixed64, 8 prompts of 4k). Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
+    if block_m == 128 and num_warps == 8:
+        return 2
     return 2 if _small_split_grid(num_programs, num_sms) else 1
 
 
@@ -210,7 +240,9 @@ def slot_order(num_programs: int, num_sms: int, num_tokens: int, group_size: int
     they walk, puts the plain order 10% above this one; benchmarks/slot_order_model.py). On an
     H100 (round 10, reports/h100-round10/README.md) it took mixed64 6% and 32 decodes plus 32
     chunks of 256 tokens 8% lower; of three batches of long prompts (256-row tiles) two were
-    0.3% and 0.9% slower and one 1.4% faster. So: batches that are prefill-like
+    0.3% and 0.9% slower and one 1.4% faster; re-measured on round 11's tile (128 rows on 8
+    warps, nested loop): mixed64 -3.5%, the decode + chunk mix -2.7%, the long prompts +0.7% to
+    +2.5% (reports/h100-round11/README.md). So: batches that are prefill-like
     (:func:`prefill_like`) but not long prompts (:func:`long_prompts`: mixed batches), with
     more than two programs per SM (a smaller grid starts every program at once). Decode batches
     keep the plain order. Shapes only."""

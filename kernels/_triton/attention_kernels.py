@@ -452,9 +452,12 @@ def _unified_attention_fused_kernel(
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IS_SLOT_ORDER: tl.constexpr,  # program i takes slot slot_order[i]
+    IS_NESTED: tl.constexpr,  # an inner loop per split (_attend_split), its fold after it
+    TILES_PER_STEP: tl.constexpr,  # IS_NESTED: fully visible KV tiles per loop step (1 or 2)
 ):
     """Fused plan: one program per (query-block slot, kv head) walks all splits of its block,
-    merging each into a register state as soon as it ends.
+    merging each into a register state as soon as it ends: in one flat loop over the tiles, or
+    (``IS_NESTED``) in an inner loop per split.
 
     Which program takes which slot is scheduling only (a program's work depends on its slot
     alone). ``IS_SLOT_ORDER``: program ``i`` takes slot ``slot_order[i]``, a permutation that
@@ -483,34 +486,51 @@ def _unified_attention_fused_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # One flat loop over the tiles (long loops pipeline well); at every split boundary the split's
-    # raw state is folded and reset: the same operations, in the same order, as _attend_split +
-    # state_fold in the split plan's merge.
-    j_end = max_pos // BLOCK_N + 1
-    # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
-    j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
-    for j in range(0, j_mid):
-        m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-        if (j + 1) % split_tiles == 0:
+    if IS_NESTED:
+        # An inner loop per split (the split kernel's: fully visible tiles TILES_PER_STEP at a
+        # time, then the masked ones), its fold after it: per row the same operations in the same
+        # order as the flat loop below; only register allocation and the schedule change
+        # (kernels/README.md, "The fused plan's nested loop").
+        j_end = max_pos // BLOCK_N + 1
+        # NOTE: ceil(j_end / split_tiles) without j_end + split_tiles - 1, which wraps in int32
+        # for a split_size near 2**31 tiles (then no split would be walked).
+        n_splits = tl.where(j_end > 0, (j_end - 1) // split_tiles + 1, 0)
+        for i_split in range(0, n_splits):
+            m_i, l_i, acc = _attend_split(
+                b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr,
+                p_bt, num_pages, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                stride_vh, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, 0, HEAD_DIM, TILES_PER_STEP)
+            f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, m_i, l_i, acc)
+    else:
+        # One flat loop over the tiles (long loops pipeline well); at every split boundary the
+        # split's raw state is folded and reset: the same operations, in the same order, as
+        # _attend_split + state_fold in the split plan's merge.
+        j_end = max_pos // BLOCK_N + 1
+        # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
+        j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
+        for j in range(0, j_mid):
+            m_i, l_i, acc = _attend_tile(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            if (j + 1) % split_tiles == 0:
+                f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                              BLOCK_M, HEAD_DIM)
+        for j in range(j_mid, j_end):
+            m_i, l_i, acc = _attend_tile(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
+                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+            if (j + 1) % split_tiles == 0:
+                f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
+                                                              BLOCK_M, HEAD_DIM)
+        if j_end % split_tiles != 0:
+            # The last split ends inside the block's range.
             f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                           BLOCK_M, HEAD_DIM)
-    for j in range(j_mid, j_end):
-        m_i, l_i, acc = _attend_tile(
-            b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-        if (j + 1) % split_tiles == 0:
-            f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
-                                                          BLOCK_M, HEAD_DIM)
-    if j_end % split_tiles != 0:
-        # The last split ends inside the block's range.
-        f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
-                                                      BLOCK_M, HEAD_DIM)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 

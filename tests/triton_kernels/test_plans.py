@@ -170,6 +170,65 @@ def test_two_tiles_per_step_give_the_same_bits(dtype: torch.dtype, make_batch, a
         assert_same_bits(two, one, f"2 tiles per step vs 1, split size {size}")
 
 
+def test_the_fused_nested_loop_gives_the_flat_loops_bits(dtype: torch.dtype, make_batch,
+                                                         args_of, assert_same_bits) -> None:
+    """The fused plan with an inner loop per split (one and two fully visible tiles per step)
+    vs its flat loop: prefill and decode rows over 0-7 tiles, splits of 2 and 3 tiles (a fold
+    inside a query block's masked tiles, an odd tile left over, a split ending exactly at the
+    last tile, a last split cut short); 16-row tiles so that the prompt spans several blocks."""
+    block_n = tile_config(dtype, 64).block_n
+    shape = [(1, 7 * block_n + 5), (block_n + 3, 4 * block_n), (6, 3 * block_n + 1), (0, 16),
+             (1, 1)]
+    batch = make_batch(dtype, shape, PageLayout(4, "shuffled", seed=2), seed=1)
+    for size in (2 * block_n, 3 * block_n):
+        flat = unified_attention(*args_of(batch), split_size=size, plan="fused",
+                                 tuning=Tuning(block_m=16, nested_loop=False))
+        for step in (1, 2):
+            nested = unified_attention(*args_of(batch), split_size=size, plan="fused",
+                                       tuning=Tuning(block_m=16, nested_loop=True,
+                                                     tiles_per_step=step))
+            assert_same_bits(nested, flat, f"nested loop ({step} tiles per step) vs flat, "
+                                           f"split size {size}")
+
+
+def test_the_fused_nested_loop_with_a_split_near_two_to_the_31_tiles(
+        dtype: torch.dtype, make_batch, args_of, assert_same_bits) -> None:
+    """A split size of 2**31 - 1 tiles (a valid ``split_size``: one split per row) walks every
+    row's one split in the nested loop too: its split count must not wrap in int32."""
+    block_n = tile_config(dtype, 64).block_n
+    batch = make_batch(dtype, [(2, 3 * block_n), (1, block_n + 1)])
+    size = (2**31 - 1) * block_n
+    flat = unified_attention(*args_of(batch), split_size=size, plan="fused",
+                             tuning=Tuning(nested_loop=False))
+    nested = unified_attention(*args_of(batch), split_size=size, plan="fused",
+                               tuning=Tuning(nested_loop=True))
+    assert_same_bits(nested, flat, "nested loop vs flat, split size (2**31 - 1) tiles")
+    assert bool(torch.isfinite(nested[1]).all()), "every row sees keys: a finite LSE"
+
+
+def test_the_launch_passes_the_plans_fused_loop(dtype: torch.dtype, make_batch, args_of,
+                                                monkeypatch) -> None:
+    """The fused kernel is launched with the plan's loop (a launcher that dropped it would make
+    the comparison above compare the flat loop with itself); the flat loop takes one tile per
+    step whatever Tuning says."""
+    real = kernels.attention._unified_attention_fused_kernel
+    seen: list[object] = []
+
+    class Spy:
+        def __getitem__(self, grid: tuple[int, ...]):
+            def launch(*args: object, **kwargs: object) -> None:
+                seen.append((kwargs["IS_NESTED"], kwargs["TILES_PER_STEP"]))
+                real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(kernels.attention, "_unified_attention_fused_kernel", Spy())
+    batch = make_batch(dtype, [(1, 40)])
+    for nested, step in ((True, 2), (True, None), (False, 2), (None, None)):
+        unified_attention(*args_of(batch), plan="fused",
+                          tuning=Tuning(nested_loop=nested, tiles_per_step=step))
+    assert seen == [(True, 2), (True, 1), (False, 1), (False, 1)]
+
+
 def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_batch, args_of,
                                                     monkeypatch) -> None:
     """The split kernel is launched with the plan's tiles per step (a launcher that dropped it
@@ -342,10 +401,10 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
     from kernels.config import batch_tuning
 
     for dt in (torch.float16, torch.bfloat16):
-        assert batch_tuning(dt, 128, 4, 8 * 32, 8, 9).block_m == 128  # 32 tokens x 4 heads each
-        assert batch_tuning(dt, 128, 4, 8 * 1023, 8, 9).block_m == 128  # below long prompts
-        tall = batch_tuning(dt, 128, 4, 8 * 1024, 8, 9)  # long prompts: two 128-row warpgroups
-        assert (tall.block_m, tall.num_warps, tall.num_stages) == (256, 8, 3)
+        # 32 tokens x 4 heads each, below and at long prompts: two 64-row warpgroups, 3 stages
+        for tokens in (32, 1023, 1024, 4096):
+            cfg = batch_tuning(dt, 128, 4, 8 * tokens, 8, 9)
+            assert (cfg.block_m, cfg.num_warps, cfg.num_stages) == (128, 8, 3), tokens
         assert batch_tuning(dt, 128, 4, 8, 8, 9).block_m == tile_config(dt, 128).block_m  # decode
         assert batch_tuning(dt, 64, 4, 4096, 8, 9) == tile_config(dt, 64)  # not measured
         batch_tuning(dt, 128, 4, 0, 0, 9)  # an empty batch: no error
@@ -358,10 +417,11 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
         assert batch_tuning(dt, 128, 4, 4096, 1, 9).block_n == tile_config(dt, 128).block_n
 
 
-def test_long_prompts_get_tall_tiles_and_overrides_keep_their_own_warps(monkeypatch,
-                                                                        device) -> None:
-    # As on an H100 (sm 9): a 2048-token prompt gets 256 rows on 8 warps and 3 stages; a
-    # Tuning that names only block_m takes warps and stages from tile_config, not from that.
+def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeypatch,
+                                                                         device) -> None:
+    # As on an H100 (sm 9): a 2048-token prompt gets 128 rows on 8 warps and 3 stages, the fused
+    # plan's nested loop with two tiles per step; a Tuning that names only block_m takes warps
+    # and stages from tile_config, not from that, and with them the flat loop.
     import kernels.attention as attention
 
     monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
@@ -370,13 +430,58 @@ def test_long_prompts_get_tall_tiles_and_overrides_keep_their_own_warps(monkeypa
         torch.zeros(2048, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
         torch.zeros(130, 16, 2, 128, dtype=bf16), torch.tensor([0, 2048], dtype=i32),
         torch.tensor([2048], dtype=i32), torch.arange(128, dtype=i32)[None]))
-    lp = plan_attention(*args, validate=False)
-    assert (lp.block_m, lp.num_warps, lp.num_stages) == (256, 8, 3)
+    lp = plan_attention(*args, validate=False, plan="split")
+    assert (lp.block_m, lp.num_warps, lp.num_stages, lp.tiles_per_step) == (128, 8, 3, 2)
+    lp = plan_attention(*args, validate=False, plan="split", tuning=Tuning(num_warps=4))
+    assert (lp.block_m, lp.num_warps, lp.tiles_per_step) == (128, 4, 1)
+    lp = plan_attention(*args, validate=False, plan="fused")
+    assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 3)
+    assert (lp.nested_loop, lp.tiles_per_step) == (True, 2)
+    assert kernels.attention._k_rows(lp, bf16)
     cfg = tile_config(bf16, 128)
-    lp = plan_attention(*args, validate=False, tuning=Tuning(block_m=128))
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(block_m=128))
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, cfg.num_warps, cfg.num_stages)
-    lp = plan_attention(*args, validate=False, tuning=Tuning(num_stages=2))
-    assert (lp.block_m, lp.num_warps, lp.num_stages) == (256, 8, 2)
+    assert (lp.nested_loop, lp.tiles_per_step) == (False, 1)
+    assert not kernels.attention._k_rows(lp, bf16)
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(num_stages=2))
+    assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 2)
+    assert (lp.nested_loop, lp.tiles_per_step) == (True, 2)
+    lp = plan_attention(*args, validate=False, plan="fused",
+                        tuning=Tuning(nested_loop=False, tiles_per_step=2))
+    assert (lp.nested_loop, lp.tiles_per_step) == (False, 1)
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(tiles_per_step=1))
+    assert (lp.nested_loop, lp.tiles_per_step) == (True, 1)
+
+
+def test_the_prefill_tile_takes_two_tiles_per_step_in_the_split_plan_too() -> None:
+    """128 rows on 8 warps walk two fully visible tiles per step on any grid (round 11 on an
+    H100); other tiles only on small grids; nothing off Hopper or outside half precision at
+    head dim 128."""
+    from kernels.config import tiles_per_step
+
+    for dt in (torch.float16, torch.bfloat16):
+        assert tiles_per_step(dt, 128, 1000, 132, 9, 128, 8) == 2
+        assert tiles_per_step(dt, 128, 1000, 132, 9, 128, 4) == 1
+        assert tiles_per_step(dt, 128, 1000, 132, 9) == 1
+        assert tiles_per_step(dt, 128, 66, 132, 9) == 2
+        assert tiles_per_step(dt, 128, 1000, 132, None, 128, 8) == 1
+        assert tiles_per_step(dt, 64, 1000, 132, 9, 128, 8) == 1
+    assert tiles_per_step(torch.float32, 128, 1000, 132, 9, 128, 8) == 1
+
+
+def test_fused_loop_rule() -> None:
+    """The nested loop with two tiles per step for 128 rows on 8 warps, half precision at head
+    dim 128 on Hopper only (round 11 on an H100); the flat loop elsewhere."""
+    from kernels.config import fused_loop
+
+    for dt in (torch.float16, torch.bfloat16):
+        assert fused_loop(dt, 128, 128, 8, 9) == (True, 2)
+        for bm, w in ((128, 4), (256, 8), (64, 4), (64, 8)):
+            assert fused_loop(dt, 128, bm, w, 9) == (False, 1), (bm, w)
+        for sm in (8, 10, None):
+            assert fused_loop(dt, 128, 128, 8, sm) == (False, 1)
+        assert fused_loop(dt, 64, 128, 8, 9) == (False, 1)
+    assert fused_loop(torch.float32, 128, 128, 8, 9) == (False, 1)
 
 
 def test_auto_plan_without_statistics_splits_decode_batches() -> None:

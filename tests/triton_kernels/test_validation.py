@@ -182,7 +182,7 @@ def test_bad_option(args: Args, name: str, value: Any) -> None:
                                               ("block_n", True), ("num_warps", 4.0),
                                               ("value_blocks", 3), ("value_blocks", 16),
                                               ("dependent_merge", 1), ("dependent_merge", "yes"),
-                                              ("slot_order", 0),
+                                              ("slot_order", 0), ("nested_loop", "yes"),
                                               ("tiles_per_step", 4), ("tiles_per_step", 0),
                                               ("tiles_per_step", True)])
 def test_bad_tuning(field: str, value: Any) -> None:
