@@ -605,7 +605,7 @@ def _k_rows(lp: LaunchPlan, dtype: torch.dtype) -> bool:
     kernel (decode-b1-ctx1k 33.3 -> 32.4 us; prefill-varlen and mixed64 5% faster when forced
     there) and in the fused kernel's tiles of up to 64 rows (decode-b8-ctx32k 1209 -> 1119 us);
     columns in the fused kernel's 128-row tiles on 4 warps (prefill-varlen 9003 -> 9639 us and
-    mixed64 +7% with rows), its 256-row tiles (round 11: 1.6% faster with rows, still slower
+    mixed64 +7% with rows), its 256-row tiles (round 11: 1.0-1.6% faster with rows, still slower
     than the nested loop) and for float32 (FMA dots). The fused kernel's nested loop takes rows
     (round 11, 128 rows on 8 warps: mixed64 2221 -> 2116 us, prefill-varlen 8788 -> 8245 us;
     reports/h100-round11/README.md)."""

@@ -138,7 +138,7 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     reports/h100-round11/README.md) that took a mixed batch 8% and a varlen prefill 2% below
     rounds 6-10's tiles (128 rows on 4 warps for mixed batches, 256 rows on 8 warps for long
     prompts), both of which spill registers; 128 rows on 8 warps in the flat loop ran 24-37%
-    slower."""
+    slower (2 or 3 stages)."""
     cfg = tile_config(dtype, head_dim)
     if (_measured_neutral(dtype, head_dim, sm_major)
             and prefill_like(num_tokens, group_size, batch_size)):
@@ -156,13 +156,12 @@ def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
     tile with the fold at each split boundary. The same operations in the same order per row
     (bit-neutral by construction; 0 of 137 comparisons differing on an H100, round 11); only
     register allocation and the schedule change. Taken for 128 rows on 8 warps, with two tiles
-    per step, half precision at head dim 128 on Hopper: there (round 11, bf16) the flat loop ran
-    24-37% above the default tiles of rounds 6-10, the nested loop 14-21%, with two tiles per
-    step 1-8%, and with 3 stages and K rows 2-9% below them. Other shapes keep the flat loop:
-    nested, 128 rows on 4 warps ran 2.3-2.7x slower (they spill; where was not profiled), 256
-    rows on 8 warps
-    ran 2-30% slower (3 stages), and 64-row decode tiles gained 0.5-2% with one tile per step
-    and lost 14-18% with two."""
+    per step, half precision at head dim 128 on Hopper: there (round 11, bf16, at 2 stages) the
+    flat loop ran 27-36% above the default tiles of rounds 6-10, the nested loop 14-21%, with
+    two tiles per step 1-8%; with 3 stages and K rows 2-9% below them. Other shapes keep the
+    flat loop: nested, 128 rows on 4 warps ran 2.3-2.7x slower (they spill; where was not
+    profiled), 256 rows on 8 warps 2-30% slower (3 stages), and 64-row decode tiles gained
+    0.5-2% with one tile per step and lost 15-18% with two."""
     if _measured_neutral(dtype, head_dim, sm_major) and block_m == 128 and num_warps == 8:
         return True, 2
     return False, 1
