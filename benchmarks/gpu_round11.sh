@@ -10,6 +10,8 @@
 #   fuzzsan: the tuning fuzz (fp16, bf16; it draws the fused loop too), then compute-sanitizer
 #          memcheck at bf16 (gpu_sanitize.py: the nested loop on valid and malformed inputs)
 #          and initcheck on valid inputs
+#   final: probe_round11.py split on two large grids, then the full check and the control
+#   finalsan: compute-sanitizer memcheck and initcheck, then the kernel tests
 #   bench: the kernel tests of check again (call 9 cut them at 100 s, 24 run and passed), then
 #          invariance bench kernels + kernels-heuristic + FlashInfer's variants (side by side)
 # Calls 1 and 2 before these were benchmarks/probe_round11.py OUT loops and OUT tune; calls 3-5
@@ -18,9 +20,10 @@
 # benchmarks/probe_round10.py OUT order (the slot order re-measured), calls 7 and 8
 # probe_round11.py OUT small and OUT split; calls 9-11 check, fuzzsan and bench on the final
 # rules (two tiles per step for the prefill tile in the split plan too; call 9's test step was
-# cut at its 100 s limit, so call 11 runs the tests first).
+# cut at its 100 s limit, so call 11 runs the tests first); calls 12 and 13 final and finalsan,
+# after the review mend of the nested loop's split count.
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round11.sh check|fuzzsan|bench|final}
+STEP=${1:?usage: sh benchmarks/gpu_round11.sh check|fuzzsan|bench|final|finalsan}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -54,6 +57,18 @@ step_final() {
   timeout 200 python3 benchmarks/probe_round11.py $C split mixed64 prefill:4kx8 > $C/split.txt 2>&1
   echo "split rc=$?"; cat $C/split.jsonl
   full_check_and_control
+}
+
+# Call 13: compute-sanitizer (memcheck, initcheck) and the kernel tests on the final kernel
+# (the split-near-2**31 test added to the selection).
+step_finalsan() {
+  C=$OUT/finalsan; mkdir -p $C
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
+  echo "memcheck rc=$?"; tail -3 $C/memcheck-bf16.txt
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
+  echo "initcheck rc=$?"; tail -3 $C/initcheck-bf16.txt
+  PYTHONPATH=$PWD:$PWD/gpu_site timeout 230 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE tests/triton_kernels/test_plans.py -k "nested_loop or fused_loop or prefills_get or batch_tuning or fused_equals_split or prefill_tile_takes or tiles_per_step or near_two" > $C/tests.txt 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|^[.sFE]+ " $C/tests.txt | tail -5
 }
 
 step_bench() {
