@@ -146,6 +146,12 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     return cfg
 
 
+def _prefill_tile(block_m: int, num_warps: int) -> bool:
+    """Round 11's prefill tile (:func:`batch_tuning`): 128 rows on 8 warps, which walks two
+    fully visible tiles per step in either plan (:func:`fused_loop`, :func:`tiles_per_step`)."""
+    return block_m == 128 and num_warps == 8
+
+
 def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
                sm_major: int | None = None) -> tuple[bool, int]:
     """(nested, tiles per step) of the fused kernel's loop for a launch of ``block_m`` rows on
@@ -162,7 +168,7 @@ def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
     flat loop: nested, 128 rows on 4 warps ran 2.3-2.7x slower (they spill; where was not
     profiled), 256 rows on 8 warps 2-30% slower (3 stages), and 64-row decode tiles gained
     0.5-2% with one tile per step and lost 15-18% with two."""
-    if _measured_neutral(dtype, head_dim, sm_major) and block_m == 128 and num_warps == 8:
+    if _measured_neutral(dtype, head_dim, sm_major) and _prefill_tile(block_m, num_warps):
         return True, 2
     return False, 1
 
@@ -221,9 +227,8 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
     grids forced to the split plan (mixed64, 8 prompts of 4k). Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
-    if block_m == 128 and num_warps == 8:
-        return 2
-    return 2 if _small_split_grid(num_programs, num_sms) else 1
+    return 2 if (_prefill_tile(block_m, num_warps)
+                 or _small_split_grid(num_programs, num_sms)) else 1
 
 
 def slot_order(num_programs: int, num_sms: int, num_tokens: int, group_size: int,
