@@ -573,8 +573,10 @@ def plan_attention(
     if plan == "fused":
         nested, rule_step = fused_loop(q.dtype, D, block_m, num_warps, sm_major)
         nested = nested if tuning.nested_loop is None else tuning.nested_loop
-        # The flat loop walks one tile per step.
-        step = (tuning.tiles_per_step or rule_step) if nested else 1
+        step = tuning.tiles_per_step or rule_step
+        if not nested and (split_tokens // block_n) % 2:
+            # The flat loop folds after a pair only when pairs never straddle a split boundary.
+            step = 1
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)

@@ -12,6 +12,7 @@ import kernels.attention
 import kernels.config
 from invariance import HeadConfig, PageLayout
 from kernels import Tuning, plan_attention, tile_config, unified_attention
+from kernels.config import DEFAULT_SPLIT_SIZE
 
 # (seed, split size in units of BLOCK_N, page size). Seeds pick random mixed batches (decode rows
 # and prefill chunks, KV lengths up to 128, so a row spans up to 4 splits of one tile); the tile
@@ -180,15 +181,20 @@ def test_the_fused_nested_loop_gives_the_flat_loops_bits(dtype: torch.dtype, mak
     shape = [(1, 7 * block_n + 5), (block_n + 3, 4 * block_n), (6, 3 * block_n + 1), (0, 16),
              (1, 1)]
     batch = make_batch(dtype, shape, PageLayout(4, "shuffled", seed=2), seed=1)
-    for size in (2 * block_n, 3 * block_n):
+    for size in (2 * block_n, 3 * block_n, 4 * block_n):
         flat = unified_attention(*args_of(batch), split_size=size, plan="fused",
-                                 tuning=Tuning(block_m=16, nested_loop=False))
+                                 tuning=Tuning(block_m=16, nested_loop=False, tiles_per_step=1))
         for step in (1, 2):
             nested = unified_attention(*args_of(batch), split_size=size, plan="fused",
                                        tuning=Tuning(block_m=16, nested_loop=True,
                                                      tiles_per_step=step))
             assert_same_bits(nested, flat, f"nested loop ({step} tiles per step) vs flat, "
                                            f"split size {size}")
+        # The flat loop's pairs (even splits: a fold after a pair that ends a split; odd ones
+        # fall back to one tile per step).
+        pairs = unified_attention(*args_of(batch), split_size=size, plan="fused",
+                                  tuning=Tuning(block_m=16, nested_loop=False, tiles_per_step=2))
+        assert_same_bits(pairs, flat, f"flat loop, 2 tiles per step vs 1, split size {size}")
 
 
 def test_the_fused_nested_loop_with_a_split_near_two_to_the_31_tiles(
@@ -208,9 +214,9 @@ def test_the_fused_nested_loop_with_a_split_near_two_to_the_31_tiles(
 
 def test_the_launch_passes_the_plans_fused_loop(dtype: torch.dtype, make_batch, args_of,
                                                 monkeypatch) -> None:
-    """The fused kernel is launched with the plan's loop (a launcher that dropped it would make
-    the comparison above compare the flat loop with itself); the flat loop takes one tile per
-    step whatever Tuning says."""
+    """The fused kernel is launched with the plan's loop and tiles per step (a launcher that
+    dropped them would make the comparison above compare the flat loop with itself); the flat
+    loop takes two tiles per step only when splits have an even number of tiles."""
     real = kernels.attention._unified_attention_fused_kernel
     seen: list[object] = []
 
@@ -223,10 +229,12 @@ def test_the_launch_passes_the_plans_fused_loop(dtype: torch.dtype, make_batch, 
 
     monkeypatch.setattr(kernels.attention, "_unified_attention_fused_kernel", Spy())
     batch = make_batch(dtype, [(1, 40)])
-    for nested, step in ((True, 2), (True, None), (False, 2), (None, None)):
-        unified_attention(*args_of(batch), plan="fused",
+    block_n = tile_config(dtype, 64).block_n
+    for nested, step, size in ((True, 2, None), (True, None, None), (False, 2, None),
+                               (None, None, None), (False, 2, 3 * block_n)):
+        unified_attention(*args_of(batch), plan="fused", split_size=size or DEFAULT_SPLIT_SIZE,
                           tuning=Tuning(nested_loop=nested, tiles_per_step=step))
-    assert seen == [(True, 2), (True, 1), (False, 1), (False, 1)]
+    assert seen == [(True, 2), (True, 1), (False, 2), (False, 1), (False, 1)]
 
 
 def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_batch, args_of,
@@ -447,6 +455,9 @@ def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeyp
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 2)
     assert (lp.nested_loop, lp.tiles_per_step) == (True, 2)
     lp = plan_attention(*args, validate=False, plan="fused",
+                        tuning=Tuning(nested_loop=False, tiles_per_step=2))
+    assert (lp.nested_loop, lp.tiles_per_step) == (False, 2)
+    lp = plan_attention(*args, validate=False, plan="fused", split_size=3 * 64,
                         tuning=Tuning(nested_loop=False, tiles_per_step=2))
     assert (lp.nested_loop, lp.tiles_per_step) == (False, 1)
     lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(tiles_per_step=1))
