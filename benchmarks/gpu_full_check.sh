@@ -1,6 +1,6 @@
-# Sourced by the per-round GPU scripts (gpu_round10.sh, gpu_round11.sh): with $INV the invariance
-# command and $C the output folder, full_check_and_control runs the full default check of the
-# kernels at three dtypes, then the batch-dependent control at bf16 (it must fail).
+# Sourced by the per-round GPU scripts (gpu_round10.sh, gpu_round11.sh, gpu_round12.sh): with
+# $INV the invariance command and $C the output folder, full_check_and_control runs the full
+# default check of the kernels at three dtypes, then the batch-dependent control at bf16 (it must fail).
 full_check_and_control() {
   s=$(date +%s)
   timeout 260 $INV check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1

@@ -4,7 +4,7 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
         [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
-        [--fused-loop nested|flat] [--ptx-hash]
+        [--fused-loop nested|flat] [--ptx-hash] [--dot-waits]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -18,6 +18,10 @@ what that version makes.
 ``--ptx-hash`` prints a hash of each kernel's PTX (debug lines left out) instead of the ptxas
 statistics: run at two commits, equal hashes show that a refactor compiles to the same code
 (reports/h100-round9/cpu/).
+
+``--dot-waits`` also prints, per kernel, its ``wgmma`` dots, the waits Triton inserts after them
+and its exponentials in loop order (reports/h100-round12/cpu/dot-waits.md): which exponentials
+run while a dot is in flight.
 
 A compile statistic, not a time: it says which settings spill, not which are faster. The
 kernels are compiled with the same constexprs and alignment specialisation as a real launch
@@ -119,6 +123,39 @@ def _ptx_hash(ptx: str) -> str:
     return hashlib.sha256("\n".join(keep).encode()).hexdigest()[:12]
 
 
+_DOT_WAIT_OPS = re.compile(
+    r"(scf\.for |scf\.if |scf\.while |\} else \{|scf\.yield"
+    r"|ttng\.warp_group_dot_wait [^{]*\{pendings = (\d+)"
+    r"|ttng\.warp_group_dot .*-> tensor<(\d+x\d+)xf32|math\.exp2 .*: tensor<(\d+x\d+)xf32)")
+
+
+def _dot_waits(ttgir: str) -> str:
+    """The order of the tensor-core dots (``dot MxN``), their waits (``wait N``: until at most N
+    dots are in flight), the 2-D exponentials (``exp2 MxN``) and the loops (``for[`` ... ``]``)
+    in a kernel's TTGIR: which exponentials run while a dot is in flight."""
+    out: list[str] = []
+    regions: list[str] = []  # the open scf regions; each ends at its scf.yield
+    for m in _DOT_WAIT_OPS.finditer(ttgir):
+        op = m.group(1)
+        if op.startswith(("scf.for", "scf.if", "scf.while", "} else")):
+            regions.append(op[4:7] if op.startswith("scf") else "if ")
+            if op.startswith("scf.for"):
+                out.append("for[")
+        elif op.startswith("scf.yield"):
+            if regions and regions.pop() == "for":
+                if out[-1] == "for[":
+                    out.pop()  # a loop with no dot or exponential
+                else:
+                    out.append("]")
+        elif m.group(2) is not None:
+            out.append(f"wait{m.group(2)}")
+        elif m.group(3) is not None:
+            out.append(f"dot{m.group(3)}")
+        else:
+            out.append(f"exp2:{m.group(4)}")
+    return " ".join(out)
+
+
 def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], Any]:
     """The workload's tensors at their real shapes, except the caches (two pages: only their
     strides reach the compiler), and its host lengths."""
@@ -172,6 +209,7 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
                          tiles_per_step=getattr(lp, "tiles_per_step", 1),  # older kernels: 1
                          kernel=kname.strip("_"),
                          shared=k.metadata.shared,
+                         dot_waits=_dot_waits(k.asm["ttgir"]),
                          **(dict(ptx=_ptx_hash(k.asm["ptx"])) if ptx_hash
                             else _ptxas_stats(k.asm["ptx"]))))
     return rows
@@ -193,6 +231,9 @@ def main() -> None:
                    help="print a hash of each kernel's PTX (debug lines left out) instead of "
                         "registers and spills: equal hashes across two commits mean the same "
                         "compiled code")
+    p.add_argument("--dot-waits", action="store_true",
+                   help="also print, per kernel, the order of its tensor-core dots, their waits "
+                        "and its exponentials in the TTGIR (which exponentials overlap a dot)")
     a = p.parse_args()
     # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
     fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
@@ -214,6 +255,8 @@ def main() -> None:
             print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"
                   f"{r['num_warps']}/{r['num_stages']}/{r['value_blocks']}/{r['tiles_per_step']} "
                   f"| {r['kernel']} | {compiled}{r['shared']} |", flush=True)
+            if a.dot_waits:
+                print(f"  {r['kernel']}: {r['dot_waits']}", flush=True)
 
 
 if __name__ == "__main__":

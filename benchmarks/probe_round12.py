@@ -1,28 +1,40 @@
 """Round-12 probe (H100): the fused plan's flat loop with two tiles per step, and 3 stages for
 large-batch decode (reports/h100-round12/README.md).
 
-    python benchmarks/probe_round12.py OUT_DIR flat|decode|split [WORKLOAD ...]
+    python benchmarks/probe_round12.py OUT_DIR flat|decode|split|mmav2 [WORKLOAD ...]
 
-Offline (Triton 3.6, sm_90; reports/h100-round12/cpu/) the nested loop drains its software
-pipeline at the end of every split: the loads of a split's first tiles are issued only after
-the previous split's fold. A flat loop over the row's tiles keeps one pipeline across split
-boundaries (its fold sits under an ``if`` after the pair of tiles that ends a split, which
+Offline (Triton 3.6, sm_90) the nested loop drains its software pipeline at the end of every
+split (``async_wait 0`` after each inner loop): the loads of a split's first tiles are issued
+only after the previous split's fold. A flat loop over the row's tiles keeps one pipeline across
+split boundaries (its fold under an ``if`` after the pair of tiles that ends a split, which
 Triton's pipeliner accepts). Rounds 1-10 walked the flat loop one tile per step; round 11
-measured two tiles per step in the nested loop only. The same operations in the same order
-per row either way (bit-neutral by construction; the CPU tests compare the bits).
+measured two tiles per step in the nested loop only. The same operations in the same order per
+row either way (the CPU test of commit f2f3cb3 compared the bits).
 
-``flat``: prefill-like workloads, the default launch (128 rows on 8 warps, 3 stages, nested,
-two tiles per step, K rows) against the flat loop with two tiles per step (K rows, 3 or 4
-stages; K columns, 3 stages). ``decode``: large-batch decode on the fused plan (64-row tiles,
-flat loop) with 3 and 4 stages against the default 2 (round 11: 3 stages 1.0-2.2% faster).
-Bits of out and LSE against the default at bf16 (every cell) and fp16 (``FP16``), times at
-bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats interleaved cell by cell). Writes
-``flat.jsonl`` / ``decode.jsonl`` after each workload (probe_round11's ``fused``).
+``flat`` ran at commit f2f3cb3, whose launcher took ``Tuning(nested_loop=False,
+tiles_per_step=2)`` (a temporary switch, removed after the call: it was slower); on later
+commits the flat loop walks one tile per step whatever ``tiles_per_step`` says, so ``flat``
+measures that instead. ``flat``: prefill-like workloads, the default launch (128 rows on 8
+warps, 3 stages, nested, two tiles per step, K rows) against the flat loop with two tiles per
+step (K rows, 3 or 4 stages; K columns, 3 stages).
+
+``decode``: large-batch decode on the fused plan (64-row tiles, flat loop) with 3 and 4 stages
+against the default 2 (round 11: 3 stages 1.0-2.2% faster; the rule since, so on later commits
+the default is 3). For both: bits of out and LSE against the default at bf16 (every cell) and
+fp16 (``FP16``), times at bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats
+interleaved cell by cell). Writes ``flat.jsonl`` / ``decode.jsonl`` after each workload
+(probe_round11's ``fused``).
 
 ``split``: decode on the split plan (the ``auto`` pick for batches of 1-8 and decode-prod64)
 with 3 and 4 stages against its default launch (2 stages; value blocks and tiles per step by
 the rules). Bits at bf16 and fp16, times at bf16 (three repeats, interleaved). Writes
 ``split.jsonl``.
+
+``mmav2`` (run with ``DISABLE_MMA_V3=1``, Triton's process-wide switch that compiles every
+``tl.dot`` to ``mma.sync`` instead of ``wgmma`` on Hopper): a lead, not a launch option. The
+fused plan under several tiles against the default tiling, all on ``mma.sync`` (do the tiles
+agree bit for bit there too?), times at bf16 to set against the ``wgmma`` default of ``flat``.
+Writes ``mmav2.jsonl``.
 """
 
 from __future__ import annotations
@@ -47,6 +59,9 @@ FLAT_CELLS: list = [None, (128, 8, 3, False, 2, "krows"), (128, 8, 4, False, 2, 
 DECODE_WORKLOADS = ["decode-b64-ctx1k", "decode-b64-ctx8k", "decode-b64-ctx32k",
                     "decode-b256-ctx8k", "decode-b8-ctx32k"]
 DECODE_CELLS: list = [None, (64, 4, 3, False, 1), (64, 4, 4, False, 1)]
+MMAV2_WORKLOADS = ["prefill-varlen", "mixed64", "decode-b64-ctx8k"]
+MMAV2_CELLS: list = [None, (128, 8, 3, True, 1, "krows"), (128, 8, 2, True, 1, "krows"),
+                     (128, 4, 2, False, 1), (64, 4, 2, False, 1), (64, 4, 3, False, 1, "krows")]
 FP16 = [(128, 8, 3, False, 2, "krows"), (128, 8, 4, False, 2, "krows"), (64, 4, 3, False, 1)]
 
 SPLIT_WORKLOADS = ["decode-b1-ctx32k", "decode-b8-ctx8k", "decode-b8-ctx32k", "decode-prod64",
@@ -86,8 +101,10 @@ if __name__ == "__main__":
         "decode": lambda out, specs: fused(out, specs or DECODE_WORKLOADS,
                                            lambda s: DECODE_CELLS, FP16, "decode.jsonl"),
         "split": split,
+        "mmav2": lambda out, specs: fused(out, specs or MMAV2_WORKLOADS, lambda s: MMAV2_CELLS,
+                                          [], "mmav2.jsonl"),
     }
     if len(sys.argv) < 3 or sys.argv[2] not in modes:
-        sys.exit(f"usage: probe_round12.py OUT_DIR flat|decode|split [WORKLOAD ...]; "
+        sys.exit(f"usage: probe_round12.py OUT_DIR flat|decode|split|mmav2 [WORKLOAD ...]; "
                  f"got {sys.argv[1:]}")
     modes[sys.argv[2]](sys.argv[1], sys.argv[3:])

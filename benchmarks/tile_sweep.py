@@ -33,7 +33,8 @@ from invariance.batch import AttentionBatch, AttentionResult
 HALF_CANDIDATES = [(bm, w, s) for bm in (64, 128) for w in (4, 8) for s in (2, 3, 4)]
 FP32_CANDIDATES = [(bm, w, s) for bm in (32, 64) for w in (4, 8) for s in (2, 3)]
 #: What ``fuzz`` draws from (fewer than the sweep: each setting compiles its own kernels).
-FUZZ_CANDIDATES = [(64, 4, 2), (128, 4, 2), (64, 8, 3), (128, 8, 4), (256, 8, 3), (128, 8, 3)]
+FUZZ_CANDIDATES = [(64, 4, 2), (128, 4, 2), (64, 8, 3), (128, 8, 4), (256, 8, 3), (128, 8, 3),
+                   (64, 4, 3)]
 CONTROL = {"bfloat16": (32, 4, 2), "float16": (32, 4, 2), "float32": (16, 4, 2)}
 WORKLOADS = ["prefill-varlen", "mixed64", "decode-prod64", "decode-b8-ctx8k", "decode-b1-ctx32k",
              "decode-b64-ctx8k"]

@@ -43,6 +43,7 @@ from kernels.config import (
     choose_plan,
     control_num_splits,
     fused_loop,
+    fused_stages,
     prefill_like,
     rows_per_block,
     slot_order,
@@ -570,20 +571,21 @@ def plan_attention(
     dependent = (plan == "split" and num_splits > 1 and has_pdl
                  and (tuning.dependent_merge is None or tuning.dependent_merge))
     nested = False
+    num_stages = launch.num_stages
+    if plan == "fused" and tuning.block_m is None:
+        num_stages = fused_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
     if plan == "fused":
         nested, rule_step = fused_loop(q.dtype, D, block_m, num_warps, sm_major)
         nested = nested if tuning.nested_loop is None else tuning.nested_loop
-        step = tuning.tiles_per_step or rule_step
-        if not nested and (split_tokens // block_n) % 2:
-            # The flat loop folds after a pair only when pairs never straddle a split boundary.
-            step = 1
+        # The flat loop walks one tile per step.
+        step = (tuning.tiles_per_step or rule_step) if nested else 1
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=num_warps,
-        num_stages=tuning.num_stages or launch.num_stages,
+        num_stages=tuning.num_stages or num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,

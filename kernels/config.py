@@ -23,6 +23,7 @@ __all__ = [
     "batch_tuning",
     "control_num_splits",
     "fused_loop",
+    "fused_stages",
     "slot_order",
     "tile_config",
     "tiles_per_step",
@@ -171,6 +172,24 @@ def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
     if _measured_neutral(dtype, head_dim, sm_major) and _prefill_tile(block_m, num_warps):
         return True, 2
     return False, 1
+
+
+def fused_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
+                 num_stages: int, sm_major: int | None = None) -> int:
+    """Pipeline stages of a fused-plan launch of ``block_m`` rows on ``num_warps`` warps whose
+    tile configuration gives ``num_stages``: 3 for the 64-row decode tile on 4 warps (large
+    decode batches, the ``auto`` pick from 64 requests up), half precision at head dim 128 on
+    Hopper; else ``num_stages``.
+
+    Stages schedule loads, not arithmetic. On an H100 (round 12, reports/h100-round12/README.md;
+    bf16, CUDA graphs, L2 flushed) 3 stages instead of 2 changed no bit at fp16 or bf16 and took
+    the fused plan's decode 0.5-2.2% faster at batch 64-256 (1k-32k tokens) and 7.5% at batch 8
+    with 32k (the fused plan forced there); 4 stages gave the same times as 3. The split plan's
+    decode programs stay at 2: 3 stages ran 0.4% faster (decode-prod64) to 8.7% slower (batch 1
+    with 1k tokens) there."""
+    if _measured_neutral(dtype, head_dim, sm_major) and block_m == 64 and num_warps == 4:
+        return max(num_stages, 3)
+    return num_stages
 
 
 def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

@@ -405,6 +405,14 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1:4] == ["split", "64/64/4/2/8/2", "unified_attention_split_kernel"], cells
     assert 32 <= int(cells[4]) <= 255 and int(cells[6]) > 0, cells
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
+                           "--workload", "decode-b1-ctx1k", "--dot-waits"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # The split kernel's loops: each with its score dots and its exponentials.
+    waits = [line for line in proc.stdout.splitlines()
+             if line.startswith("  unified_attention_split_kernel: ")]
+    assert len(waits) == 1 and "for[" in waits[0] and "exp2:64x64" in waits[0], proc.stdout
 
 
 def test_ptx_hash_ignores_debug_lines_only() -> None:
@@ -423,6 +431,35 @@ def test_ptx_hash_ignores_debug_lines_only() -> None:
     assert _ptx_hash(moved) == _ptx_hash(ptx)
     assert _ptx_hash(ptx.replace("fma.rn.f32", "mul.rn.f32")) != _ptx_hash(ptx)
     assert _ptx_hash(ptx.replace("%r1, 0", "%r1, 1")) != _ptx_hash(ptx)
+
+
+def test_dot_waits_orders_dots_waits_and_exponentials() -> None:
+    """benchmarks/kernel_stats.py --dot-waits (reports/h100-round12/cpu/): the order of dots,
+    waits and exponentials inside loops, from TTGIR lines; loops with neither (a scalar search,
+    an ``if`` inside the loop) leave no brackets behind."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.kernel_stats import _dot_waits
+    finally:
+        sys.path.remove(str(ROOT))
+    ttgir = "\n".join([
+        "%a = scf.while (%x = %c0) : (i32) -> i32 {", "scf.condition(%c) %x", "} do {",
+        "scf.yield %y : i32", "}",
+        "%r:3 = scf.for %j = %lo to %hi step %c1 iter_args(...) -> (...) : i32 {",
+        "%s = ttng.warp_group_dot %q, %k, %z {isAsync = true} : !m * !m "
+        "-> tensor<128x64xf32, #mma>",
+        "%w:2 = ttng.warp_group_dot_wait %s, %q {pendings = 0 : i32} : tensor<128x64xf32, #mma>",
+        "%p = math.exp2 %t : tensor<128x64xf32, #mma>",
+        "%e = math.exp2 %u : tensor<128xf32, #ttg.slice<{dim = 1, parent = #mma}>>",
+        "%f = scf.if %b -> (i32) {", "scf.yield %c1 : i32", "} else {", "scf.yield %c0 : i32",
+        "}",
+        "%o = ttng.warp_group_dot %p2, %v, %acc {isAsync = true} : tensor<128x64xbf16> * !m "
+        "-> tensor<128x128xf32, #mma1>",
+        "scf.yield %m, %l, %o : ...", "}",
+        "%z2 = ttng.warp_group_dot_wait %r#2 {pendings = 1 : i32} : tensor<128x128xf32, #mma1>",
+    ])
+    assert _dot_waits(ttgir) == "for[ dot128x64 wait0 exp2:128x64 dot128x128 ] wait1"
+    assert _dot_waits("") == ""
 
 
 def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -509,21 +509,7 @@ def _unified_attention_fused_kernel(
         j_end = max_pos // BLOCK_N + 1
         # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
         j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
-        j_single = 0
-        if TILES_PER_STEP == 2:
-            # Pairs of fully visible tiles (split_tiles is even: a pair never straddles a split
-            # boundary), the fold after a pair that ends a split.
-            j_single = j_mid // 2 * 2
-            for j in range(0, j_single, 2):
-                m_i, l_i, acc = _attend_tile_pair(
-                    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                    qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                    HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
-                    IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, 0, HEAD_DIM)
-                if (j + 2) % split_tiles == 0:
-                    f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i,
-                                                                  acc, BLOCK_M, HEAD_DIM)
-        for j in range(j_single, j_mid):
+        for j in range(0, j_mid):
             m_i, l_i, acc = _attend_tile(
                 b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
                 qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,

@@ -12,7 +12,6 @@ import kernels.attention
 import kernels.config
 from invariance import HeadConfig, PageLayout
 from kernels import Tuning, plan_attention, tile_config, unified_attention
-from kernels.config import DEFAULT_SPLIT_SIZE
 
 # (seed, split size in units of BLOCK_N, page size). Seeds pick random mixed batches (decode rows
 # and prefill chunks, KV lengths up to 128, so a row spans up to 4 splits of one tile); the tile
@@ -181,20 +180,15 @@ def test_the_fused_nested_loop_gives_the_flat_loops_bits(dtype: torch.dtype, mak
     shape = [(1, 7 * block_n + 5), (block_n + 3, 4 * block_n), (6, 3 * block_n + 1), (0, 16),
              (1, 1)]
     batch = make_batch(dtype, shape, PageLayout(4, "shuffled", seed=2), seed=1)
-    for size in (2 * block_n, 3 * block_n, 4 * block_n):
+    for size in (2 * block_n, 3 * block_n):
         flat = unified_attention(*args_of(batch), split_size=size, plan="fused",
-                                 tuning=Tuning(block_m=16, nested_loop=False, tiles_per_step=1))
+                                 tuning=Tuning(block_m=16, nested_loop=False))
         for step in (1, 2):
             nested = unified_attention(*args_of(batch), split_size=size, plan="fused",
                                        tuning=Tuning(block_m=16, nested_loop=True,
                                                      tiles_per_step=step))
             assert_same_bits(nested, flat, f"nested loop ({step} tiles per step) vs flat, "
                                            f"split size {size}")
-        # The flat loop's pairs (even splits: a fold after a pair that ends a split; odd ones
-        # fall back to one tile per step).
-        pairs = unified_attention(*args_of(batch), split_size=size, plan="fused",
-                                  tuning=Tuning(block_m=16, nested_loop=False, tiles_per_step=2))
-        assert_same_bits(pairs, flat, f"flat loop, 2 tiles per step vs 1, split size {size}")
 
 
 def test_the_fused_nested_loop_with_a_split_near_two_to_the_31_tiles(
@@ -214,9 +208,9 @@ def test_the_fused_nested_loop_with_a_split_near_two_to_the_31_tiles(
 
 def test_the_launch_passes_the_plans_fused_loop(dtype: torch.dtype, make_batch, args_of,
                                                 monkeypatch) -> None:
-    """The fused kernel is launched with the plan's loop and tiles per step (a launcher that
-    dropped them would make the comparison above compare the flat loop with itself); the flat
-    loop takes two tiles per step only when splits have an even number of tiles."""
+    """The fused kernel is launched with the plan's loop (a launcher that dropped it would make
+    the comparison above compare the flat loop with itself); the flat loop takes one tile per
+    step whatever Tuning says."""
     real = kernels.attention._unified_attention_fused_kernel
     seen: list[object] = []
 
@@ -229,12 +223,10 @@ def test_the_launch_passes_the_plans_fused_loop(dtype: torch.dtype, make_batch, 
 
     monkeypatch.setattr(kernels.attention, "_unified_attention_fused_kernel", Spy())
     batch = make_batch(dtype, [(1, 40)])
-    block_n = tile_config(dtype, 64).block_n
-    for nested, step, size in ((True, 2, None), (True, None, None), (False, 2, None),
-                               (None, None, None), (False, 2, 3 * block_n)):
-        unified_attention(*args_of(batch), plan="fused", split_size=size or DEFAULT_SPLIT_SIZE,
+    for nested, step in ((True, 2), (True, None), (False, 2), (None, None)):
+        unified_attention(*args_of(batch), plan="fused",
                           tuning=Tuning(nested_loop=nested, tiles_per_step=step))
-    assert seen == [(True, 2), (True, 1), (False, 2), (False, 1), (False, 1)]
+    assert seen == [(True, 2), (True, 1), (False, 1), (False, 1)]
 
 
 def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_batch, args_of,
@@ -456,9 +448,6 @@ def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeyp
     assert (lp.nested_loop, lp.tiles_per_step) == (True, 2)
     lp = plan_attention(*args, validate=False, plan="fused",
                         tuning=Tuning(nested_loop=False, tiles_per_step=2))
-    assert (lp.nested_loop, lp.tiles_per_step) == (False, 2)
-    lp = plan_attention(*args, validate=False, plan="fused", split_size=3 * 64,
-                        tuning=Tuning(nested_loop=False, tiles_per_step=2))
     assert (lp.nested_loop, lp.tiles_per_step) == (False, 1)
     lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(tiles_per_step=1))
     assert (lp.nested_loop, lp.tiles_per_step) == (True, 1)
@@ -493,6 +482,48 @@ def test_fused_loop_rule() -> None:
             assert fused_loop(dt, 128, 128, 8, sm) == (False, 1)
         assert fused_loop(dt, 64, 128, 8, 9) == (False, 1)
     assert fused_loop(torch.float32, 128, 128, 8, 9) == (False, 1)
+
+
+def test_fused_stages_rule() -> None:
+    """3 stages for the fused plan's 64-row decode tile on 4 warps, half precision at head dim
+    128 on Hopper only (round 12 on an H100); elsewhere the tile configuration's stages."""
+    from kernels.config import fused_stages
+
+    for dt in (torch.float16, torch.bfloat16):
+        assert fused_stages(dt, 128, 64, 4, 2, 9) == 3
+        assert fused_stages(dt, 128, 64, 4, 4, 9) == 4  # never fewer than asked
+        for bm, w in ((64, 8), (128, 4), (128, 8), (32, 4)):
+            assert fused_stages(dt, 128, bm, w, 2, 9) == 2, (bm, w)
+        for sm in (8, 10, None):
+            assert fused_stages(dt, 128, 64, 4, 2, sm) == 2
+        for d in (64, 256):
+            assert fused_stages(dt, d, 64, 4, 2, 9) == 2
+    assert fused_stages(torch.float32, 128, 64, 4, 2, 9) == 2
+
+
+def test_decode_batches_get_three_stages_on_the_fused_plan_only(monkeypatch, device) -> None:
+    # As on an H100 (sm 9): 64 decodes on the fused plan take 3 stages, on the split plan 2; an
+    # explicit num_stages wins, and a Tuning that names block_m keeps tile_config's stages.
+    import kernels.attention as attention
+
+    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    bf16, i32 = torch.bfloat16, torch.int32
+    args = tuple(t.to(device) for t in (
+        torch.zeros(64, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
+        torch.zeros(130, 16, 2, 128, dtype=bf16), torch.arange(65, dtype=i32),
+        torch.full((64,), 512, dtype=i32), torch.arange(128, dtype=i32).repeat(64, 1)))
+    cfg = tile_config(bf16, 128)
+    assert cfg.num_stages == 2
+    lp = plan_attention(*args, validate=False, plan="fused")
+    assert (lp.block_m, lp.num_warps, lp.num_stages) == (64, 4, 3)
+    lp = plan_attention(*args, validate=False, plan="split")
+    assert (lp.block_m, lp.num_warps, lp.num_stages) == (64, 4, 2)
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(num_stages=2))
+    assert lp.num_stages == 2
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(block_m=64))
+    assert lp.num_stages == cfg.num_stages
+    monkeypatch.setattr(attention, "_sm_major", lambda device: None)
+    assert plan_attention(*args, validate=False, plan="fused").num_stages == cfg.num_stages
 
 
 def test_auto_plan_without_statistics_splits_decode_batches() -> None:
