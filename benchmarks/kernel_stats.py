@@ -124,35 +124,40 @@ def _ptx_hash(ptx: str) -> str:
 
 
 _DOT_WAIT_OPS = re.compile(
-    r"(scf\.for |scf\.if |scf\.while |\} else \{|scf\.yield"
-    r"|ttng\.warp_group_dot_wait [^{]*\{pendings = (\d+)"
-    r"|ttng\.warp_group_dot .*-> tensor<(\d+x\d+)xf32|math\.exp2 .*: tensor<(\d+x\d+)xf32)")
+    r"ttng\.warp_group_dot_wait [^{]*\{pendings = (\d+)"
+    r"|ttng\.warp_group_dot .*-> tensor<(\d+x\d+)xf32|math\.exp2 .*: tensor<(\d+x\d+)xf32")
 
 
 def _dot_waits(ttgir: str) -> str:
     """The order of the tensor-core dots (``dot MxN``), their waits (``wait N``: until at most N
     dots are in flight), the 2-D exponentials (``exp2 MxN``) and the loops (``for[`` ... ``]``)
-    in a kernel's TTGIR: which exponentials run while a dot is in flight."""
+    in a kernel's TTGIR: which exponentials run while a dot is in flight.
+
+    Regions are followed by their braces (an op line ending in ``{`` opens one, a line starting
+    with ``}`` closes it), so loops and conditionals without results, which print no
+    ``scf.yield``, are closed where they end."""
     out: list[str] = []
-    regions: list[str] = []  # the open scf regions; each ends at its scf.yield
-    for m in _DOT_WAIT_OPS.finditer(ttgir):
-        op = m.group(1)
-        if op.startswith(("scf.for", "scf.if", "scf.while", "} else")):
-            regions.append(op[4:7] if op.startswith("scf") else "if ")
-            if op.startswith("scf.for"):
+    regions: list[bool] = []  # open regions, innermost last: True for an scf.for body
+    for line in ttgir.splitlines():
+        text = line.strip()
+        if text.startswith("}") and regions and regions.pop():
+            if out and out[-1] == "for[":
+                out.pop()  # a loop with no dot or exponential
+            else:
+                out.append("]")
+        m = _DOT_WAIT_OPS.search(text)
+        if m is not None:
+            if m.group(1) is not None:
+                out.append(f"wait{m.group(1)}")
+            elif m.group(2) is not None:
+                out.append(f"dot{m.group(2)}")
+            else:
+                out.append(f"exp2:{m.group(3)}")
+        if text.endswith("{"):  # a region opens (an op's body, or an else / do branch)
+            is_for = "scf.for " in text and not text.startswith("}")
+            regions.append(is_for)
+            if is_for:
                 out.append("for[")
-        elif op.startswith("scf.yield"):
-            if regions and regions.pop() == "for":
-                if out[-1] == "for[":
-                    out.pop()  # a loop with no dot or exponential
-                else:
-                    out.append("]")
-        elif m.group(2) is not None:
-            out.append(f"wait{m.group(2)}")
-        elif m.group(3) is not None:
-            out.append(f"dot{m.group(3)}")
-        else:
-            out.append(f"exp2:{m.group(4)}")
     return " ".join(out)
 
 

@@ -177,9 +177,9 @@ def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
 def fused_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
                  num_stages: int, sm_major: int | None = None) -> int:
     """Pipeline stages of a fused-plan launch of ``block_m`` rows on ``num_warps`` warps whose
-    tile configuration gives ``num_stages``: 3 for the 64-row decode tile on 4 warps (large
-    decode batches, the ``auto`` pick from 64 requests up), half precision at head dim 128 on
-    Hopper; else ``num_stages``.
+    tile configuration gives ``num_stages``: 3 for the 64-row decode tile on 4 warps (decode
+    batches whose grid fills the GPU: batch 64-256 at 1k-32k tokens in the bench; decode-prod64
+    takes the split plan), half precision at head dim 128 on Hopper; else ``num_stages``.
 
     Stages schedule loads, not arithmetic. On an H100 (round 12, reports/h100-round12/README.md;
     bf16, CUDA graphs, L2 flushed) 3 stages instead of 2 changed no bit at fp16 or bf16 and took

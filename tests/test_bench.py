@@ -412,7 +412,9 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
     # The split kernel's loops: each with its score dots and its exponentials.
     waits = [line for line in proc.stdout.splitlines()
              if line.startswith("  unified_attention_split_kernel: ")]
-    assert len(waits) == 1 and "for[" in waits[0] and "exp2:64x64" in waits[0], proc.stdout
+    assert len(waits) == 1, proc.stdout
+    assert "for[ dot64x64 wait0" in waits[0] and "exp2:64x64" in waits[0], waits[0]
+    assert waits[0].count("for[") == waits[0].count("]"), waits[0]
 
 
 def test_ptx_hash_ignores_debug_lines_only() -> None:
@@ -460,6 +462,18 @@ def test_dot_waits_orders_dots_waits_and_exponentials() -> None:
     ])
     assert _dot_waits(ttgir) == "for[ dot128x64 wait0 exp2:128x64 dot128x128 ] wait1"
     assert _dot_waits("") == ""
+    # A loop without results and a conditional without results print no scf.yield: their
+    # closing braces end them.
+    plain = "\n".join([
+        "scf.for %i = %a to %b step %c : i32 {",
+        "%p = math.exp2 %t : tensor<64x64xf32, #mma>",
+        "scf.if %q {", "tt.store %x, %y : tensor<64x!tt.ptr<f32>>", "} loc(#loc1)",
+        "} loc(#loc2)",
+        "scf.for %i = %a to %b step %c : i32 {",
+        "%s = ttng.warp_group_dot %q, %k, %z : !m * !m -> tensor<64x64xf32, #mma>",
+        "} loc(#loc3)",
+    ])
+    assert _dot_waits(plain) == "for[ exp2:64x64 ] for[ dot64x64 ]"
 
 
 def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -522,6 +522,18 @@ def test_decode_batches_get_three_stages_on_the_fused_plan_only(monkeypatch, dev
     assert lp.num_stages == 2
     lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(block_m=64))
     assert lp.num_stages == cfg.num_stages
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(num_warps=8))
+    assert (lp.num_warps, lp.num_stages) == (8, cfg.num_stages)
+    # auto: 160 decodes of one split each on 2 KV heads (320 programs, more than the SMs):
+    # the fused plan, so 3 stages; the same batch forced to the split plan keeps 2.
+    many = tuple(t.to(device) for t in (
+        torch.zeros(160, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
+        torch.zeros(130, 16, 2, 128, dtype=bf16), torch.arange(161, dtype=i32),
+        torch.full((160,), 512, dtype=i32), torch.arange(128, dtype=i32).repeat(160, 1)))
+    lens = ([1] * 160, [512] * 160)
+    lp = plan_attention(*many, validate=False, host_lens=lens)
+    assert (lp.plan, lp.num_stages) == ("fused", 3)
+    assert plan_attention(*many, validate=False, host_lens=lens, plan="split").num_stages == 2
     monkeypatch.setattr(attention, "_sm_major", lambda device: None)
     assert plan_attention(*args, validate=False, plan="fused").num_stages == cfg.num_stages
 
