@@ -22,7 +22,11 @@ two versions with the same operations per row as ``kernels._triton.attention_ker
 - ``_gluon_ws_loop`` (Gluon, warp-specialised): the same per warpgroup, each warpgroup (64
   rows) its own partition, a loader warp bringing the tiles by TMA, mbarriers instead of the
   block-wide barrier of each step, so the two warpgroups drift apart (FA3's producer/consumer
-  split; not its explicit ping-pong).
+  split); ``PAGED``: through a block table of 16-token pages (four TMA boxes per tile);
+- ``_gluon_ws2_loop`` (paged): each step issues the next tile's score ``wgmma`` and this tile's
+  ``p @ v`` together, then computes the next tile's weights while both run, and rescales ``acc``
+  once ``p @ v`` is done (FA3's order); ``PINGPONG``: the two warpgroups also take turns issuing
+  their dots (FA3's ping-pong, by mbarriers).
 
 The raw states (m, l, acc) of the Gluon versions are compared bit for bit with Triton's, then all
 are timed (CUDA events,
@@ -224,6 +228,108 @@ def _ws_consumer(q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale
 
 
 @gluon.jit
+def _ws_consumer2(q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, qk_scale, pid,
+                  half, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                  STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+    """``_ws_consumer`` in FA3's order: each step issues the next tile's scores and this tile's
+    ``p @ v`` together, then computes the next tile's weights while both run, and rescales
+    ``acc`` once ``p @ v`` is done (per row the same operations in the same order). With
+    ``PINGPONG`` the two warpgroups take turns issuing their dots (mbarriers ``turn``), so one's
+    exponentials run while the other's dots do."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 128, 16])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    HALF: gl.constexpr = BLOCK_M // 2
+    q_h = q_s.slice(half * HALF, HALF)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
+    l_i = gl.full([HALF], 0.0, gl.float32, layout=gl.SliceLayout(1, S_L))
+    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+    acc = gl.full([HALF, D], 0.0, gl.float32, layout=O_L)
+    mbarrier.wait(ready.index(0), 0)
+    s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
+    b_s = warpgroup_mma_wait(0, deps=[s_tok])
+    # Tile 0's weights and the rescale before its p @ v.
+    m_new = gl.maximum(m_i, gl.max(b_s, 1) * qk_scale)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
+    b_p = gl.exp2(gl.fma(b_s, qk_scale, -m_safe[:, None]))
+    m_i = m_new
+    l_i = l_i * alpha + gl.sum(b_p, 1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+    for j in range(0, N):
+        jn = gl.minimum(j + 1, N - 1)  # past the last tile: its own scores again (a dummy)
+        mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(turn.index(half), (j & 1) ^ (1 - half))
+        s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
+                              is_async=True)
+        p = gl.convert_layout(b_p.to(gl.bfloat16), P_L)
+        acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - half))
+        b_s = warpgroup_mma_wait(1, deps=[s_tok])
+        # Tile j + 1's weights while this tile's p @ v runs (a dummy after the last tile:
+        # computed, never used).
+        m_new = gl.maximum(m_i, gl.max(b_s, 1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
+        b_p_n = gl.exp2(gl.fma(b_s, qk_scale, -m_safe[:, None]))
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        mbarrier.arrive(empty.index(j % STAGES))
+        last = j + 1 >= N
+        m_i = gl.where(last, m_i, m_new)
+        l_i = gl.where(last, l_i, l_i * alpha + gl.sum(b_p_n, 1))
+        if j + 1 < N:
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        b_p = b_p_n
+    o = pid.to(gl.int64) * BLOCK_M + half * HALF
+    o_ms = gl.arange(0, HALF, layout=gl.SliceLayout(1, S_L))
+    gl.store(m_ptr + o + o_ms, m_i)
+    gl.store(l_ptr + o + o_ms, l_i)
+    o_mo = gl.arange(0, HALF, layout=gl.SliceLayout(1, O_L))
+    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
+    gl.store(acc_ptr + (o + o_mo)[:, None] * D + o_do[None, :], acc)
+
+
+@gluon.jit
+def _gluon_ws2_loop(q_ptr, k_desc, v_desc, m_ptr, l_ptr, acc_ptr, N, qk_scale,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, table_ptr,
+                    PINGPONG: gl.constexpr):
+    """``_gluon_ws_loop`` (paged) with ``_ws_consumer2``."""
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    SM_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                              rank=2)
+    STAGES: gl.constexpr = 4
+    pid = gl.program_id(0)
+    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LD_L))
+    b_q = gl.load(q_ptr + pid.to(gl.int64) * BLOCK_M * D + o_m[:, None] * D + o_d[None, :])
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], SM_L, b_q)
+    k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
+    v_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_ws_consumer2, (q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, qk_scale,
+                         pid, 0, BLOCK_M, BLOCK_N, D, STAGES, PINGPONG)),
+        (_ws_consumer2, (q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, qk_scale,
+                         pid, 1, BLOCK_M, BLOCK_N, D, STAGES, PINGPONG)),
+        (_ws_paged_loader, (k_desc, v_desc, k_s, v_s, ready, empty, N, table_ptr,
+                            pid % KV_SETS, BLOCK_N, D, STAGES)),
+    ], [4, 1], [232, 40])
+
+
+@gluon.jit
 def _ws_loader(k_desc, v_desc, k_s, v_s, ready, empty, N, kv_row,
                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warp: each tile's K and V by TMA into slot ``t % STAGES`` once both warpgroups have
@@ -346,20 +452,26 @@ def _run(name, q, k, v, out, tiles):
                                       num_warps=4)
     else:
         # The paged cache is built once per (k, v), outside the timed launches.
+        pingpong = name.endswith("-pp")
         key = (k.data_ptr(), v.data_ptr())
         if key not in _PAGED:
             _PAGED.clear()
             kc, vc, table = _paged(k, v)
             _PAGED[key] = (*_descs(kc, vc, 16), table, kc, vc)
         k_desc, v_desc, table = _PAGED[key][:3]
-        _gluon_ws_loop[(q.shape[0],)](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M, BLOCK_N,
-                                      D, table, PAGED=True, num_warps=4)
+        if name == "gluon-ws-paged":
+            _gluon_ws_loop[(q.shape[0],)](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M,
+                                          BLOCK_N, D, table, PAGED=True, num_warps=4)
+        else:
+            _gluon_ws2_loop[(q.shape[0],)](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M,
+                                           BLOCK_N, D, table, pingpong, num_warps=4)
 
 
 _PAGED: dict = {}
 
 
-VERSIONS = ("triton", "gluon", "gluon-ws", "gluon-ws-paged")
+VERSIONS = ("triton", "gluon", "gluon-ws", "gluon-ws-paged", "gluon-ws2-paged",
+            "gluon-ws2-paged-pp")
 
 
 def main() -> None:
@@ -372,7 +484,9 @@ def main() -> None:
         for name, fn, kw in (("triton", _triton_loop, dict(num_warps=8, num_stages=3)),
                              ("gluon", _gluon_loop, dict(num_warps=8)),
                              ("gluon-ws", _gluon_ws_loop, dict(num_warps=4)),
-                             ("gluon-ws-paged", _gluon_ws_loop, dict(num_warps=4))):
+                             ("gluon-ws-paged", _gluon_ws_loop, dict(num_warps=4)),
+                             ("gluon-ws2-paged", _gluon_ws2_loop, dict(num_warps=4)),
+                             ("gluon-ws2-paged-pp", _gluon_ws2_loop, dict(num_warps=4))):
             kv: tuple = (k, v)
             if name == "gluon-ws":
                 kv = _descs(k, v)
@@ -380,6 +494,10 @@ def main() -> None:
                 kc, vc, table = _paged(k, v)
                 kv = _descs(kc, vc, 16)
                 kw = dict(kw, table_ptr=table, PAGED=True)
+            elif name.startswith("gluon-ws2"):
+                kc, vc, table = _paged(k, v)
+                kv = _descs(kc, vc, 16)
+                kw = dict(kw, table_ptr=table, PINGPONG=name.endswith("-pp"))
             c = compile_sm90(fn, q, *kv, *out, 4, scale, BLOCK_M, BLOCK_N, D, **kw)
             print(name, _ptxas_stats(c.asm["ptx"]), c.metadata.shared, flush=True)
             print("  ", _dot_waits(c.asm["ttgir"]), flush=True)
