@@ -106,6 +106,24 @@ def _issue_tile(k_s, v_s, k_ptr, v_ptr, kv, t, N, o_n, o_d,
     cp.commit_group()
 
 
+#: The package's own online-softmax weights (``_tile_weights``), compiled as Gluon: the Gluon
+#: versions run the same source for them as the Triton kernels.
+_weights = gluon.jit(_tile_weights.fn)
+
+
+@gluon.jit
+def _store_state(m_i, l_i, acc, m_ptr, l_ptr, acc_ptr, row0, ROWS: gl.constexpr,
+                 D: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr):
+    """The raw state of rows ``[row0, row0 + ROWS)``: m, l (layout ``S_L``'s rows), acc
+    (``O_L``)."""
+    o_ms = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_L))
+    gl.store(m_ptr + row0 + o_ms, m_i)
+    gl.store(l_ptr + row0 + o_ms, l_i)
+    o_mo = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_L))
+    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
+    gl.store(acc_ptr + (row0 + o_mo)[:, None] * D + o_do[None, :], acc)
+
+
 @gluon.jit
 def _gluon_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr):
@@ -153,11 +171,7 @@ def _gluon_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale,
         s_next = warpgroup_mma(q_s, k_s.index((j + 1) % STAGES).permute((1, 0)), zero_s,
                                is_async=True)
         # This tile's weights, while the next scores and the previous p @ v run.
-        m_new = gl.maximum(m_i, gl.max(b_s, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
-        b_p = gl.exp2(gl.fma(b_s, qk_scale, -m_safe[:, None]))
-        m_i = m_new
+        m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = l_i * alpha + gl.sum(b_p, 1)
         # The previous p @ v (the older of the two dots in flight) before the rescale.
         acc = warpgroup_mma_wait(1, deps=[acc_tok])
@@ -167,13 +181,8 @@ def _gluon_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale,
         # The next scores (now the older dot in flight); this p @ v runs on.
         b_s = warpgroup_mma_wait(1, deps=[s_next])
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    o = pid.to(gl.int64) * BLOCK_M
-    o_ms = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_L))
-    gl.store(m_ptr + o + o_ms, m_i)
-    gl.store(l_ptr + o + o_ms, l_i)
-    o_mo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_L))
-    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
-    gl.store(acc_ptr + (o + o_mo)[:, None] * D + o_do[None, :], acc)
+    _store_state(m_i, l_i, acc, m_ptr, l_ptr, acc_ptr, pid.to(gl.int64) * BLOCK_M, BLOCK_M, D,
+                 S_L, O_L)
 
 
 @gluon.jit
@@ -204,11 +213,7 @@ def _ws_consumer(q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale
         mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
         s_next = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
                                is_async=True)
-        m_new = gl.maximum(m_i, gl.max(b_s, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
-        b_p = gl.exp2(gl.fma(b_s, qk_scale, -m_safe[:, None]))
-        m_i = m_new
+        m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = l_i * alpha + gl.sum(b_p, 1)
         acc = warpgroup_mma_wait(1, deps=[acc_tok])
         # Tile j - 1's p @ v is done: its slot is free as far as this warpgroup goes.
@@ -218,13 +223,8 @@ def _ws_consumer(q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale
         acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
         b_s = warpgroup_mma_wait(1, deps=[s_next])
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    o = pid.to(gl.int64) * BLOCK_M + half * HALF
-    o_ms = gl.arange(0, HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(m_ptr + o + o_ms, m_i)
-    gl.store(l_ptr + o + o_ms, l_i)
-    o_mo = gl.arange(0, HALF, layout=gl.SliceLayout(1, O_L))
-    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
-    gl.store(acc_ptr + (o + o_mo)[:, None] * D + o_do[None, :], acc)
+    _store_state(m_i, l_i, acc, m_ptr, l_ptr, acc_ptr, pid.to(gl.int64) * BLOCK_M + half * HALF,
+                 HALF, D, S_L, O_L)
 
 
 @gluon.jit
@@ -251,11 +251,7 @@ def _ws_consumer2(q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, q
     s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
     b_s = warpgroup_mma_wait(0, deps=[s_tok])
     # Tile 0's weights and the rescale before its p @ v.
-    m_new = gl.maximum(m_i, gl.max(b_s, 1) * qk_scale)
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
-    b_p = gl.exp2(gl.fma(b_s, qk_scale, -m_safe[:, None]))
-    m_i = m_new
+    m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
     l_i = l_i * alpha + gl.sum(b_p, 1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
     for j in range(0, N):
@@ -272,10 +268,7 @@ def _ws_consumer2(q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, q
         b_s = warpgroup_mma_wait(1, deps=[s_tok])
         # Tile j + 1's weights while this tile's p @ v runs (a dummy after the last tile:
         # computed, never used).
-        m_new = gl.maximum(m_i, gl.max(b_s, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
-        b_p_n = gl.exp2(gl.fma(b_s, qk_scale, -m_safe[:, None]))
+        m_new, alpha, b_p_n = _weights(m_i, b_s, qk_scale)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
         mbarrier.arrive(empty.index(j % STAGES))
         last = j + 1 >= N
@@ -284,20 +277,43 @@ def _ws_consumer2(q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, q
         if j + 1 < N:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
         b_p = b_p_n
-    o = pid.to(gl.int64) * BLOCK_M + half * HALF
-    o_ms = gl.arange(0, HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(m_ptr + o + o_ms, m_i)
-    gl.store(l_ptr + o + o_ms, l_i)
-    o_mo = gl.arange(0, HALF, layout=gl.SliceLayout(1, O_L))
-    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
-    gl.store(acc_ptr + (o + o_mo)[:, None] * D + o_do[None, :], acc)
+    _store_state(m_i, l_i, acc, m_ptr, l_ptr, acc_ptr, pid.to(gl.int64) * BLOCK_M + half * HALF,
+                 HALF, D, S_L, O_L)
 
 
 @gluon.jit
-def _gluon_ws2_loop(q_ptr, k_desc, v_desc, m_ptr, l_ptr, acc_ptr, N, qk_scale,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, table_ptr,
-                    PINGPONG: gl.constexpr):
-    """``_gluon_ws_loop`` (paged) with ``_ws_consumer2``."""
+def _ws_loader(k_desc, v_desc, k_s, v_s, ready, empty, N, table_ptr, head,
+               BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+               PAGED: gl.constexpr):
+    """One warp: each tile's K and V by TMA into slot ``t % STAGES`` once both warpgroups have
+    released the tile that used it (``empty``, two arrivals). From ``[sets * tokens, D]``
+    (sequence ``head``), or with ``PAGED`` through a block table of 16-token pages: four TMA
+    boxes of 16 rows per K and V tile, from a cache laid out ``[pages * 16, heads * D]`` (the
+    package's ``[P, PS, Hkv, D]`` seen as 2-D), each into its 16-row slice of the slot."""
+    for t in range(0, N):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(ready.index(s), 2 * BLOCK_N * D * 2)
+        if PAGED:
+            for i in gl.static_range(BLOCK_N // 16):
+                page = gl.load(table_ptr + t * (BLOCK_N // 16) + i)
+                tma.async_copy_global_to_shared(k_desc, [page * 16, head * D], ready.index(s),
+                                                k_s.index(s).slice(i * 16, 16))
+                tma.async_copy_global_to_shared(v_desc, [page * 16, head * D], ready.index(s),
+                                                v_s.index(s).slice(i * 16, 16))
+        else:
+            row = (head * N + t) * BLOCK_N
+            tma.async_copy_global_to_shared(k_desc, [row, 0], ready.index(s), k_s.index(s))
+            tma.async_copy_global_to_shared(v_desc, [row, 0], ready.index(s), v_s.index(s))
+
+
+@gluon.jit
+def _gluon_ws_loop(q_ptr, k_desc, v_desc, m_ptr, l_ptr, acc_ptr, N, qk_scale,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, table_ptr,
+                   PAGED: gl.constexpr, FA3_ORDER: gl.constexpr, PINGPONG: gl.constexpr):
+    """``_gluon_loop`` warp-specialised: two consumer warpgroups (64 rows each: the default
+    partition and a worker; ``_ws_consumer``, or ``_ws_consumer2`` with ``FA3_ORDER``) and a
+    loader warp (TMA), synchronised by mbarriers only."""
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                           warps_per_cta=[4, 1], order=[1, 0])
     SM_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
@@ -319,92 +335,23 @@ def _gluon_ws2_loop(q_ptr, k_desc, v_desc, m_ptr, l_ptr, acc_ptr, N, qk_scale,
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     fence_async_shared()
-    gl.warp_specialize([
-        (_ws_consumer2, (q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, qk_scale,
-                         pid, 0, BLOCK_M, BLOCK_N, D, STAGES, PINGPONG)),
-        (_ws_consumer2, (q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, qk_scale,
-                         pid, 1, BLOCK_M, BLOCK_N, D, STAGES, PINGPONG)),
-        (_ws_paged_loader, (k_desc, v_desc, k_s, v_s, ready, empty, N, table_ptr,
-                            pid % KV_SETS, BLOCK_N, D, STAGES)),
-    ], [4, 1], [232, 40])
-
-
-@gluon.jit
-def _ws_loader(k_desc, v_desc, k_s, v_s, ready, empty, N, kv_row,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: each tile's K and V by TMA into slot ``t % STAGES`` once both warpgroups have
-    released the tile that used it (``empty``, two arrivals)."""
-    for t in range(0, N):
-        s = t % STAGES
-        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-        mbarrier.expect(ready.index(s), 2 * k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + t * BLOCK_N, 0], ready.index(s),
-                                        k_s.index(s))
-        tma.async_copy_global_to_shared(v_desc, [kv_row + t * BLOCK_N, 0], ready.index(s),
-                                        v_s.index(s))
-
-
-@gluon.jit
-def _ws_paged_loader(k_desc, v_desc, k_s, v_s, ready, empty, N, table_ptr, head,
-                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
-    """``_ws_loader`` through a block table of 16-token pages: four TMA boxes of 16 rows per K
-    and per V tile, from a cache laid out ``[pages * 16, heads * D]`` (the package's
-    ``[P, PS, Hkv, D]`` seen as 2-D), each into its 16-row slice of the tile's slot."""
-    PAGES: gl.constexpr = BLOCK_N // 16
-    for t in range(0, N):
-        s = t % STAGES
-        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-        mbarrier.expect(ready.index(s), 2 * BLOCK_N * D * 2)
-        for i in gl.static_range(PAGES):
-            page = gl.load(table_ptr + t * PAGES + i)
-            tma.async_copy_global_to_shared(k_desc, [page * 16, head * D], ready.index(s),
-                                            k_s.index(s).slice(i * 16, 16))
-            tma.async_copy_global_to_shared(v_desc, [page * 16, head * D], ready.index(s),
-                                            v_s.index(s).slice(i * 16, 16))
-
-
-@gluon.jit
-def _gluon_ws_loop(q_ptr, k_desc, v_desc, m_ptr, l_ptr, acc_ptr, N, qk_scale,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                   table_ptr=None, PAGED: gl.constexpr = False):
-    """``_gluon_loop`` warp-specialised: two consumer warpgroups (64 rows each: the default
-    partition and a worker) and a loader warp (TMA), synchronised by mbarriers only."""
-    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                          warps_per_cta=[4, 1], order=[1, 0])
-    SM_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                              rank=2)
-    STAGES: gl.constexpr = 4
-    pid = gl.program_id(0)
-    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
-    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LD_L))
-    b_q = gl.load(q_ptr + pid.to(gl.int64) * BLOCK_M * D + o_m[:, None] * D + o_d[None, :])
-    q_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], SM_L, b_q)
-    k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
-    v_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    fence_async_shared()
-    if PAGED:
+    head = pid % KV_SETS
+    if FA3_ORDER:
         gl.warp_specialize([
-            (_ws_consumer, (q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale, pid,
-                            0, BLOCK_M, BLOCK_N, D, STAGES)),
-            (_ws_consumer, (q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale, pid,
-                            1, BLOCK_M, BLOCK_N, D, STAGES)),
-            (_ws_paged_loader, (k_desc, v_desc, k_s, v_s, ready, empty, N, table_ptr,
-                                pid % KV_SETS, BLOCK_N, D, STAGES)),
-        ], [4, 1], [232, 40])
+            (_ws_consumer2, (q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N,
+                             qk_scale, pid, 0, BLOCK_M, BLOCK_N, D, STAGES, PINGPONG)),
+            (_ws_consumer2, (q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N,
+                             qk_scale, pid, 1, BLOCK_M, BLOCK_N, D, STAGES, PINGPONG)),
+            (_ws_loader, (k_desc, v_desc, k_s, v_s, ready, empty, N, table_ptr, head, BLOCK_N,
+                          D, STAGES, PAGED))], [4, 1], [232, 40])
     else:
-        kv_row = (pid % KV_SETS) * N * BLOCK_N
         gl.warp_specialize([
             (_ws_consumer, (q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale, pid,
                             0, BLOCK_M, BLOCK_N, D, STAGES)),
             (_ws_consumer, (q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale, pid,
                             1, BLOCK_M, BLOCK_N, D, STAGES)),
-            (_ws_loader, (k_desc, v_desc, k_s, v_s, ready, empty, N, kv_row, BLOCK_N, STAGES)),
-        ], [4, 1], [232, 40])
+            (_ws_loader, (k_desc, v_desc, k_s, v_s, ready, empty, N, table_ptr, head, BLOCK_N,
+                          D, STAGES, PAGED))], [4, 1], [232, 40])
 
 
 def _descs(k, v, rows=BLOCK_N):
@@ -442,29 +389,28 @@ def _inputs(programs: int, tiles: int, device: str):
 def _run(name, q, k, v, out, tiles):
     """Launch version ``name`` on (q, k, v) into ``out``."""
     scale = 0.125 * 1.4426950408889634
+    grid = (q.shape[0],)
     if name == "triton":
-        _triton_loop[(q.shape[0],)](q, k, v, *out, tiles, scale, BLOCK_M, BLOCK_N, D,
-                                    num_warps=8, num_stages=3)
-    elif name == "gluon":
-        _gluon_loop[(q.shape[0],)](q, k, v, *out, tiles, scale, BLOCK_M, BLOCK_N, D, num_warps=8)
-    elif name == "gluon-ws":
-        _gluon_ws_loop[(q.shape[0],)](q, *_descs(k, v), *out, tiles, scale, BLOCK_M, BLOCK_N, D,
-                                      num_warps=4)
-    else:
+        _triton_loop[grid](q, k, v, *out, tiles, scale, BLOCK_M, BLOCK_N, D, num_warps=8,
+                           num_stages=3)
+        return
+    if name == "gluon":
+        _gluon_loop[grid](q, k, v, *out, tiles, scale, BLOCK_M, BLOCK_N, D, num_warps=8)
+        return
+    paged = "paged" in name
+    table = None
+    if paged:
         # The paged cache is built once per (k, v), outside the timed launches.
-        pingpong = name.endswith("-pp")
         key = (k.data_ptr(), v.data_ptr())
         if key not in _PAGED:
             _PAGED.clear()
             kc, vc, table = _paged(k, v)
             _PAGED[key] = (*_descs(kc, vc, 16), table, kc, vc)
         k_desc, v_desc, table = _PAGED[key][:3]
-        if name == "gluon-ws-paged":
-            _gluon_ws_loop[(q.shape[0],)](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M,
-                                          BLOCK_N, D, table, PAGED=True, num_warps=4)
-        else:
-            _gluon_ws2_loop[(q.shape[0],)](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M,
-                                           BLOCK_N, D, table, pingpong, num_warps=4)
+    else:
+        k_desc, v_desc = _descs(k, v)
+    _gluon_ws_loop[grid](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M, BLOCK_N, D, table,
+                         paged, "ws2" in name, name.endswith("-pp"), num_warps=4)
 
 
 _PAGED: dict = {}
@@ -483,21 +429,14 @@ def main() -> None:
         scale = 0.125 * 1.4426950408889634
         for name, fn, kw in (("triton", _triton_loop, dict(num_warps=8, num_stages=3)),
                              ("gluon", _gluon_loop, dict(num_warps=8)),
-                             ("gluon-ws", _gluon_ws_loop, dict(num_warps=4)),
-                             ("gluon-ws-paged", _gluon_ws_loop, dict(num_warps=4)),
-                             ("gluon-ws2-paged", _gluon_ws2_loop, dict(num_warps=4)),
-                             ("gluon-ws2-paged-pp", _gluon_ws2_loop, dict(num_warps=4))):
+                             *((n, _gluon_ws_loop, dict(num_warps=4)) for n in VERSIONS[2:])):
             kv: tuple = (k, v)
-            if name == "gluon-ws":
-                kv = _descs(k, v)
-            elif name == "gluon-ws-paged":
-                kc, vc, table = _paged(k, v)
-                kv = _descs(kc, vc, 16)
-                kw = dict(kw, table_ptr=table, PAGED=True)
-            elif name.startswith("gluon-ws2"):
-                kc, vc, table = _paged(k, v)
-                kv = _descs(kc, vc, 16)
-                kw = dict(kw, table_ptr=table, PINGPONG=name.endswith("-pp"))
+            if fn is _gluon_ws_loop:
+                paged = "paged" in name
+                kc, vc, table = _paged(k, v) if paged else (k, v, None)
+                kv = _descs(kc, vc, 16 if paged else BLOCK_N)
+                kw = dict(kw, table_ptr=table, PAGED=paged, FA3_ORDER="ws2" in name,
+                          PINGPONG=name.endswith("-pp"))
             c = compile_sm90(fn, q, *kv, *out, 4, scale, BLOCK_M, BLOCK_N, D, **kw)
             print(name, _ptxas_stats(c.asm["ptx"]), c.metadata.shared, flush=True)
             print("  ", _dot_waits(c.asm["ttgir"]), flush=True)
