@@ -125,6 +125,22 @@ def _store_state(m_i, l_i, acc, m_ptr, l_ptr, acc_ptr, row0, ROWS: gl.constexpr,
 
 
 @gluon.jit
+def _q_and_slots(q_ptr, pid, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                 STAGES: gl.constexpr, LD_L: gl.constexpr):
+    """The block's q in shared memory (128-byte swizzled, as Triton puts it), and ``STAGES`` K
+    and V slots."""
+    SM_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                              rank=2)
+    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LD_L))
+    b_q = gl.load(q_ptr + pid.to(gl.int64) * BLOCK_M * D + o_m[:, None] * D + o_d[None, :])
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], SM_L, b_q)
+    k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
+    v_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
+    return q_s, k_s, v_s
+
+
+@gluon.jit
 def _gluon_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr):
     # The layouts Triton 3.6 gives the prefill tile (its TTGIR): S and P on m64n64 wgmma, acc on
@@ -136,17 +152,11 @@ def _gluon_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale,
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                           warps_per_cta=[8, 1], order=[1, 0])
-    SM_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                              rank=2)
     STAGES: gl.constexpr = 5
     pid = gl.program_id(0)
-    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD_L))
     o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LD_L))
-    b_q = gl.load(q_ptr + pid.to(gl.int64) * BLOCK_M * D + o_m[:, None] * D + o_d[None, :])
-    q_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], SM_L, b_q)
-    k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
-    v_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
+    q_s, k_s, v_s = _q_and_slots(q_ptr, pid, BLOCK_M, BLOCK_N, D, STAGES, LD_L)
     kv = (pid % KV_SETS).to(gl.int64) * N * BLOCK_N * D
     _issue_tile(k_s, v_s, k_ptr, v_ptr, kv, 0, N, o_n, o_d, BLOCK_N, D, STAGES)
     _issue_tile(k_s, v_s, k_ptr, v_ptr, kv, 1, N, o_n, o_d, BLOCK_N, D, STAGES)
@@ -316,16 +326,9 @@ def _gluon_ws_loop(q_ptr, k_desc, v_desc, m_ptr, l_ptr, acc_ptr, N, qk_scale,
     loader warp (TMA), synchronised by mbarriers only."""
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                           warps_per_cta=[4, 1], order=[1, 0])
-    SM_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                              rank=2)
     STAGES: gl.constexpr = 4
     pid = gl.program_id(0)
-    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
-    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LD_L))
-    b_q = gl.load(q_ptr + pid.to(gl.int64) * BLOCK_M * D + o_m[:, None] * D + o_d[None, :])
-    q_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], SM_L, b_q)
-    k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
-    v_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
+    q_s, k_s, v_s = _q_and_slots(q_ptr, pid, BLOCK_M, BLOCK_N, D, STAGES, LD_L)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
