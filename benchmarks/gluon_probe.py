@@ -7,33 +7,36 @@ Written for Triton 3.6, the GPU machine's version: Gluon is experimental and its
 between releases (under Triton 3.9 this file does not compile), so no CPU test runs it.
 
 Not a kernel of the package: a microbenchmark of the prefill tile's inner loop (128 query rows
-on 8 warps, 64-key tiles, head dim 128, bf16, every tile fully visible, contiguous K and V), in
-two versions with the same operations per row as ``kernels._triton.attention_kernels``'
-``_attend_tile`` (``_tile_scores`` and ``_tile_weights``, then ``l * alpha + sum(p)`` and
-``acc * alpha + p @ v`` on the tensor cores):
+on 8 warps, 64-key tiles, head dim 128, every tile fully visible, one fresh online softmax, raw
+states out), in versions with the same operations per row as the package's ``_attend_tile``
+(``_tile_scores`` and ``_tile_weights``, then ``l * alpha + sum(p)`` and ``acc * alpha + p @ v``
+on the tensor cores; the Gluon versions compile the package's ``_tile_weights`` as Gluon):
 
-- ``_triton_loop`` (Triton): what Triton 3.6 compiles (every score ``wgmma`` waited for at once;
-  reports/h100-round12/cpu/dot-waits.md);
-- ``_gluon_loop`` (Triton's Gluon, explicit layouts and waits): the next tile's score ``wgmma``
-  is issued before this tile's exponentials, this tile's ``p @ v`` is waited for only before the
-  next tile's rescale, and the loads run two tiles ahead (``cp.async``, five stages: a slot is
-  refilled three tiles after its use, when both warpgroups are past their reads of it).
+- ``triton`` (``_triton_loop``): the loop in Triton, one tile per step, contiguous K and V
+  (every score ``wgmma`` waited for at once; reports/h100-round12/cpu/dot-waits.md). Not the
+  package's fused kernel (no pairs of tiles, block-table gathers, splits or folds): the
+  reference the others are compared with, bit for bit and in time;
+- ``gluon`` (``_gluon_loop``, explicit layouts and waits): the next tile's score ``wgmma``
+  issued before this tile's exponentials, this tile's ``p @ v`` waited for only before the next
+  rescale, loads two tiles ahead (``cp.async``, five slots: a slot is refilled three tiles after
+  its use, when both warpgroups are past their reads of it);
+- ``gluon-ws`` (``_gluon_ws_loop``): the same per warpgroup, warp-specialised: each warpgroup
+  (64 rows) its own partition, a loader warp bringing the tiles by TMA, mbarriers instead of the
+  block-wide barrier of each step (FA3's producer/consumer split); ``-paged``: through a block
+  table of 16-token pages in shuffled order (four TMA boxes per tile);
+- ``gluon-ws2-paged`` (``FA3_ORDER``): each step issues the next tile's score ``wgmma`` and this
+  tile's ``p @ v`` together, computes the next tile's weights while both run, and rescales
+  ``acc`` once ``p @ v`` is done; ``-pp`` (``PINGPONG``): the two warpgroups also take turns
+  issuing their dots (FA3's ping-pong, by mbarriers).
 
-- ``_gluon_ws_loop`` (Gluon, warp-specialised): the same per warpgroup, each warpgroup (64
-  rows) its own partition, a loader warp bringing the tiles by TMA, mbarriers instead of the
-  block-wide barrier of each step, so the two warpgroups drift apart (FA3's producer/consumer
-  split); ``PAGED``: through a block table of 16-token pages (four TMA boxes per tile);
-- ``_gluon_ws2_loop`` (paged): each step issues the next tile's score ``wgmma`` and this tile's
-  ``p @ v`` together, then computes the next tile's weights while both run, and rescales ``acc``
-  once ``p @ v`` is done (FA3's order); ``PINGPONG``: the two warpgroups also take turns issuing
-  their dots (FA3's ping-pong, by mbarriers).
-
-The raw states (m, l, acc) of the Gluon versions are compared bit for bit with Triton's, then all
-are timed (CUDA events,
-medians of 20 after a warm-up; eight K/V sequences shared by all programs, so they stay
-in L2 as a prefill's do). ``--compile-only`` compiles every version for sm_90 without a GPU (as
-``benchmarks/kernel_stats.py`` does) and prints registers, spills, shared memory and the order of
-its dots, waits and exponentials (``kernel_stats.py --dot-waits``).
+The raw states (m, l, acc; NaN-filled before each run) of the Gluon versions are compared bit
+for bit with ``triton``'s at bf16 on four grids and at fp16 on the largest, then all are timed
+at bf16 (``_time``: ten back-to-back launches between CUDA events, five repeats with the
+versions interleaved, the median; descriptors built outside the timed launches; eight K/V
+sequences shared by all programs, so they stay in L2 as a prefill's do). ``--compile-only``
+compiles every version for sm_90 without a GPU (as ``benchmarks/kernel_stats.py`` does) and
+prints registers, spills, shared memory and the order of its dots, waits and exponentials
+(``kernel_stats.py --dot-waits``).
 """
 
 from __future__ import annotations
@@ -134,9 +137,9 @@ def _q_and_slots(q_ptr, pid, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl
     o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
     o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LD_L))
     b_q = gl.load(q_ptr + pid.to(gl.int64) * BLOCK_M * D + o_m[:, None] * D + o_d[None, :])
-    q_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], SM_L, b_q)
-    k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
-    v_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], SM_L)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, D], SM_L, b_q)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, D], SM_L)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, D], SM_L)
     return q_s, k_s, v_s
 
 
@@ -186,13 +189,21 @@ def _gluon_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale,
         # The previous p @ v (the older of the two dots in flight) before the rescale.
         acc = warpgroup_mma_wait(1, deps=[acc_tok])
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        p = gl.convert_layout(b_p.to(gl.bfloat16), P_L)
+        p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
         acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
         # The next scores (now the older dot in flight); this p @ v runs on.
         b_s = warpgroup_mma_wait(1, deps=[s_next])
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
     _store_state(m_i, l_i, acc, m_ptr, l_ptr, acc_ptr, pid.to(gl.int64) * BLOCK_M, BLOCK_M, D,
                  S_L, O_L)
+
+
+#: One warpgroup's layouts in the warp-specialised versions (64 rows on 4 warps): the scores and
+#: p on m64n64 ``wgmma``, acc on m64n128, as Triton lays out each warpgroup's half of the tile.
+WG_S_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
+    version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+WG_O_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
+    version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
 
 
 @gluon.jit
@@ -204,10 +215,8 @@ def _ws_consumer(q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale
     ``ready`` barriers, each released on ``empty`` once this warpgroup's ``p @ v`` of it is
     done. No barrier with the other warpgroup: the two drift apart, so one's exponentials can
     run while the other's dots do."""
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 64, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 128, 16])
+    S_L: gl.constexpr = WG_S_L
+    O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     HALF: gl.constexpr = BLOCK_M // 2
     q_h = q_s.slice(half * HALF, HALF)
@@ -229,7 +238,7 @@ def _ws_consumer(q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale
         # Tile j - 1's p @ v is done: its slot is free as far as this warpgroup goes.
         mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), pred=j > 0)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        p = gl.convert_layout(b_p.to(gl.bfloat16), P_L)
+        p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
         acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
         b_s = warpgroup_mma_wait(1, deps=[s_next])
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
@@ -246,10 +255,8 @@ def _ws_consumer2(q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, q
     ``acc`` once ``p @ v`` is done (per row the same operations in the same order). With
     ``PINGPONG`` the two warpgroups take turns issuing their dots (mbarriers ``turn``), so one's
     exponentials run while the other's dots do."""
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 64, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 128, 16])
+    S_L: gl.constexpr = WG_S_L
+    O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     HALF: gl.constexpr = BLOCK_M // 2
     q_h = q_s.slice(half * HALF, HALF)
@@ -271,7 +278,7 @@ def _ws_consumer2(q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, q
             mbarrier.wait(turn.index(half), (j & 1) ^ (1 - half))
         s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
                               is_async=True)
-        p = gl.convert_layout(b_p.to(gl.bfloat16), P_L)
+        p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
         acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - half))
@@ -378,14 +385,16 @@ def _paged(k, v, seed=13):
     return cache(k), cache(v), table.to(k.device)
 
 
-def _inputs(programs: int, tiles: int, device: str):
+def _inputs(programs: int, tiles: int, device: str, dtype: torch.dtype = torch.bfloat16):
     g = torch.Generator(device="cpu").manual_seed(12)
-    q = torch.randn(programs, BLOCK_M, D, generator=g).to(device, torch.bfloat16)
+    q = torch.randn(programs, BLOCK_M, D, generator=g).to(device, dtype)
     sets = min(programs, KV_SETS.value)
-    k = torch.randn(sets, tiles * BLOCK_N, D, generator=g).to(device, torch.bfloat16)
-    v = torch.randn(sets, tiles * BLOCK_N, D, generator=g).to(device, torch.bfloat16)
-    out = (torch.empty(programs, BLOCK_M, device=device), torch.empty(programs, BLOCK_M,
-           device=device), torch.empty(programs, BLOCK_M, D, device=device))
+    k = torch.randn(sets, tiles * BLOCK_N, D, generator=g).to(device, dtype)
+    v = torch.randn(sets, tiles * BLOCK_N, D, generator=g).to(device, dtype)
+    # NaN-filled: a version that leaves a value unwritten differs from the reference there.
+    out = (torch.full((programs, BLOCK_M), float("nan"), device=device),
+           torch.full((programs, BLOCK_M), float("nan"), device=device),
+           torch.full((programs, BLOCK_M, D), float("nan"), device=device))
     return q, k, v, out
 
 
@@ -401,26 +410,48 @@ def _run(name, q, k, v, out, tiles):
         _gluon_loop[grid](q, k, v, *out, tiles, scale, BLOCK_M, BLOCK_N, D, num_warps=8)
         return
     paged = "paged" in name
-    table = None
-    if paged:
-        # The paged cache is built once per (k, v), outside the timed launches.
-        key = (k.data_ptr(), v.data_ptr())
-        if key not in _PAGED:
-            _PAGED.clear()
+    # Descriptors (and the paged cache) are built once per (k, v), outside the timed launches.
+    key = (k.data_ptr(), v.data_ptr(), paged)
+    if key not in _DESCS:
+        if paged:
             kc, vc, table = _paged(k, v)
-            _PAGED[key] = (*_descs(kc, vc, 16), table, kc, vc)
-        k_desc, v_desc, table = _PAGED[key][:3]
-    else:
-        k_desc, v_desc = _descs(k, v)
+            _DESCS[key] = (*_descs(kc, vc, 16), table, kc, vc)
+        else:
+            _DESCS[key] = (*_descs(k, v), None)
+    k_desc, v_desc, table = _DESCS[key][:3]
     _gluon_ws_loop[grid](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M, BLOCK_N, D, table,
                          paged, "ws2" in name, name.endswith("-pp"), num_warps=4)
 
 
-_PAGED: dict = {}
+_DESCS: dict = {}
 
 
 VERSIONS = ("triton", "gluon", "gluon-ws", "gluon-ws-paged", "gluon-ws2-paged",
             "gluon-ws2-paged-pp")
+
+
+def _time(row: dict, q, k, v, out, tiles: int, launches: int = 10, repeats: int = 5) -> None:
+    """Into ``row``: per version, the GPU time of one launch (us): ``launches`` back-to-back
+    launches between two CUDA events (the host stays ahead, so its launch cost is not counted
+    past the first), ``repeats`` times, the versions interleaved, the median; and TFLOP/s."""
+    names = [n for n in VERSIONS if not isinstance(row["differing"].get(n, {}), str)]
+    for name in names:
+        _run(name, q, k, v, out, tiles)  # warm-up
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(repeats):
+        for name in names:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            for _ in range(launches):
+                _run(name, q, k, v, out, tiles)
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b) * 1000 / launches)
+    flops = 4 * row["programs"] * BLOCK_M * tiles * BLOCK_N * D
+    for name in names:
+        row[f"us_{name}"] = round(sorted(times[name])[repeats // 2], 1)
+        row[f"tflops_{name}"] = round(flops / row[f"us_{name}"] / 1e6, 1)
 
 
 def main() -> None:
@@ -445,36 +476,29 @@ def main() -> None:
             print("  ", _dot_waits(c.asm["ttgir"]), flush=True)
         return
     rows = []
-    for programs, tiles in ((132, 64), (264, 64), (1056, 16), (1056, 64)):
-        q, k, v, ref = _inputs(programs, tiles, "cuda")
-        _run("triton", q, k, v, ref, tiles)
-        row: dict = dict(programs=programs, tiles=tiles, differing={})
-        for name in VERSIONS[1:]:
-            got = _inputs(programs, tiles, "cuda")[3]
-            try:
-                _run(name, q, k, v, got, tiles)
-                torch.cuda.synchronize()
-                row["differing"][name] = {
-                    n: int((a.view(torch.int32) != b.view(torch.int32)).sum())
-                    for n, a, b in zip(("m", "l", "acc"), ref, got, strict=True)}
-            except Exception as exc:  # a probe: record and go on
-                row["differing"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        flops = 4 * programs * BLOCK_M * tiles * BLOCK_N * D
-        for name in VERSIONS:
-            if isinstance(row["differing"].get(name, {}), str):
-                continue
-            times = []
-            for _ in range(20):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                _run(name, q, k, v, ref, tiles)
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b) * 1000)
-            row[f"us_{name}"] = round(sorted(times)[10], 1)
-            row[f"tflops_{name}"] = round(flops / row[f"us_{name}"] / 1e6, 1)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        for programs, tiles in ((132, 64), (264, 64), (1056, 16), (1056, 64)):
+            if dtype == torch.float16 and (programs, tiles) != (1056, 64):
+                continue  # fp16: bits on one grid, no times
+            _DESCS.clear()
+            q, k, v, ref = _inputs(programs, tiles, "cuda", dtype)
+            _run("triton", q, k, v, ref, tiles)
+            row: dict = dict(dtype=str(dtype).removeprefix("torch."), programs=programs,
+                             tiles=tiles, differing={})
+            for name in VERSIONS[1:]:
+                got = _inputs(programs, tiles, "cuda", dtype)[3]
+                try:
+                    _run(name, q, k, v, got, tiles)
+                    torch.cuda.synchronize()
+                    row["differing"][name] = {
+                        n: int((a.view(torch.int32) != b.view(torch.int32)).sum())
+                        for n, a, b in zip(("m", "l", "acc"), ref, got, strict=True)}
+                except Exception as exc:  # a probe: record and go on
+                    row["differing"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if dtype == torch.bfloat16:
+                _time(row, q, k, v, ref, tiles)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     with open(os.path.join(out_dir, "gluon.jsonl"), "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")

@@ -414,6 +414,7 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
              if line.startswith("  unified_attention_split_kernel: ")]
     assert len(waits) == 1, proc.stdout
     assert "for[ dot64x64 wait0" in waits[0] and "exp2:64x64" in waits[0], waits[0]
+    # Every loop opened in the listing was closed (a missed closing brace would leave one open).
     assert waits[0].count("for[") == waits[0].count("]"), waits[0]
 
 
@@ -474,6 +475,8 @@ def test_dot_waits_orders_dots_waits_and_exponentials() -> None:
         "} loc(#loc3)",
     ])
     assert _dot_waits(plain) == "for[ exp2:64x64 ] for[ dot64x64 ]"
+    # A loop with neither (a scalar loop) leaves nothing.
+    assert _dot_waits("scf.for %i = %a to %b step %c : i32 {\n%x = arith.addi %i, %i\n}") == ""
 
 
 def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str]) -> None:
