@@ -16,6 +16,9 @@ on the tensor cores; the Gluon versions compile the package's ``_tile_weights`` 
   (every score ``wgmma`` waited for at once; reports/h100-round12/cpu/dot-waits.md). Not the
   package's fused kernel (no pairs of tiles, block-table gathers, splits or folds): the
   reference the others are compared with, bit for bit and in time;
+- ``package`` (``_package_loop``): the package's own loop, ``_attend_split`` as the fused
+  kernel's nested loop runs it for the prefill tile (two tiles per step, K rows, the block-table
+  gather of the paged cache, 8 warps, 3 stages), over one split of fully visible tiles;
 - ``gluon`` (``_gluon_loop``, explicit layouts and waits): the next tile's score ``wgmma``
   issued before this tile's exponentials, this tile's ``p @ v`` waited for only before the next
   rescale, loads two tiles ahead (``cp.async``, five slots: a slot is refilled three tiles after
@@ -29,14 +32,14 @@ on the tensor cores; the Gluon versions compile the package's ``_tile_weights`` 
   ``acc`` once ``p @ v`` is done; ``-pp`` (``PINGPONG``): the two warpgroups also take turns
   issuing their dots (FA3's ping-pong, by mbarriers).
 
-The raw states (m, l, acc; NaN-filled before each run) of the Gluon versions are compared bit
-for bit with ``triton``'s at bf16 on four grids and at fp16 on the largest, then all are timed
-at bf16 (``_time``: ten back-to-back launches between CUDA events, five repeats with the
-versions interleaved, the median; descriptors built outside the timed launches; eight K/V
-sequences shared by all programs, so they stay in L2 as a prefill's do). ``--compile-only``
-compiles every version for sm_90 without a GPU (as ``benchmarks/kernel_stats.py`` does) and
-prints registers, spills, shared memory and the order of its dots, waits and exponentials
-(``kernel_stats.py --dot-waits``).
+The raw states (m, l, acc; NaN-filled before each run) of ``package`` and the Gluon versions
+are compared bit for bit with ``triton``'s at bf16 on four grids and at fp16 on the largest,
+then all are timed at bf16 (``_time``: ten back-to-back launches between CUDA events, five
+repeats with the versions interleaved, the median; descriptors built outside the timed
+launches; eight K/V sequences shared by all programs, so they stay in L2 as a prefill's do).
+``--compile-only`` compiles every version for sm_90 without a GPU (as
+``benchmarks/kernel_stats.py`` does) and prints registers, spills, shared memory and the order
+of its dots, waits and exponentials (``kernel_stats.py --dot-waits``).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels._triton.attention_kernels import _tile_scores, _tile_weights
+from kernels._triton.attention_kernels import _attend_split, _tile_scores, _tile_weights
 
 BLOCK_M, BLOCK_N, D = 128, 64, 128
 #: Distinct K/V sequences, program p reads set p % KV_SETS: as in a prefill, where every query
@@ -91,6 +94,30 @@ def _triton_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale,
         l_i = l_i * alpha + tl.sum(b_p, 1)
         acc = acc * alpha[:, None]
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc)
+    o = pid.to(tl.int64) * BLOCK_M
+    tl.store(m_ptr + o + o_m, m_i)
+    tl.store(l_ptr + o + o_m, l_i)
+    tl.store(acc_ptr + (o + o_m)[:, None] * D + o_d[None, :], acc)
+
+
+@triton.jit
+def _package_loop(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, N, qk_scale, table_ptr, num_pages,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                  HEADS: tl.constexpr):
+    """The package's own inner loop: ``_attend_split`` as the fused kernel's nested loop runs it
+    for the prefill tile (two fully visible tiles per step, K loaded as rows, the block-table
+    gather of 16-token pages), over one split of ``N`` tiles that every row sees entirely,
+    from the paged cache ``[pages, 16, HEADS, D]`` (head ``pid % KV_SETS``)."""
+    pid = tl.program_id(0)
+    o_m = tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, D)
+    b_q = tl.load(q_ptr + pid.to(tl.int64) * BLOCK_M * D + o_m[:, None] * D + o_d[None, :])
+    kv_len = N * BLOCK_N
+    pos = kv_len + o_m  # past every key: no tile is masked
+    m_i, l_i, acc = _attend_split(
+        b_q, pos, kv_len - 1, kv_len - 1, kv_len, 0, N, pid % KV_SETS, k_ptr, v_ptr, table_ptr,
+        num_pages, qk_scale, 16 * HEADS * D, HEADS * D, D, 16 * HEADS * D, HEADS * D, D,
+        D, 16, 4, BLOCK_M, BLOCK_N, False, True, False, "tf32", 0, D, 2)
     o = pid.to(tl.int64) * BLOCK_M
     tl.store(m_ptr + o + o_m, m_i)
     tl.store(l_ptr + o + o_m, l_i)
@@ -409,7 +436,7 @@ def _run(name, q, k, v, out, tiles):
     if name == "gluon":
         _gluon_loop[grid](q, k, v, *out, tiles, scale, BLOCK_M, BLOCK_N, D, num_warps=8)
         return
-    paged = "paged" in name
+    paged = "paged" in name or name == "package"
     # Descriptors (and the paged cache) are built once per (k, v), outside the timed launches.
     key = (k.data_ptr(), v.data_ptr(), paged)
     if key not in _DESCS:
@@ -419,6 +446,11 @@ def _run(name, q, k, v, out, tiles):
         else:
             _DESCS[key] = (*_descs(k, v), None)
     k_desc, v_desc, table = _DESCS[key][:3]
+    if name == "package":
+        kc, vc = _DESCS[key][3:]
+        _package_loop[grid](q, kc, vc, *out, tiles, scale, table, kc.shape[0], BLOCK_M, BLOCK_N,
+                            D, kc.shape[2] // D, num_warps=8, num_stages=3)
+        return
     _gluon_ws_loop[grid](q, k_desc, v_desc, *out, tiles, scale, BLOCK_M, BLOCK_N, D, table,
                          paged, "ws2" in name, name.endswith("-pp"), num_warps=4)
 
@@ -426,7 +458,7 @@ def _run(name, q, k, v, out, tiles):
 _DESCS: dict = {}
 
 
-VERSIONS = ("triton", "gluon", "gluon-ws", "gluon-ws-paged", "gluon-ws2-paged",
+VERSIONS = ("triton", "package", "gluon", "gluon-ws", "gluon-ws-paged", "gluon-ws2-paged",
             "gluon-ws2-paged-pp")
 
 
@@ -463,7 +495,7 @@ def main() -> None:
         scale = 0.125 * 1.4426950408889634
         for name, fn, kw in (("triton", _triton_loop, dict(num_warps=8, num_stages=3)),
                              ("gluon", _gluon_loop, dict(num_warps=8)),
-                             *((n, _gluon_ws_loop, dict(num_warps=4)) for n in VERSIONS[2:])):
+                             *((n, _gluon_ws_loop, dict(num_warps=4)) for n in VERSIONS[3:])):
             kv: tuple = (k, v)
             if fn is _gluon_ws_loop:
                 paged = "paged" in name
@@ -474,6 +506,13 @@ def main() -> None:
             c = compile_sm90(fn, q, *kv, *out, 4, scale, BLOCK_M, BLOCK_N, D, **kw)
             print(name, _ptxas_stats(c.asm["ptx"]), c.metadata.shared, flush=True)
             print("  ", _dot_waits(c.asm["ttgir"]), flush=True)
+            if name == "triton":  # the package's loop, on the paged cache
+                kc, vc, table = _paged(k, v)
+                c = compile_sm90(_package_loop, q, kc, vc, *out, 4, scale, table, kc.shape[0],
+                                 BLOCK_M, BLOCK_N, D, kc.shape[2] // D, num_warps=8,
+                                 num_stages=3)
+                print("package", _ptxas_stats(c.asm["ptx"]), c.metadata.shared, flush=True)
+                print("  ", _dot_waits(c.asm["ttgir"]), flush=True)
         return
     rows = []
     for dtype in (torch.bfloat16, torch.float16):
