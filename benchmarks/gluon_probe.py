@@ -234,6 +234,16 @@ WG_O_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
 
 
 @gluon.jit
+def _wg_start(q_s, half, HALF: gl.constexpr, BLOCK_N: gl.constexpr):
+    """A consumer warpgroup's q rows (its half of the block) and fresh online-softmax state:
+    (q, m = -inf, l = 0, a zero score accumulator)."""
+    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=gl.SliceLayout(1, WG_S_L))
+    l_i = gl.full([HALF], 0.0, gl.float32, layout=gl.SliceLayout(1, WG_S_L))
+    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=WG_S_L)
+    return q_s.slice(half * HALF, HALF), m_i, l_i, zero_s
+
+
+@gluon.jit
 def _ws_consumer(q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale, pid, half,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
                  STAGES: gl.constexpr):
@@ -246,10 +256,7 @@ def _ws_consumer(q_s, k_s, v_s, ready, empty, m_ptr, l_ptr, acc_ptr, N, qk_scale
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     HALF: gl.constexpr = BLOCK_M // 2
-    q_h = q_s.slice(half * HALF, HALF)
-    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
-    l_i = gl.full([HALF], 0.0, gl.float32, layout=gl.SliceLayout(1, S_L))
-    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+    q_h, m_i, l_i, zero_s = _wg_start(q_s, half, HALF, BLOCK_N)
     acc_tok = warpgroup_mma_init(gl.full([HALF, D], 0.0, gl.float32, layout=O_L))
     mbarrier.wait(ready.index(0), 0)
     s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
@@ -286,10 +293,7 @@ def _ws_consumer2(q_s, k_s, v_s, ready, empty, turn, m_ptr, l_ptr, acc_ptr, N, q
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     HALF: gl.constexpr = BLOCK_M // 2
-    q_h = q_s.slice(half * HALF, HALF)
-    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
-    l_i = gl.full([HALF], 0.0, gl.float32, layout=gl.SliceLayout(1, S_L))
-    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+    q_h, m_i, l_i, zero_s = _wg_start(q_s, half, HALF, BLOCK_N)
     acc = gl.full([HALF, D], 0.0, gl.float32, layout=O_L)
     mbarrier.wait(ready.index(0), 0)
     s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
