@@ -9,13 +9,16 @@
 #   sanbench: compute-sanitizer memcheck at bf16 (gpu_sanitize.py: valid and malformed inputs)
 #          and initcheck on valid inputs, then invariance bench kernels + kernels-heuristic +
 #          FlashInfer's variants (side by side)
+#   final: after the final read's kernel refactor (the fused kernel's j_end and flat-loop state
+#          written once; the nested loop's PTX unchanged, the flat loop's moved), the full check
+#          at three dtypes and the control, then the bench with FlashInfer
 #   profile: probe_round9.py mixsplit (mixed64's decodes and prefill chunks as two calls), then
 #          Nsight Compute on the fused kernel of prefill-varlen and mixed64 (default launch and
 #          the control's split count)
 # Calls 1 and 2 before these were benchmarks/probe_round12.py OUT decode, OUT flat (with the
 # temporary switch of commit f2f3cb3) and OUT split.
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round12.sh check|sanbench|profile}
+STEP=${1:?usage: sh benchmarks/gpu_round12.sh check|sanbench|profile|final}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -31,6 +34,21 @@ step_check() {
   echo "fuzz rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/fuzz.txt | tail -1
 }
 
+# The side-by-side bench with FlashInfer into $C (.whl carried).
+bench() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 330 $INV bench --backend kernels --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"
+  tail -5 $C/bench.txt
+  head -30 $C/bench-kernels-vs-flashinfer.md
+}
+
+step_final() {
+  C=$OUT/final; mkdir -p $C
+  full_check_and_control
+  bench
+}
+
 step_sanbench() {
   C=$OUT/sanitize; mkdir -p $C
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
@@ -38,12 +56,7 @@ step_sanbench() {
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
   echo "initcheck rc=$?"; tail -3 $C/initcheck-bf16.txt
   C=$OUT/bench; mkdir -p $C
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PWD:/tmp/site
-  timeout -s INT -k 15 330 $INV bench --backend kernels --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
-  echo "bench rc=$?"
-  tail -5 $C/bench.txt
-  head -30 $C/bench-kernels-vs-flashinfer.md
+  bench
 }
 
 step_profile() {

@@ -572,9 +572,9 @@ def plan_attention(
                  and (tuning.dependent_merge is None or tuning.dependent_merge))
     nested = False
     num_stages = launch.num_stages
-    if plan == "fused" and tuning.block_m is None:
-        num_stages = fused_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
     if plan == "fused":
+        if tuning.block_m is None:  # an explicit block_m keeps tile_config's stages
+            num_stages = fused_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
         nested, rule_step = fused_loop(q.dtype, D, block_m, num_warps, sm_major)
         nested = nested if tuning.nested_loop is None else tuning.nested_loop
         # The flat loop walks one tile per step.

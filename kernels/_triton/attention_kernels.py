@@ -478,20 +478,17 @@ def _unified_attention_fused_kernel(
         return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
-    kv_off_h = i_kvh.to(tl.int64)
-    # The running fold of the finished splits (empty), and the current split's state.
+    # The running fold of the finished splits (empty).
     f_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     f_l = tl.zeros([BLOCK_M], dtype=tl.float32)
     f_acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # Tiles from j_end on lie past the block's last position: masked for every row, skipped.
+    j_end = max_pos // BLOCK_N + 1
     if IS_NESTED:
         # An inner loop per split (the split kernel's: fully visible tiles TILES_PER_STEP at a
         # time, then the masked ones), its fold after it: per row the same operations in the same
         # order as the flat loop below; only register allocation and the schedule change
         # (kernels/README.md, "The fused plan's nested loop").
-        j_end = max_pos // BLOCK_N + 1
         # NOTE: ceil(j_end / split_tiles) without j_end + split_tiles - 1, which wraps in int32
         # for a split_size near 2**31 tiles (then no split would be walked).
         n_splits = tl.where(j_end > 0, (j_end - 1) // split_tiles + 1, 0)
@@ -505,8 +502,11 @@ def _unified_attention_fused_kernel(
     else:
         # One flat loop over the tiles (long loops pipeline well); at every split boundary the
         # split's raw state is folded and reset: the same operations, in the same order, as
-        # _attend_split + state_fold in the split plan's merge.
-        j_end = max_pos // BLOCK_N + 1
+        # _attend_split + state_fold in the split plan's merge. The current split's state:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        kv_off_h = i_kvh.to(tl.int64)
         # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
         j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
         for j in range(0, j_mid):
