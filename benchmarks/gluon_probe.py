@@ -491,6 +491,8 @@ def _time(row: dict, q, k, v, out, tiles: int, launches: int = 10, repeats: int 
 
 
 def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        sys.exit(f"usage: gluon_probe.py OUT_DIR [--compile-only]; got {sys.argv[1:]}")
     out_dir = sys.argv[1]
     if "--compile-only" in sys.argv:
         sys.path.insert(0, os.path.dirname(__file__))

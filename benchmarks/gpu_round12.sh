@@ -12,13 +12,15 @@
 #   final: after the final read's kernel refactor (the fused kernel's j_end and flat-loop state
 #          written once; the nested loop's PTX unchanged, the flat loop's moved), the full check
 #          at three dtypes and the control, then the bench with FlashInfer
+#   finalsan: after it, compute-sanitizer memcheck and initcheck and the kernel tests (gpu_site/
+#          carried)
 #   profile: probe_round9.py mixsplit (mixed64's decodes and prefill chunks as two calls), then
 #          Nsight Compute on the fused kernel of prefill-varlen and mixed64 (default launch and
 #          the control's split count)
 # Calls 1 and 2 before these were benchmarks/probe_round12.py OUT decode, OUT flat (with the
 # temporary switch of commit f2f3cb3) and OUT split.
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round12.sh check|sanbench|profile|final}
+STEP=${1:?usage: sh benchmarks/gpu_round12.sh check|sanbench|profile|final|finalsan}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -49,14 +51,29 @@ step_final() {
   bench
 }
 
-step_sanbench() {
-  C=$OUT/sanitize; mkdir -p $C
+# compute-sanitizer memcheck (valid and malformed inputs) and initcheck (valid ones) at bf16,
+# into $C.
+sanitize() {
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
   echo "memcheck rc=$?"; tail -3 $C/memcheck-bf16.txt
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
   echo "initcheck rc=$?"; tail -3 $C/initcheck-bf16.txt
+}
+
+step_sanbench() {
+  C=$OUT/sanitize; mkdir -p $C
+  sanitize
   C=$OUT/bench; mkdir -p $C
   bench
+}
+
+# After the final read's refactor (with gpu_site/ carried: pytest): the sanitizers, then the
+# kernel tests of the fused plan's loops and rules on the GPU.
+step_finalsan() {
+  C=$OUT/finalsan; mkdir -p $C
+  sanitize
+  PYTHONPATH=$PWD:$PWD/gpu_site timeout 230 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE tests/triton_kernels/test_plans.py -k "nested_loop or fused_loop or prefills_get or batch_tuning or fused_equals_split or prefill_tile_takes or tiles_per_step or near_two or stages" > $C/tests.txt 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|^[.sFE]+ " $C/tests.txt | tail -5
 }
 
 step_profile() {
