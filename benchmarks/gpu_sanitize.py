@@ -8,7 +8,9 @@ At each dtype, on two head configurations, small batches (built by the harness's
 the fused and the split plan at two split sizes (validate=True; the two plans must agree bit for
 bit), the fused plan with 128- and 256-row tiles and its nested loop (half precision),
 ``plan="auto"``, the control mode (``split_size=None``), a step without query tokens,
-``merge_states`` (with empty, NaN and +inf partials), and malformed index values with
+``merge_states`` (with empty, NaN and +inf partials), the Gluon prefill kernel where it runs
+(half precision on Hopper with Triton 3.6; bits compared with the Triton fused kernel), and
+malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
 block table, negative or below ``q_len``, ``cu_seqlens_q`` past T or not starting at 0). Outputs
 of malformed calls are never read (their garbage rows may be unwritten); ``--valid-only`` leaves
@@ -27,7 +29,14 @@ from collections.abc import Callable
 import torch
 
 from invariance import Chunk, HeadConfig, PageLayout, Request, Step, Workload, materialize
-from kernels import DEFAULT_SPLIT_SIZE, Tuning, merge_states, tile_config, unified_attention
+from kernels import (
+    DEFAULT_SPLIT_SIZE,
+    Tuning,
+    merge_states,
+    plan_attention,
+    tile_config,
+    unified_attention,
+)
 
 Args = tuple[torch.Tensor, ...]
 # (heads, page size, (q_len, kv_len) per request): decode rows, prefill chunks, a prefill from 0,
@@ -35,6 +44,9 @@ Args = tuple[torch.Tensor, ...]
 BATCHES = [
     (HeadConfig(4, 2, 64), 16, [(1, 300), (37, 150), (0, 40), (0, 0), (5, 5), (12, 97)]),
     (HeadConfig(8, 2, 128), 1, [(1, DEFAULT_SPLIT_SIZE + 90), (40, 64), (3, 200)]),
+    # Prefill-like at head dim 128 with 16-token pages: half precision on Hopper runs the Gluon
+    # prefill kernel (kernels/_gluon) in the fused plan.
+    (HeadConfig(8, 2, 128), 16, [(300, 1200), (1, 500), (64, 64), (0, 30), (7, 1030)]),
 ]
 FAILURES: list[str] = []
 
@@ -76,6 +88,13 @@ def plans_agree(args: Args, split: int) -> bool:
     nested = unified_attention(*args, split_size=split, plan="fused",
                                tuning=Tuning(nested_loop=True, tiles_per_step=2))
     unified_attention(*args, split_size=split, plan="auto")
+    if plan_attention(*args, split_size=split, plan="fused").gluon:
+        # The Gluon prefill kernel against the Triton fused kernel (bits compared).
+        triton_fused = unified_attention(*args, split_size=split, plan="fused",
+                                         tuning=Tuning(gluon=False))
+        if not all(torch.equal(bits(a), bits(b)) for a, b in zip(fused, triton_fused,
+                                                                 strict=True)):
+            return False
     # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
     # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only).
     same = True
@@ -145,6 +164,10 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
             case(f"{tag}/validate=False/{label}/fused-nested-2-tiles-per-step",
                  lambda b=bad: call(b, validate=False, plan="fused",
                                     tuning=Tuning(nested_loop=True, tiles_per_step=2)))
+            if plan_attention(*args, plan="fused").gluon:
+                case(f"{tag}/validate=False/{label}/fused-gluon",
+                     lambda b=bad: call(b, validate=False, plan="fused",
+                                        tuning=Tuning(gluon=True)))
             if dtype != torch.float32:
                 blocks = 8 if heads.head_dim >= 128 else 4
                 case(f"{tag}/validate=False/{label}/split-{blocks}-value-blocks-2-tiles-per-step",

@@ -194,6 +194,12 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
         jit = {n: getattr(ka, n) for n in names}
         for n in names:
             setattr(ka, n, _Recorder(n, jit[n], compiled))
+        gluon = None
+        if getattr(lp, "gluon", False):  # the Gluon prefill kernel (Triton 3.6 only)
+            from kernels._gluon import attention_kernels as gluon
+            gluon_jit = gluon._fused_prefill_kernel
+            gluon._fused_prefill_kernel = _Recorder(  # type: ignore[assignment]
+                "_fused_prefill_kernel", gluon_jit, compiled)
         try:
             T, Hq, D = inputs[0].shape
             out = torch.empty(T, Hq, D, dtype=dtype)
@@ -203,6 +209,8 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
         finally:
             for n in names:
                 setattr(ka, n, jit[n])
+            if gluon is not None:
+                gluon._fused_prefill_kernel = gluon_jit
     finally:
         for k, v in saved.items():
             setattr(ka, k, v)

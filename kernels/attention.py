@@ -44,6 +44,7 @@ from kernels.config import (
     control_num_splits,
     fused_loop,
     fused_stages,
+    gluon_prefill,
     prefill_like,
     rows_per_block,
     slot_order,
@@ -172,6 +173,13 @@ class Tuning:
       same order per row; only the loop structure (hence register allocation and pipelining)
       changes. ``None`` takes :func:`~kernels.config.fused_loop`'s choice (with its tiles per
       step unless ``tiles_per_step`` is given; the flat loop walks one tile per step).
+    - ``gluon`` (bool; fused plan only): run the fused plan's prefill tile on the Gluon kernel
+      (kernels/_gluon: TMA loader warp, two warpgroups, FA3's order) where
+      :func:`~kernels.config.gluon_prefill` allows it (Hopper, half precision, head dim 128,
+      128 rows on 8 warps in the nested loop, pages of >= 16 tokens, dense caches, Triton 3.6).
+      The same operations in the same order per row (kernels/README.md, "The Gluon prefill
+      tile"). ``None``: wherever allowed; ``False``: never; ``True``: required (a
+      ``ValueError`` says why when the launch is not eligible).
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """
@@ -185,6 +193,7 @@ class Tuning:
     dependent_merge: bool | None = None
     slot_order: bool | None = None
     nested_loop: bool | None = None
+    gluon: bool | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -200,7 +209,7 @@ class Tuning:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
                                           and ok(value)):
                 raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
-        for name in ("dependent_merge", "slot_order", "nested_loop"):
+        for name in ("dependent_merge", "slot_order", "nested_loop", "gluon"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"Tuning.{name}: expected a bool or None, got {value!r}")
@@ -241,6 +250,7 @@ class LaunchPlan:
     dependent_merge: bool  # split plan's merge as a programmatic dependent launch (sm_90+)
     slot_order: bool  # fused plan: requests with the most KV first (sorted on the device)
     nested_loop: bool  # fused plan: an inner loop per split, its fold after it (else one loop)
+    gluon: bool  # fused plan: the Gluon prefill kernel (kernels/_gluon) instead of Triton's
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
@@ -579,6 +589,12 @@ def plan_attention(
         nested = nested if tuning.nested_loop is None else tuning.nested_loop
         # The flat loop walks one tile per step.
         step = (tuning.tiles_per_step or rule_step) if nested else 1
+    use_gluon = False
+    if plan == "fused" and tuning.gluon is not False:
+        use_gluon = _gluon_ready(q, k_cache, v_cache, block_m, block_n, num_warps, nested,
+                                 sm_major, required=bool(tuning.gluon))
+    elif tuning.gluon:
+        raise ValueError(f"tuning: gluon=True needs the fused plan, got plan {plan!r}")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -590,8 +606,36 @@ def plan_attention(
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
-        dependent_merge=dependent, slot_order=ordered, nested_loop=nested,
+        dependent_merge=dependent, slot_order=ordered, nested_loop=nested, gluon=use_gluon,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
+
+
+def _gluon_ready(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_m: int,
+                 block_n: int, num_warps: int, nested: bool, sm_major: int | None,
+                 required: bool) -> bool:
+    """Whether this fused-plan launch runs the Gluon prefill kernel: the shape rule
+    (:func:`~kernels.config.gluon_prefill`), dense caches and Triton 3.6's Gluon. With
+    ``required`` (``Tuning(gluon=True)``) a launch that is not eligible raises, naming why."""
+    D = q.shape[2]
+    page_size = k_cache.shape[1]
+    reasons = []
+    if not gluon_prefill(q.dtype, D, block_m, block_n, num_warps, page_size, nested, sm_major):
+        reasons.append(
+            f"the prefill tile on Hopper (fp16/bf16, head_dim 128, block_m 128 on 8 warps, "
+            f"block_n 64, nested loop, page_size >= 16), got {q.dtype}, head_dim {D}, block_m "
+            f"{block_m} on {num_warps} warps, block_n {block_n}, nested {nested}, page_size "
+            f"{page_size}, compute capability major {sm_major}")
+    else:  # only on a Hopper GPU: the Gluon module is never imported elsewhere
+        from kernels import _gluon
+
+        if not _gluon.caches_fit(k_cache, v_cache):
+            reasons.append("contiguous k_cache and v_cache with fewer than 2**31 token rows")
+        if not _gluon.available():
+            reasons.append(f"Triton {_gluon.GLUON_TRITON}x with Gluon, got Triton "
+                           f"{triton.__version__}")
+    if reasons and required:
+        raise ValueError("tuning: gluon=True needs " + "; ".join(reasons))
+    return not reasons
 
 
 # ------------------------------------------------------------------------------------------------
@@ -659,6 +703,14 @@ def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         order = torch.empty(lp.num_slots, dtype=torch.int32, device=q.device)
         _slot_rank_kernel[(lp.num_slots,)](keys, order, lp.num_slots, BLOCK=_RANK_BLOCK,
                                            num_warps=_RANK_NUM_WARPS)
+    if lp.gluon:
+        from kernels._gluon import launch_fused_prefill
+
+        launch_fused_prefill(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, order, out,
+                             lse, qk_scale, num_slots=lp.num_slots, split_tiles=lp.split_tiles,
+                             block_m=lp.block_m, block_q=lp.block_q, block_n=lp.block_n,
+                             is_slot_order=lp.slot_order)
+        return
     _unified_attention_fused_kernel[(lp.num_slots, Hkv)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, order, out, lse,
         IS_SLOT_ORDER=lp.slot_order, IS_NESTED=lp.nested_loop, TILES_PER_STEP=lp.tiles_per_step,

@@ -174,6 +174,23 @@ def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
     return False, 1
 
 
+def gluon_prefill(dtype: torch.dtype, head_dim: int, block_m: int, block_n: int,
+                  num_warps: int, page_size: int, nested: bool,
+                  sm_major: int | None = None) -> bool:
+    """Whether a fused-plan launch runs the Gluon prefill kernel (kernels/_gluon) instead of the
+    Triton fused kernel: round 11's prefill tile (128 rows on 8 warps, BLOCK_N 64) in the nested
+    loop, half precision at head dim 128 on Hopper, pages of at least 16 tokens (one TMA box per
+    page, 128-byte swizzled). Shapes only; the launcher also needs Triton 3.6's Gluon and dense
+    caches (:func:`kernels._gluon.available`, :func:`kernels._gluon.caches_fit`).
+
+    The same operations in the same order per row as the Triton kernel, which the H100 checks
+    (kernels/README.md, "The Gluon prefill tile"); what it changes is the schedule: a loader
+    warp (TMA), two consumer warpgroups on mbarriers, and each tile's exponentials computed while
+    the tensor cores run the next scores and this tile's ``p @ v``."""
+    return (_measured_neutral(dtype, head_dim, sm_major) and _prefill_tile(block_m, num_warps)
+            and block_n == 64 and page_size >= 16 and nested)
+
+
 def fused_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
                  num_stages: int, sm_major: int | None = None) -> int:
     """Pipeline stages of a fused-plan launch of ``block_m`` rows on ``num_warps`` warps whose

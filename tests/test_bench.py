@@ -154,7 +154,7 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert all(BUILTIN[n].options for n in BUILTIN if n.startswith("kernels"))
     for bad, match in [
             ("kernels:nope=1", "kernels option 'nope': unknown; expected one of split_size, "
-                               "plan, block_m, num_warps, num_stages, got 'nope'"),
+                               "plan, gluon, block_m, num_warps, num_stages, got 'nope'"),
             ("kernels:split_size=0", "split_size: expected an int >= 1 or none or default, "
                                      "got '0'"),
             ("kernels:split_size=2k", "split_size: expected an int >= 1"),
@@ -164,7 +164,8 @@ def test_kernels_options_from_the_cli_string() -> None:
             ("kernels:num_stages=9", r"num_stages: expected an int in \[1, 8\], got '9'"),
             ("kernels:num_stages=x", "num_stages: expected an int in"),
             ("kernels-fused:oops", "key=value"),
-            ("kernels:plan=fused,plan=split", "given twice")]:
+            ("kernels:plan=fused,plan=split", "given twice"),
+            ("kernels:gluon=yes", "gluon: expected one of auto, true, false, got 'yes'")]:
         with pytest.raises(ValueError, match=match):
             resolve(bad)
 

@@ -5,7 +5,8 @@ On a CPU tensor the kernels run under the Triton interpreter, which must be swit
 ``TRITON_INTERPRET=1`` before Triton is first imported; the adapter does so when it can.
 
 From the CLI the four built-ins take options (:meth:`KernelsBackend.with_options`), e.g.
-``--backend kernels:split_size=2048`` or ``--backend kernels-fused:block_m=128,num_warps=8``.
+``--backend kernels:split_size=2048``, ``--backend kernels-fused:block_m=128,num_warps=8`` or
+``--backend kernels:gluon=false`` (the Triton kernels where the Gluon prefill kernel would run).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ _TUNING_RULES: dict[str, tuple[Callable[[int], bool], str]] = {
     "num_warps": (lambda v: v in _NUM_WARPS, f"one of {', '.join(map(str, _NUM_WARPS))}"),
     "num_stages": (lambda v: 1 <= v <= 8, "an int in [1, 8]"),
 }
-_OPTION_KEYS = ("split_size", "plan", *_TUNING_RULES)
+_OPTION_KEYS = ("split_size", "plan", "gluon", *_TUNING_RULES)
+_GLUON_VALUES = {"auto": None, "true": True, "false": False}
 
 
 def _enable_interpreter_on_cpu(batch: AttentionBatch) -> None:
@@ -52,7 +54,9 @@ class KernelsBackend:
     ``block_m`` / ``num_warps`` / ``num_stages`` become a ``kernels.Tuning`` (launch overrides of
     the tile configuration ``kernels.tile_config`` fixes per (dtype, head_dim); its docstring says
     which are bit-neutral). They are for experiments that measure whether they change bits; a
-    callable ``block_m`` picks it per batch, as a non-invariant library would.
+    callable ``block_m`` picks it per batch, as a non-invariant library would. ``gluon``
+    (``kernels.Tuning.gluon``): ``None`` runs the Gluon prefill kernel wherever it is allowed,
+    ``False`` never, ``True`` requires it.
 
     :meth:`plan` (the planning protocol of :mod:`invariance.backends`) takes the batch's lengths
     on the host before a CUDA-graph capture, so that the captured call picks its plan from them
@@ -65,6 +69,7 @@ class KernelsBackend:
     block_m: int | Callable[[AttentionBatch], int] | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    gluon: bool | None = None
     #: The last planned batch (a weak reference) and its host lengths.
     _planned: dict[str, Any] = field(default_factory=dict, init=False, compare=False,
                                      repr=False)
@@ -93,7 +98,7 @@ class KernelsBackend:
         split = kernels.DEFAULT_SPLIT_SIZE if self.split_size == _DEFAULT else self.split_size
         tuning = kernels.Tuning(
             block_m=self.block_m(batch) if callable(self.block_m) else self.block_m,
-            num_warps=self.num_warps, num_stages=self.num_stages)
+            num_warps=self.num_warps, num_stages=self.num_stages, gluon=self.gluon)
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, split_size=split, plan=self.kernel_plan,
@@ -106,8 +111,9 @@ class KernelsBackend:
         ``name:key=value,...``) applied. Keys: ``split_size`` (KV tokens per split, an int >= 1;
         ``none`` = the batch-variant control heuristic; ``default`` =
         ``kernels.DEFAULT_SPLIT_SIZE``), ``plan`` (``auto`` / ``fused`` / ``split``),
-        ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (1..8).
-        ``ValueError`` naming the key, what it expects and what it got."""
+        ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (1..8),
+        ``gluon`` (``auto``, ``true`` or ``false``). ``ValueError`` naming the key, what it
+        expects and what it got."""
         values: dict[str, Any] = {}
         for key, text in options.items():
             value = text.strip()
@@ -121,6 +127,11 @@ class KernelsBackend:
                     raise ValueError(f"kernels option plan: expected one of "
                                      f"{', '.join(_PLANS)}, got {text!r}")
                 values["kernel_plan"] = value
+            elif key == "gluon":
+                if value.lower() not in _GLUON_VALUES:
+                    raise ValueError(f"kernels option gluon: expected one of "
+                                     f"{', '.join(_GLUON_VALUES)}, got {text!r}")
+                values["gluon"] = _GLUON_VALUES[value.lower()]
             elif key in _TUNING_RULES:
                 values[key] = _int_option(key, value, *_TUNING_RULES[key])
             else:

@@ -80,6 +80,44 @@ def _find_request(cu_seqlens_q_ptr, i, B, BLOCK_Q: tl.constexpr, IS_SLOT: tl.con
 
 
 @triton.jit
+def _block_scalars(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, max_kv_len, BLOCK_Q: tl.constexpr):
+    """The request of query-block slot ``i_qb`` and the block's place in it: (i_b, q_start,
+    q_len, kv_len, i_qblk). ``kv_len`` clamped to ``[0, max_kv_len]`` (:func:`_block_rows`)."""
+    i_b = _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q, True)
+    q_start = tl.load(cu_seqlens_q_ptr + i_b)
+    q_len = tl.load(cu_seqlens_q_ptr + i_b + 1) - q_start
+    kv_len = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + i_b), 0), max_kv_len)
+    i_qblk = i_qb - (q_start // BLOCK_Q + i_b)
+    return i_b, q_start, q_len, kv_len, i_qblk
+
+
+@triton.jit
+def _block_row_ids(o_m, i_qblk, q_start, q_len, kv_len, T, G: tl.constexpr,
+                   BLOCK_Q: tl.constexpr):
+    """Tile rows ``o_m`` of a query block: (tok token index in the request, g head in group,
+    m_row valid rows, pos absolute position, -1 on invalid rows) (:func:`_block_rows`). Takes
+    the row indices rather than making them, so that the Gluon kernel (kernels/_gluon) runs the
+    same code on its own layouts."""
+    tok = i_qblk * BLOCK_Q + o_m // G
+    g = o_m % G
+    # NOTE: when G is not a power of two, BLOCK_Q * G < BLOCK_M and the last rows are padding.
+    m_row = (o_m // G < BLOCK_Q) & (tok < q_len)
+    m_row = m_row & (q_start + tok >= 0) & (q_start + tok < T)
+    pos = tl.where(m_row, kv_len - q_len + tok, -1)
+    return tok, g, m_row, pos
+
+
+@triton.jit
+def _block_pos_bounds(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q: tl.constexpr):
+    """(min_pos, max_pos): the smallest and largest position of a query block's rows, with the
+    guards of :func:`_block_rows`."""
+    ctx = kv_len - q_len
+    max_pos = tl.minimum(ctx + tl.minimum((i_qblk + 1) * BLOCK_Q, q_len) - 1, max_kv_len - 1)
+    min_pos = tl.maximum(tl.minimum(ctx + i_qblk * BLOCK_Q, max_pos), -1)
+    return min_pos, max_pos
+
+
+@triton.jit
 def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr):
     """Rows of query-block slot ``i_qb``.
@@ -96,21 +134,11 @@ def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.con
     and loops stay bounded, even under int32 wrap-around of garbage lengths. A row is valid
     only if its token index lies in ``[0, T)``, so no q load or out store leaves q or out.
     """
-    i_b = _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q, True)
-    q_start = tl.load(cu_seqlens_q_ptr + i_b)
-    q_len = tl.load(cu_seqlens_q_ptr + i_b + 1) - q_start
-    kv_len = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + i_b), 0), max_kv_len)
-    i_qblk = i_qb - (q_start // BLOCK_Q + i_b)
-    o_m = tl.arange(0, BLOCK_M)
-    tok = i_qblk * BLOCK_Q + o_m // G
-    g = o_m % G
-    # NOTE: when G is not a power of two, BLOCK_Q * G < BLOCK_M and the last rows are padding.
-    m_row = (o_m // G < BLOCK_Q) & (tok < q_len)
-    m_row = m_row & (q_start + tok >= 0) & (q_start + tok < T)
-    ctx = kv_len - q_len
-    pos = tl.where(m_row, ctx + tok, -1)
-    max_pos = tl.minimum(ctx + tl.minimum((i_qblk + 1) * BLOCK_Q, q_len) - 1, max_kv_len - 1)
-    min_pos = tl.maximum(tl.minimum(ctx + i_qblk * BLOCK_Q, max_pos), -1)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                         max_kv_len, BLOCK_Q)
+    tok, g, m_row, pos = _block_row_ids(tl.arange(0, BLOCK_M), i_qblk, q_start, q_len, kv_len, T,
+                                        G, BLOCK_Q)
+    min_pos, max_pos = _block_pos_bounds(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
     return i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos
 
 

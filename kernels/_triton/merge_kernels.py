@@ -39,8 +39,10 @@ def state_fold(m_a, l_a, acc_a, m_b, l_b, acc_b):
     # NOTE: guard exp2(-inf - -inf) = NaN when both are empty.
     m_safe = tl.where(a_empty & b_empty, 0.0, m)
     # NOTE: -0.0 from its bits: Triton 3.6 turns a literal -0.0 into +0.0 (its scalar_constant
-    # tests value == 0), and x + +0.0 turns a -0.0 into +0.0 (ARCHITECTURE.md, item 3).
-    neg_zero = tl.full([], -2147483648, tl.int32).to(tl.float32, bitcast=True)
+    # tests value == 0), and x + +0.0 turns a -0.0 into +0.0 (ARCHITECTURE.md, item 3). A scalar
+    # cast, not tl.full([]): Gluon's full needs a layout, and the Gluon prefill kernel
+    # (kernels/_gluon) compiles this function as it is.
+    neg_zero = tl.cast(-2147483648, tl.float32, bitcast=True)
     # b empty (both empty included): keep a. Else a empty: take b.
     w_a = tl.where(b_empty, 1.0, tl.where(a_empty, neg_zero, tl.exp2(m_a - m_safe)))
     w_b = tl.where(b_empty, neg_zero, tl.where(a_empty, 1.0, tl.exp2(m_b - m_safe)))

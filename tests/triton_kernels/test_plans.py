@@ -501,6 +501,89 @@ def test_fused_stages_rule() -> None:
     assert fused_stages(torch.float32, 128, 64, 4, 2, 9) == 2
 
 
+def test_gluon_prefill_rule() -> None:
+    """The Gluon prefill kernel for round 11's prefill tile only: 128 rows on 8 warps, BLOCK_N
+    64, the nested loop, pages of >= 16 tokens, half precision at head dim 128 on Hopper."""
+    from kernels.config import gluon_prefill
+
+    for dt in (torch.float16, torch.bfloat16):
+        assert gluon_prefill(dt, 128, 128, 64, 8, 16, True, 9)
+        assert gluon_prefill(dt, 128, 128, 64, 8, 1024, True, 9)
+        for bm, bn, w, ps, nested in ((64, 64, 4, 16, True), (128, 64, 4, 16, True),
+                                      (256, 64, 8, 16, True), (128, 32, 8, 16, True),
+                                      (128, 64, 8, 8, True), (128, 64, 8, 1, True),
+                                      (128, 64, 8, 16, False)):
+            assert not gluon_prefill(dt, 128, bm, bn, w, ps, nested, 9), (bm, bn, w, ps, nested)
+        for sm in (8, 10, None):
+            assert not gluon_prefill(dt, 128, 128, 64, 8, 16, True, sm)
+        for d in (64, 256):
+            assert not gluon_prefill(dt, d, 128, 64, 8, 16, True, 9)
+    assert not gluon_prefill(torch.float32, 128, 128, 64, 8, 16, True, 9)
+
+
+def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
+    # As on an H100 (sm 9): a prompt's fused plan asks for the Gluon kernel, which also needs
+    # dense caches and Triton 3.6's Gluon (kernels._gluon.available). Without them, or with
+    # Tuning(gluon=False), the Triton kernel; Tuning(gluon=True) then names what is missing.
+    import kernels._gluon as gluon_module
+    import kernels.attention as attention
+
+    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    bf16, i32 = torch.bfloat16, torch.int32
+    cache = torch.zeros(130, 16, 2, 128, dtype=bf16, device=device)
+    args = (torch.zeros(2048, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
+            torch.tensor([0, 2048], dtype=i32, device=device),
+            torch.tensor([2048], dtype=i32, device=device),
+            torch.arange(128, dtype=i32, device=device)[None])
+    monkeypatch.setattr(gluon_module, "available", lambda: True)
+    lp = plan_attention(*args, validate=False, plan="fused")
+    assert lp.gluon and (lp.block_m, lp.num_warps, lp.nested_loop) == (128, 8, True)
+    assert not plan_attention(*args, validate=False, plan="fused",
+                              tuning=Tuning(gluon=False)).gluon
+    assert not plan_attention(*args, validate=False, plan="split").gluon
+    assert not plan_attention(*args, validate=False, plan="fused",
+                              tuning=Tuning(nested_loop=False)).gluon
+    with pytest.raises(ValueError, match=r"gluon=True needs the fused plan, got plan 'split'"):
+        plan_attention(*args, validate=False, plan="split", tuning=Tuning(gluon=True))
+    with pytest.raises(ValueError, match=r"gluon=True needs the prefill tile on Hopper .* "
+                                         r"block_m 64 on 4 warps"):
+        plan_attention(*args, validate=False, plan="fused", tuning=Tuning(gluon=True,
+                                                                          block_m=64))
+    # A cache that is a strided view (K and V of one tensor) cannot be read by TMA as 2-D rows.
+    kv = torch.zeros(130, 2, 16, 2, 128, dtype=bf16, device=device)
+    strided = (args[0], kv[:, 0], kv[:, 1], *args[3:])
+    assert not plan_attention(*strided, validate=False, plan="fused").gluon
+    with pytest.raises(ValueError, match="contiguous k_cache and v_cache"):
+        plan_attention(*strided, validate=False, plan="fused", tuning=Tuning(gluon=True))
+    monkeypatch.setattr(gluon_module, "available", lambda: False)
+    assert not plan_attention(*args, validate=False, plan="fused").gluon
+    with pytest.raises(ValueError, match=r"Triton 3\.6\.x with Gluon, got Triton"):
+        plan_attention(*args, validate=False, plan="fused", tuning=Tuning(gluon=True))
+    # The interpreter (and every GPU other than Hopper) never plans it.
+    monkeypatch.setattr(attention, "_sm_major", lambda device: None)
+    assert not plan_attention(*args, validate=False, plan="fused").gluon
+
+
+def test_gluon_needs_triton_3_6(monkeypatch) -> None:
+    import triton
+
+    import kernels._gluon as gluon_module
+
+    gluon_module.available.cache_clear()
+    try:
+        monkeypatch.setattr(triton, "__version__", "3.9.0")
+        assert not gluon_module.available()
+    finally:
+        gluon_module.available.cache_clear()
+
+
+def test_tuning_gluon_is_a_bool_or_none() -> None:
+    for bad in (1, "true", 0.0):
+        with pytest.raises(ValueError, match=r"Tuning\.gluon: expected a bool or None"):
+            Tuning(gluon=bad)  # type: ignore[arg-type]
+    assert Tuning(gluon=False).gluon is False
+
+
 def test_decode_batches_get_three_stages_on_the_fused_plan_only(monkeypatch, device) -> None:
     # As on an H100 (sm 9): 64 decodes on the fused plan take 3 stages, on the split plan 2; an
     # explicit num_stages wins, and a Tuning that names block_m keeps tile_config's stages.

@@ -1,0 +1,96 @@
+#!/bin/sh
+# The round-13 H100 runs (reports/h100-round13/README.md), one step per device call (each under
+# 10 minutes): sh benchmarks/gpu_round13.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
+# carried for the tests and .whl/ (the FlashInfer wheels) for the bench.
+#   smoke: the Gluon prefill kernel's GPU tests (tests/triton_kernels/test_gluon.py, fp16 and
+#          bf16), then prefill-varlen and mixed64 timed with it and without it (kernels vs
+#          kernels:gluon=false, side by side in one run)
+#   check: the full default check of the kernels at three dtypes (the Gluon kernel serving the
+#          prefill tile), the control at bf16 (it must fail), the same check with
+#          kernels:gluon=false at bf16, then compute-sanitizer memcheck and initcheck at bf16
+#   bench: invariance bench kernels + kernels:gluon=false + kernels-heuristic + FlashInfer's
+#          variants, side by side; then the default check at bf16 of kernels and of
+#          kernels-fused with the Gluon launches counted (benchmarks/count_gluon.py: how many
+#          calls of each check ran the Gluon kernel)
+#   probe: benchmarks/probe_round13.py (rings of 2, 3, 5 slots, the other slot order, the Triton
+#          kernel; bits and times)
+#   final: on the final kernel (the ring's depth a launch argument since the probe): the Gluon
+#          GPU tests, the full check at three dtypes and the control, and the check of
+#          kernels-fused at three dtypes with the Gluon launches counted
+#   finalsan: the sanitizers, then the bench as in step bench
+set -u
+STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|finalsan}
+INV="python3 -m invariance.cli"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+
+# full_check_and_control: the full default check at three dtypes, then the control, into $C.
+. benchmarks/gpu_full_check.sh
+
+gluon_tests() {
+  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout ${1:-300} python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE -x tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
+  echo "gluon tests rc=$?"; grep -E "passed|failed|FAILED|Error|^[.sFE]+ " $C/tests-gluon.txt | tail -8
+}
+
+step_smoke() {
+  C=$OUT/smoke; mkdir -p $C
+  gluon_tests 300
+  timeout 200 $INV bench --backend kernels --backend kernels:gluon=false --baseline kernels:gluon=false --workload prefill-varlen --workload mixed64 --iters 30 --no-progress --markdown $C/bench-gluon.md --json $C/bench-gluon.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"; tail -3 $C/bench.txt; head -20 $C/bench-gluon.md
+}
+
+# compute-sanitizer memcheck (valid and malformed inputs) and initcheck (valid ones) at bf16.
+sanitize() {
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
+  echo "memcheck rc=$?"; tail -3 $C/memcheck-bf16.txt
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
+  echo "initcheck rc=$?"; tail -3 $C/initcheck-bf16.txt
+}
+
+step_check() {
+  C=$OUT/check; mkdir -p $C
+  full_check_and_control
+  s=$(date +%s)
+  timeout 120 $INV check --backend kernels:gluon=false --device cuda --dtype bf16 --no-progress --json $C/triton-only-bf16.json --markdown $C/triton-only-bf16.md > $C/triton-only.txt 2>&1
+  echo "triton-only rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/triton-only.txt | tail -1
+  sanitize
+}
+
+bench() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 420 $INV bench --backend kernels --backend kernels:gluon=false --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"
+  tail -5 $C/bench.txt
+  head -30 $C/bench-kernels-vs-flashinfer.md
+}
+
+# The default check of backend $1 at dtypes $2 with the Gluon launches counted, into $C.
+counted_check() {
+  timeout ${3:-100} python3 benchmarks/count_gluon.py check --backend $1 --device cuda --dtype $2 --no-progress --markdown $C/check-$1.md --json $C/check-$1.json > $C/check-$1.txt 2>&1
+  echo "check $1 rc=$?"; grep -h -E "PASSED|FAILED|Gluon" $C/check-$1.txt | tail -2
+}
+
+step_bench() {
+  C=$OUT/bench; mkdir -p $C
+  bench
+  for b in kernels kernels-fused; do counted_check $b bf16; done
+}
+
+step_probe() {
+  mkdir -p $OUT/probe
+  timeout 500 python3 benchmarks/probe_round13.py $OUT/probe
+}
+
+step_final() {
+  C=$OUT/final; mkdir -p $C
+  gluon_tests 200
+  full_check_and_control
+  counted_check kernels-fused fp16,bf16,fp32 150
+}
+
+step_finalsan() {
+  C=$OUT/finalsan; mkdir -p $C
+  sanitize
+  bench
+}
+
+step_$STEP

@@ -1,0 +1,82 @@
+"""Round-13 probe (H100): the Gluon prefill kernel's bit-neutral settings
+(reports/h100-round13/README.md).
+
+    python benchmarks/probe_round13.py OUT_DIR [WORKLOAD ...]
+
+On prefill-like workloads (the bench's prefill-varlen and mixed64 by default, and the lengths
+specs of round 12's flat-loop probe), the default launch (the Gluon kernel, a ring of
+``kernels._gluon.RING_SLOTS`` = 4 K/V slots, the plan's slot order) against: the Triton fused
+kernel (``Tuning(gluon=False)``), rings of 2, 3 and 5 slots, and the other slot order. Bits of
+out and LSE against the default at bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed,
+medians of 20, three repeats interleaved cell by cell). Writes ``gluon.jsonl`` after each
+workload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+
+import torch
+
+import kernels
+import kernels._gluon
+from benchmarks.probe_round4 import call, save
+from benchmarks.probe_round5 import _bits_vs
+from benchmarks.probe_round11 import _workload
+from benchmarks.tile_sweep import _graphed as graphed
+from invariance.bench import CudaTimer, build_batch
+
+WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32",
+             "chunk:1k/16kx4+prefill:1kx12"]
+
+
+def _ring(fn: Callable[[], object], slots: int) -> Callable[[], object]:
+    """``fn`` with the Gluon kernel's ring at ``slots`` slots while it launches."""
+    def run() -> object:
+        saved = kernels._gluon.RING_SLOTS
+        kernels._gluon.RING_SLOTS = slots
+        try:
+            return fn()
+        finally:
+            kernels._gluon.RING_SLOTS = saved
+    return run
+
+
+def main(out_dir: str, specs: list[str]) -> None:
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or WORKLOADS:
+        for dtype in (torch.bfloat16, torch.float16):
+            batch = build_batch(_workload(spec), dtype=dtype)
+            lens = (batch.q_lens(), batch.kv_lens.tolist())
+            lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache,
+                                        batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
+                                        validate=False, host_lens=lens)
+            ref = call(batch)
+            cells = {"triton": call(batch, tuning=kernels.Tuning(gluon=False)),
+                     **{f"ring{n}": _ring(call(batch), n) for n in (2, 3, 5)},
+                     "slot_order_flipped": call(batch, tuning=kernels.Tuning(
+                         slot_order=not lp.slot_order))}
+            row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec, plan=lp.plan,
+                       gluon=lp.gluon, slot_order=lp.slot_order)
+            ref_out = ref()
+            row["bits_differing"] = {name: _bits_vs(ref_out, fn()) for name, fn in cells.items()}
+            if dtype == torch.bfloat16:
+                graphs = [("default", graphed(ref))] + [(n, graphed(f)) for n, f in cells.items()]
+                for _ in range(3):
+                    for name, g in graphs:
+                        row.setdefault(f"us_{name}", []).append(
+                            round(timer.time_fn(g) * 1000, 1))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del batch, ref_out
+            torch.cuda.empty_cache()
+            save(out_dir, "gluon.jsonl", rows)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        sys.exit(f"usage: probe_round13.py OUT_DIR [WORKLOAD ...]; got {sys.argv[1:]}")
+    main(sys.argv[1], sys.argv[2:])

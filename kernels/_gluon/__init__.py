@@ -1,0 +1,70 @@
+"""Gluon kernels for Hopper: the fused plan's prefill tile (kernels/README.md, "The Gluon
+prefill tile"). Imported only where :func:`available` says so; the package works without it."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+#: The Triton release line whose Gluon the kernels are written and proven for. Gluon is
+#: experimental and its API moves between releases (round 12's probe does not compile under
+#: Triton 3.9), so any other release runs the Triton kernels.
+GLUON_TRITON = "3.6."
+#: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
+#: scheduling only, like Triton's pipeline stages.
+RING_SLOTS = 4
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the Gluon kernels can be compiled here: Triton 3.6.x with its Gluon module."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    if not triton.__version__.startswith(GLUON_TRITON):
+        return False
+    try:
+        import kernels._gluon.attention_kernels  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def caches_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the caches can be read by TMA as ``[pages * page_size, Hkv * D]``: dense
+    (contiguous) and with fewer than ``2**31`` rows (TMA coordinates are int32)."""
+    return (k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.shape[0] * k_cache.shape[1] < 2**31)
+
+
+def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor,
+                         block_table: torch.Tensor, slot_order: torch.Tensor, out: torch.Tensor,
+                         lse: torch.Tensor, qk_scale: float, *, num_slots: int, split_tiles: int,
+                         block_m: int, block_q: int, block_n: int, is_slot_order: bool) -> None:
+    """The fused plan's grid ``(num_slots, Hkv)`` on the Gluon kernel.
+
+    Shapes: q ``[T, Hq, D]``; k_cache, v_cache ``[P, PS, Hkv, D]`` contiguous; cu_seqlens_q
+    ``[B + 1]``, kv_lens ``[B]``, block_table ``[B, max_pages]`` int32; slot_order
+    ``[num_slots]`` int32 (read only with ``is_slot_order``); out ``[T, Hq, D]``, lse
+    ``[T, Hq]`` fp32, contiguous. The TMA descriptors are built here on the host from shapes
+    and pointers alone (no sync: a CUDA graph captures them as kernel parameters)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from kernels._gluon import attention_kernels as ak
+
+    T, Hq, D = q.shape
+    num_pages, page_size, Hkv, _ = k_cache.shape
+    box = min(page_size, block_n)
+    descs = [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
+                                          ak.SMEM_L.value)
+             for c in (k_cache, v_cache)]
+    ak._fused_prefill_kernel[(num_slots, Hkv)](
+        q, *descs, cu_seqlens_q, kv_lens, block_table, slot_order, out, lse,
+        qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
+        block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
+        G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
+        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
+        num_warps=4)

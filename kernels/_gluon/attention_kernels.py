@@ -1,0 +1,271 @@
+# mypy: disable-error-code="no-untyped-def"
+"""The fused plan's prefill tile in Gluon (Hopper): warp-specialised, FA3-ordered, same bits.
+
+Written for Triton 3.6's Gluon (``kernels._gluon.available`` gates the import: Gluon is
+experimental and its API moves between releases). One program per (query-block slot, KV head),
+as the Triton fused kernel with its nested loop (``_unified_attention_fused_kernel``,
+``IS_NESTED``), 128 rows on two consumer warpgroups of 64 rows each plus one loader warp:
+
+- the loader warp brings each KV tile's K and V by TMA through the block table (one box per
+  page, or one box of the tile inside a larger page) into a ring of ``STAGES`` slots, handed
+  over by mbarriers (``ready``: the TMA bytes arrived; ``empty``: both warpgroups are done with
+  the slot);
+- each consumer warpgroup issues the next tile's score ``wgmma`` together with this tile's
+  ``p @ v`` and computes the next tile's online-softmax weights while both run (FA3's order),
+  so the exponentials overlap tensor-core work, which Triton 3.6's own pipeline never does
+  (reports/h100-round12/cpu/dot-waits.md).
+
+Bits: per row the same operations in the same order as the Triton kernel (ARCHITECTURE.md,
+"Numerics contract"; kernels/README.md, "The Gluon prefill tile"): the same tiles at absolute
+positions, a fresh state per split, raw scores masked by ``key <= pos`` on tiles some row does
+not fully see, the package's own ``_tile_weights``, ``l * alpha + sum(p)``, ``acc * alpha``
+then ``p @ v`` on the same ``wgmma`` shapes (m64n64k16 scores, m64n128k16 ``p @ v``, fp32
+accumulators), the splits folded by the package's own ``state_fold`` after each split and
+normalised by ``state_normalize``. The Triton jit functions are compiled as Gluon
+(``gluon.jit(fn.fn)``), so the arithmetic is one source. V rows at or past a request's
+``kv_len`` are zeroed in shared memory before ``p @ v`` (the Triton kernels' masked loads give
+0 there; TMA copies whatever the page holds, NaN included).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from kernels._triton.attention_kernels import (
+    _block_pos_bounds,
+    _block_row_ids,
+    _block_scalars,
+    _find_request,
+    _tile_weights,
+)
+from kernels._triton.merge_kernels import state_fold, state_normalize
+
+# The package's jit functions, compiled as Gluon: one source for the arithmetic.
+_find_request_g = gluon.jit(_find_request.fn)
+_block_scalars_g = gluon.jit(_block_scalars.fn)
+_block_row_ids_g = gluon.jit(_block_row_ids.fn)
+_block_pos_bounds_g = gluon.jit(_block_pos_bounds.fn)
+_weights = gluon.jit(_tile_weights.fn)
+_fold = gluon.jit(state_fold.fn)
+_normalize = gluon.jit(state_normalize.fn)
+
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+#: One consumer warpgroup's layouts (64 rows on 4 warps), as Triton 3.6 lays out each
+#: warpgroup's half of the 128-row tile: scores and p on m64n64 ``wgmma``, acc on m64n128.
+WG_S_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
+    version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+WG_O_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
+    version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
+#: 128-byte swizzled shared memory for q, K and V (what Triton gives them, and TMA's boxes).
+SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
+    swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+
+@gluon.jit
+def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Rows ``>= valid`` of a V slot ``[BLOCK_N, HEAD_DIM]`` set to +0 (16 rows at a time), then
+    fenced for the tensor cores and a barrier of this warpgroup. Both warpgroups may do it on the
+    same slot: they write the same values."""
+    L16: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                         warps_per_cta=[4, 1], order=[1, 0])
+    for i in gl.static_range(BLOCK_N // 16):
+        part = v_slot.slice(i * 16, 16)
+        v = part.load(L16)
+        o_n = i * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, L16))
+        part.store(gl.where((o_n < valid)[:, None], v, gl.zeros_like(v)))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
+    """Raw scores of tile ``t`` with ``-inf`` where a row does not see the key (``key > pos``),
+    as ``_tile_scores``' masked path."""
+    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WG_S_L))
+    return gl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
+
+
+@gluon.jit
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+              G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
+    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
+    S_L: gl.constexpr = WG_S_L
+    O_L: gl.constexpr = WG_O_L
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    HALF: gl.constexpr = BLOCK_M // 2
+    o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
+    _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    q_h = q_s.slice(half * HALF, HALF)
+    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+    zero_o = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
+    # The running fold of finished splits (rows in acc's layout) and the current split's state.
+    f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
+    f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
+    f_acc = zero_o
+    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
+    acc = zero_o
+    if n_tiles > 0:
+        # Tile 0's scores and weights, and the rescale before its p @ v.
+        mbarrier.wait(ready.index(0), 0)
+        s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
+        b_s = warpgroup_mma_wait(0, deps=[s_tok])
+        if j_mid <= 0:
+            b_s = _masked(b_s, 0, pos, BLOCK_N)
+        m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
+        l_i = l_i * alpha + gl.sum(b_p, 1)
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        for j in range(0, n_tiles):
+            # The next tile's scores (past the last tile: its own again, a dummy never used)
+            # and this tile's p @ v, issued together.
+            jn = gl.minimum(j + 1, n_tiles - 1)
+            mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
+            s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
+                                  is_async=True)
+            if (j + 1 == n_tiles) & (n_tiles * BLOCK_N > kv_len):
+                _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
+            p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+            acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
+            b_s = warpgroup_mma_wait(1, deps=[s_tok])
+            if jn >= j_mid:
+                b_s = _masked(b_s, jn, pos, BLOCK_N)
+            # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
+            new_split = (j + 1) % split_tiles == 0
+            m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
+            m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(j % STAGES))
+            if new_split | (j + 1 == n_tiles):
+                # The split ends with tile j: fold it, start a fresh state.
+                f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
+                                        gl.convert_layout(l_i, ROW_O), acc)
+                l_i = gl.full_like(l_i, 0.0)
+                acc = zero_o
+            if j + 1 < n_tiles:
+                m_i = m_new
+                l_i = l_i * alpha + gl.sum(b_p_n, 1)
+                acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+                b_p = b_p_n
+    b_o, b_lse = _normalize(f_acc, f_l, f_m)
+    o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    i_row = (q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+    gl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
+             b_o.to(out_ptr.dtype.element_ty), mask=m_row[:, None])
+    gl.store(lse_ptr + i_row, b_lse * LN2, mask=m_row)
+
+
+@gluon.jit
+def _loader(k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages, i_kvh,
+            HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+            BOX: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: tile ``t``'s K and V by TMA into slot ``t % STAGES`` once both warpgroups have
+    released that slot's previous tile. ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from
+    the caches seen as ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``. Page ids as the Triton kernels
+    read them: block-table entries of keys past ``kv_len`` are never read (page 0 instead: its
+    V rows are zeroed by the consumers, its K rows masked), ids clamped into the cache."""
+    for t in range(0, n_tiles):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(ready.index(s), 2 * BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth
+                        // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = t * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            k_s.index(s).slice(i * BOX, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            v_s.index(s).slice(i * BOX, BOX))
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len"])
+def _fused_prefill_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
+    v_desc,  # likewise for v_cache
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    slot_order_ptr,  # [num_slots] int32 (IS_SLOT_ORDER only)
+    out_ptr,  # [T, Hq, D] contiguous
+    lse_ptr,  # [T, Hq] fp32 contiguous
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split
+    B,
+    T,
+    Hq,
+    num_pages,
+    max_kv_len,  # KV tokens the block table covers
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    G: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,  # 128
+    BLOCK_Q: gl.constexpr,
+    BLOCK_N: gl.constexpr,  # 64
+    BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
+    IS_SLOT_ORDER: gl.constexpr,
+    STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
+):
+    """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
+    warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
+    and stores as ``_unified_attention_fused_kernel`` with ``IS_NESTED``."""
+    if IS_SLOT_ORDER:
+        i_qb = gl.minimum(gl.maximum(gl.load(slot_order_ptr + gl.program_id(0)), 0),
+                          gl.num_programs(0) - 1)
+    else:
+        i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    i_kvh = gl.program_id(1)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    # The block's q rows, gathered into shared memory.
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    p_q = (q_ptr + (q_start + tok).to(gl.int64)[:, None] * stride_qt
+           + (i_kvh * G + g).to(gl.int64)[:, None] * stride_qh + o_d[None, :])
+    b_q = gl.load(p_q, mask=m_row[:, None], other=0.0)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    # Tiles 0 .. n_tiles - 1 (from j_end on, masked for every row: skipped); those before j_mid
+    # are seen entirely by every row (unmasked), as in the Triton kernel.
+    n_tiles = max_pos // BLOCK_N + 1
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    gl.warp_specialize([
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
+                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])

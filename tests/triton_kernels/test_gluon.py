@@ -1,0 +1,117 @@
+"""The Gluon prefill kernel (kernels/_gluon) against the Triton fused kernel it replaces, bit for
+bit: prompts, chunks and decode rows in one batch, several GQA groups, page sizes and placements,
+split sizes down to one tile (many folds), NaN in every unused cache slot and block-table column,
+both slot orders, CUDA-graph capture. Gluon has no CPU interpreter: these run on a Hopper GPU
+with Triton 3.6 only and skip elsewhere (the plan rules are tested on CPU in test_plans.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from invariance import HeadConfig, PageLayout
+from kernels import Tuning, plan_attention, unified_attention
+
+
+def _gluon_here() -> bool:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    from kernels import _gluon
+
+    return _gluon.available()
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _gluon_here(),
+                                 reason="needs a Hopper GPU and Triton 3.6 (Gluon)")]
+
+GLUON, TRITON = Tuning(gluon=True), Tuning(gluon=False)
+# Prompts longer than a split, a chunk after a long context, decode rows and a short prompt: the
+# blocks' first tiles unmasked, their diagonal tiles masked, last pages partly filled.
+SHAPE = [(1500, 1500), (300, 2600), (1, 3000), (1, 777), (130, 130), (17, 1049)]
+HEADS = {"g4": HeadConfig(32, 8, 128), "g8": HeadConfig(16, 2, 128),
+         "g1": HeadConfig(4, 4, 128), "g3": HeadConfig(12, 4, 128)}
+LAYOUTS = {
+    "p16": PageLayout(16, "shuffled", extra_pages=7, extra_columns=5, fill="nan", seed=3),
+    "p32": PageLayout(32, "interleaved", extra_columns=2, fill="nan"),
+    "p64": PageLayout(64, "reversed", extra_pages=2, fill="nan"),
+    "p256": PageLayout(256, "shuffled", extra_columns=1, fill="nan", seed=5),
+}
+
+
+def _half(dtype: torch.dtype) -> None:
+    if dtype == torch.float32:
+        pytest.skip("the Gluon kernel serves half precision only (float32 runs FMA dots)")
+
+
+def _both(args, **kw):
+    lp = plan_attention(*args, plan="fused", tuning=GLUON, **kw)
+    assert lp.gluon and lp.block_m == 128 and lp.num_warps == 8
+    gluon = unified_attention(*args, plan="fused", tuning=GLUON, **kw)
+    triton = unified_attention(*args, plan="fused", tuning=TRITON, **kw)
+    return gluon, triton
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("split", [1024, 192, 64])
+def test_gluon_gives_the_triton_kernels_bits(dtype, make_batch, args_of, assert_same_bits,
+                                             assert_accurate, layout: str, split: int) -> None:
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS[layout], HEADS["g4"])
+    gluon, triton = _both(args_of(batch), split_size=split)
+    assert_same_bits(gluon, triton, f"Gluon vs Triton fused kernel ({layout}, split {split})")
+    assert_accurate(*gluon, args_of(batch))
+
+
+@pytest.mark.parametrize("heads", sorted(HEADS))
+def test_gluon_gives_the_triton_kernels_bits_for_every_group(dtype, make_batch, args_of,
+                                                             assert_same_bits,
+                                                             heads: str) -> None:
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS[heads])
+    for slot_order in (False, True):
+        args = args_of(batch)
+        kw = dict(split_size=256)
+        gluon = unified_attention(*args, plan="fused", tuning=Tuning(gluon=True,
+                                  slot_order=slot_order), **kw)
+        triton = unified_attention(*args, plan="fused", tuning=Tuning(gluon=False,
+                                   slot_order=slot_order), **kw)
+        assert_same_bits(gluon, triton, f"Gluon vs Triton ({heads}, slot order {slot_order})")
+
+
+def test_the_comparison_sees_a_different_split(dtype, make_batch, args_of) -> None:
+    # The control of the tests above: the Gluon kernel at two split sizes differs in some bit,
+    # so a bit comparison of two kernels that reduce in different orders fails.
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
+    a = unified_attention(*args_of(batch), plan="fused", tuning=GLUON, split_size=64)
+    b = unified_attention(*args_of(batch), plan="fused", tuning=GLUON, split_size=1024)
+    assert not torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
+
+
+def test_gluon_under_cuda_graph_capture(dtype, make_batch, args_of, assert_same_bits) -> None:
+    # Unchecked (validate=False) and captured: the descriptors are built on the host from shapes
+    # and pointers, so the replay gives the eager launch's bits.
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
+    args = args_of(batch)
+    eager = unified_attention(*args, plan="fused", tuning=GLUON)
+    kw = dict(plan="fused", tuning=GLUON, validate=False)
+    unified_attention(*args, **kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = unified_attention(*args, **kw)
+    captured[0].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bits(captured, eager, "CUDA-graph replay vs eager (Gluon)")
+
+
+def test_auto_takes_gluon_for_prefills_only(dtype, make_batch, args_of) -> None:
+    _half(dtype)
+    prefill = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
+    assert plan_attention(*args_of(prefill), plan="fused").gluon
+    decode = make_batch(dtype, [(1, 900)] * 8, LAYOUTS["p16"], HEADS["g4"])
+    assert not plan_attention(*args_of(decode), plan="fused").gluon
+    assert not plan_attention(*args_of(prefill), plan="fused", tuning=TRITON).gluon
