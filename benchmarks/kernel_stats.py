@@ -4,7 +4,7 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
         [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
-        [--fused-loop nested|flat] [--ptx-hash] [--dot-waits]
+        [--fused-loop nested|flat] [--no-gluon] [--ptx-hash] [--dot-waits]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -18,6 +18,9 @@ what that version makes.
 ``--ptx-hash`` prints a hash of each kernel's PTX (debug lines left out) instead of the ptxas
 statistics: run at two commits, equal hashes show that a refactor compiles to the same code
 (reports/h100-round9/cpu/).
+
+``--no-gluon`` plans with ``Tuning(gluon=False)``: the Triton fused kernel where the Gluon
+prefill kernel (kernels/_gluon, Triton 3.6 only) would run.
 
 ``--dot-waits`` also prints, per kernel, its ``wgmma`` dots, the waits Triton inserts after them
 and its exponentials in loop order (reports/h100-round12/cpu/dot-waits.md): which exponentials
@@ -240,6 +243,9 @@ def main() -> None:
                         " without the griddepcontrol instructions, as before round 10")
     p.add_argument("--fused-loop", choices=("nested", "flat"),
                    help="the fused plan's loop (Tuning(nested_loop=...)); default: the rule's")
+    p.add_argument("--no-gluon", action="store_true",
+                   help="the Triton fused kernel where the Gluon prefill kernel would run "
+                        "(Tuning(gluon=False))")
     p.add_argument("--ptx-hash", action="store_true",
                    help="print a hash of each kernel's PTX (debug lines left out) instead of "
                         "registers and spills: equal hashes across two commits mean the same "
@@ -255,6 +261,8 @@ def main() -> None:
         fields["dependent_merge"] = False
     if a.fused_loop is not None:
         fields["nested_loop"] = a.fused_loop == "nested"
+    if a.no_gluon:
+        fields["gluon"] = False
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
     print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
     compiled_cols = "ptx hash | " if a.ptx_hash else "regs | spill st/ld B "
