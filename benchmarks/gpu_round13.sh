@@ -18,8 +18,10 @@
 #          GPU tests, the full check at three dtypes and the control, and the check of
 #          kernels-fused at three dtypes with the Gluon launches counted
 #   finalsan: the sanitizers, then the bench as in step bench
+#   profile: Nsight Compute on the Gluon kernel of prefill-varlen and mixed64 (the default
+#          launch, benchmarks/profile_round12.py), as round 12 profiled the Triton kernel
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|finalsan}
+STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|finalsan|profile}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -91,6 +93,14 @@ step_finalsan() {
   C=$OUT/finalsan; mkdir -p $C
   sanitize
   bench
+}
+
+step_profile() {
+  C=$OUT/profile; mkdir -p $C
+  for w in prefill-varlen mixed64; do
+    timeout 200 ncu --clock-control none -k regex:_fused_prefill_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active python3 benchmarks/profile_round12.py $w > $C/ncu-$w.txt 2>&1
+    echo "ncu $w rc=$?"; grep -E "Duration|Tensor|Compute \(SM\) Throughput|Memory Throughput|hmma|pipe_xu|pipe_fma|Issue Slots Busy|No Eligible|Registers Per|Achieved Occupancy|Eligible Warps|Stall" $C/ncu-$w.txt | head -24
+  done
 }
 
 step_$STEP
