@@ -18,10 +18,14 @@
 #          GPU tests, the full check at three dtypes and the control, and the check of
 #          kernels-fused at three dtypes with the Gluon launches counted
 #   finalsan: the sanitizers, then the bench as in step bench
+#   final2, finalsan2: final and finalsan again after the review's kernel changes (the
+#          denominator update as one explicit fma, _tile_sum, in every kernel; the V tail zeroed
+#          only in the 16-row chunks that hold it; the fused plan's slot choice shared), with the
+#          outputs packed into one archive (a call brings back at most a few files)
 #   profile: Nsight Compute on the Gluon kernel of prefill-varlen and mixed64 (the default
 #          launch, benchmarks/profile_round12.py), as round 12 profiled the Triton kernel
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|finalsan|profile}
+STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|finalsan|final2|finalsan2|profile}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -93,6 +97,21 @@ step_finalsan() {
   C=$OUT/finalsan; mkdir -p $C
   sanitize
   bench
+}
+
+step_final2() {
+  C=$OUT/final2; mkdir -p $C
+  gluon_tests 240
+  full_check_and_control
+  counted_check kernels-fused fp16,bf16,fp32 150
+  tar czf $OUT/final2.tgz -C $OUT final2 && rm -rf $C
+}
+
+step_finalsan2() {
+  C=$OUT/finalsan2; mkdir -p $C
+  sanitize
+  bench
+  tar czf $OUT/finalsan2.tgz -C $OUT finalsan2 && rm -rf $C
 }
 
 step_profile() {

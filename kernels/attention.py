@@ -551,7 +551,8 @@ def plan_attention(
     # shapes, never from host_lens.
     split_tokens = _split_tokens(split_size, block_n, max_kv if trusted else bound,
                                  (num_q_blocks if trusted else T // block_q + B) * Hkv, num_sms)
-    if plan == "auto":
+    auto = plan == "auto"
+    if auto:
         plan = choose_plan(
             num_q_blocks * Hkv, num_sms, max_kv, split_tokens,
             longest_tiles=stats.longest_tiles if stats is not None else None,
@@ -594,7 +595,8 @@ def plan_attention(
         use_gluon = _gluon_ready(q, k_cache, v_cache, block_m, block_n, num_warps, nested,
                                  sm_major, required=bool(tuning.gluon))
     elif tuning.gluon:
-        raise ValueError(f"tuning: gluon=True needs the fused plan, got plan {plan!r}")
+        chosen = " (plan='auto' chose it for this batch; pass plan='fused')" if auto else ""
+        raise ValueError(f"tuning: gluon=True needs the fused plan, got plan {plan!r}{chosen}")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -614,8 +616,11 @@ def _gluon_ready(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  block_n: int, num_warps: int, nested: bool, sm_major: int | None,
                  required: bool) -> bool:
     """Whether this fused-plan launch runs the Gluon prefill kernel: the shape rule
-    (:func:`~kernels.config.gluon_prefill`), dense caches and Triton 3.6's Gluon. With
-    ``required`` (``Tuning(gluon=True)``) a launch that is not eligible raises, naming why."""
+    (:func:`~kernels.config.gluon_prefill`), caches TMA can read and Triton 3.6's Gluon. With
+    ``required`` (``Tuning(gluon=True)``) a launch that is not eligible raises, naming every
+    reason."""
+    from kernels import _gluon  # light: imports no Triton until a Hopper launch asks for it
+
     D = q.shape[2]
     page_size = k_cache.shape[1]
     reasons = []
@@ -625,14 +630,14 @@ def _gluon_ready(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             f"block_n 64, nested loop, page_size >= 16), got {q.dtype}, head_dim {D}, block_m "
             f"{block_m} on {num_warps} warps, block_n {block_n}, nested {nested}, page_size "
             f"{page_size}, compute capability major {sm_major}")
-    else:  # only on a Hopper GPU: the Gluon module is never imported elsewhere
-        from kernels import _gluon
-
-        if not _gluon.caches_fit(k_cache, v_cache):
-            reasons.append("contiguous k_cache and v_cache with fewer than 2**31 token rows")
-        if not _gluon.available():
-            reasons.append(f"Triton {_gluon.GLUON_TRITON}x with Gluon, got Triton "
-                           f"{triton.__version__}")
+    misfit = _gluon.cache_misfit(k_cache, v_cache)
+    if misfit is not None:
+        reasons.append(misfit)
+    # Only where the rest allows it: importing Gluon's kernels costs time and needs a GPU build.
+    if not reasons or required:
+        missing = _gluon.unavailable_reason()
+        if missing is not None:
+            reasons.append(missing)
     if reasons and required:
         raise ValueError("tuning: gluon=True needs " + "; ".join(reasons))
     return not reasons

@@ -181,7 +181,7 @@ def gluon_prefill(dtype: torch.dtype, head_dim: int, block_m: int, block_n: int,
     Triton fused kernel: round 11's prefill tile (128 rows on 8 warps, BLOCK_N 64) in the nested
     loop, half precision at head dim 128 on Hopper, pages of at least 16 tokens (one TMA box per
     page, 128-byte swizzled). Shapes only; the launcher also needs Triton 3.6's Gluon and dense
-    caches (:func:`kernels._gluon.available`, :func:`kernels._gluon.caches_fit`).
+    caches (:func:`kernels._gluon.available`, :func:`kernels._gluon.cache_misfit`).
 
     The same operations in the same order per row as the Triton kernel, which the H100 checks
     (kernels/README.md, "The Gluon prefill tile"); what it changes is the schedule: a loader

@@ -17,26 +17,40 @@ RING_SLOTS = 4
 
 
 @functools.cache
-def available() -> bool:
-    """Whether the Gluon kernels can be compiled here: Triton 3.6.x with its Gluon module."""
+def unavailable_reason() -> str | None:
+    """Why the Gluon kernels cannot be compiled here (None: they can): they need Triton 3.6.x,
+    whose Gluon module must import them."""
     try:
         import triton
     except ImportError:
-        return False
+        return "Triton is not installed"
     if not triton.__version__.startswith(GLUON_TRITON):
-        return False
+        return f"Triton {GLUON_TRITON}x with Gluon, got Triton {triton.__version__}"
     try:
         import kernels._gluon.attention_kernels  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except Exception as exc:  # any failure means: not this Triton's Gluon
+        return f"Triton {triton.__version__}'s Gluon to import the kernel, got {exc!r}"
+    return None
 
 
-def caches_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the caches can be read by TMA as ``[pages * page_size, Hkv * D]``: dense
-    (contiguous) and with fewer than ``2**31`` rows (TMA coordinates are int32)."""
-    return (k_cache.is_contiguous() and v_cache.is_contiguous()
-            and k_cache.shape[0] * k_cache.shape[1] < 2**31)
+def available() -> bool:
+    """Whether the Gluon kernels can be compiled here (:func:`unavailable_reason`)."""
+    return unavailable_reason() is None
+
+
+def cache_misfit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
+    """Why TMA cannot read the caches as ``[pages * page_size, Hkv * D]`` rows (None: it can):
+    they must be contiguous, start 16-byte aligned, and have fewer than ``2**31`` token rows
+    (TMA coordinates are int32)."""
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not c.is_contiguous():
+            return f"{name} contiguous, got strides {tuple(c.stride())}"
+        if c.data_ptr() % 16 != 0:
+            return f"{name} 16-byte aligned, got data_ptr % 16 == {c.data_ptr() % 16}"
+    if rows >= 2**31:
+        return f"fewer than 2**31 token rows in the caches, got {rows}"
+    return None
 
 
 def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

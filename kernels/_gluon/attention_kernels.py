@@ -18,13 +18,13 @@ as the Triton fused kernel with its nested loop (``_unified_attention_fused_kern
 Bits: per row the same operations in the same order as the Triton kernel (ARCHITECTURE.md,
 "Numerics contract"; kernels/README.md, "The Gluon prefill tile"): the same tiles at absolute
 positions, a fresh state per split, raw scores masked by ``key <= pos`` on tiles some row does
-not fully see, the package's own ``_tile_weights``, ``l * alpha + sum(p)``, ``acc * alpha``
-then ``p @ v`` on the same ``wgmma`` shapes (m64n64k16 scores, m64n128k16 ``p @ v``, fp32
-accumulators), the splits folded by the package's own ``state_fold`` after each split and
-normalised by ``state_normalize``. The Triton jit functions are compiled as Gluon
-(``gluon.jit(fn.fn)``), so the arithmetic is one source. V rows at or past a request's
-``kv_len`` are zeroed in shared memory before ``p @ v`` (the Triton kernels' masked loads give
-0 there; TMA copies whatever the page holds, NaN included).
+not fully see, the package's own ``_tile_weights`` and ``_tile_sum`` (``fma(l, alpha,
+sum(p))``), ``acc * alpha`` then ``p @ v`` on the same ``wgmma`` shapes (m64n64k16 scores,
+m64n128k16 ``p @ v``, fp32 accumulators), the splits folded by the package's own
+``state_fold`` after each split and normalised by ``state_normalize``. The Triton jit
+functions are compiled as Gluon (``gluon.jit(fn.fn)``), so the arithmetic is one source. V rows
+at or past a request's ``kv_len`` are zeroed in shared memory before ``p @ v`` (the Triton
+kernels' masked loads give 0 there; TMA copies whatever the page holds, NaN included).
 """
 
 from triton.experimental import gluon
@@ -42,6 +42,8 @@ from kernels._triton.attention_kernels import (
     _block_row_ids,
     _block_scalars,
     _find_request,
+    _program_slot,
+    _tile_sum,
     _tile_weights,
 )
 from kernels._triton.merge_kernels import state_fold, state_normalize
@@ -52,6 +54,8 @@ _block_scalars_g = gluon.jit(_block_scalars.fn)
 _block_row_ids_g = gluon.jit(_block_row_ids.fn)
 _block_pos_bounds_g = gluon.jit(_block_pos_bounds.fn)
 _weights = gluon.jit(_tile_weights.fn)
+_sum = gluon.jit(_tile_sum.fn)
+_program_slot_g = gluon.jit(_program_slot.fn)
 _fold = gluon.jit(state_fold.fn)
 _normalize = gluon.jit(state_normalize.fn)
 
@@ -69,16 +73,19 @@ SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
 
 @gluon.jit
 def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Rows ``>= valid`` of a V slot ``[BLOCK_N, HEAD_DIM]`` set to +0 (16 rows at a time), then
-    fenced for the tensor cores and a barrier of this warpgroup. Both warpgroups may do it on the
-    same slot: they write the same values."""
+    """Rows ``>= valid`` of a V slot ``[BLOCK_N, HEAD_DIM]`` set to +0, 16 rows at a time (only
+    the chunks that hold such rows are rewritten), then fenced for the tensor cores and a
+    barrier of this warpgroup. Both warpgroups do it on the same slot, and one's stores may meet
+    the other's ``p @ v`` reading the slot: they store the bytes the slot already holds (its
+    valid rows) or the same zeros, so any order reads the same values."""
     L16: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                          warps_per_cta=[4, 1], order=[1, 0])
     for i in gl.static_range(BLOCK_N // 16):
-        part = v_slot.slice(i * 16, 16)
-        v = part.load(L16)
-        o_n = i * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, L16))
-        part.store(gl.where((o_n < valid)[:, None], v, gl.zeros_like(v)))
+        if (i + 1) * 16 > valid:
+            part = v_slot.slice(i * 16, 16)
+            v = part.load(L16)
+            o_n = i * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, L16))
+            part.store(gl.where((o_n < valid)[:, None], v, gl.zeros_like(v)))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -124,7 +131,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
         if j_mid <= 0:
             b_s = _masked(b_s, 0, pos, BLOCK_N)
         m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
-        l_i = l_i * alpha + gl.sum(b_p, 1)
+        l_i = _sum(l_i, alpha, b_p)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         for j in range(0, n_tiles):
             # The next tile's scores (past the last tile: its own again, a dummy never used)
@@ -133,7 +140,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
             mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
             s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
                                   is_async=True)
-            if (j + 1 == n_tiles) & (n_tiles * BLOCK_N > kv_len):
+            if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
             p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
@@ -154,7 +161,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                 acc = zero_o
             if j + 1 < n_tiles:
                 m_i = m_new
-                l_i = l_i * alpha + gl.sum(b_p_n, 1)
+                l_i = _sum(l_i, alpha, b_p_n)
                 acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
                 b_p = b_p_n
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
@@ -226,11 +233,7 @@ def _fused_prefill_kernel(
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
     and stores as ``_unified_attention_fused_kernel`` with ``IS_NESTED``."""
-    if IS_SLOT_ORDER:
-        i_qb = gl.minimum(gl.maximum(gl.load(slot_order_ptr + gl.program_id(0)), 0),
-                          gl.num_programs(0) - 1)
-    else:
-        i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    i_qb = _program_slot_g(slot_order_ptr, IS_SLOT_ORDER)
     i_kvh = gl.program_id(1)
     i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
                                                            max_kv_len, BLOCK_Q)

@@ -232,6 +232,14 @@ def _tile_weights(m_i, b_s, qk_scale):
 
 
 @triton.jit
+def _tile_sum(l_i, alpha, b_p):
+    """The online-softmax denominator after one tile: ``l * alpha + sum(p)`` as one explicit
+    fma, so that no compiler chooses between a fused and a separate multiply (ptxas may fuse a
+    PTX ``mul.f32`` and ``add.f32``), and the Triton and Gluon kernels round it alike."""
+    return tl.fma(l_i, alpha, tl.sum(b_p, 1))
+
+
+@triton.jit
 def _attend_tile(
     b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -271,7 +279,7 @@ def _attend_tile(
     b_s = _tile_scores(b_q, b_kt, j, pos, BLOCK_M, BLOCK_N, IS_MASKED, IS_INTERPRET,
                        DOT_PRECISION)
     m_new, alpha, b_p = _tile_weights(m_i, b_s, qk_scale)
-    l_i = l_i * alpha + tl.sum(b_p, 1)
+    l_i = _tile_sum(l_i, alpha, b_p)
     acc = acc * alpha[:, None]
     acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
     return m_new, l_i, acc
@@ -313,8 +321,8 @@ def _attend_tile_pair(
                         DOT_PRECISION)
     m_0, alpha0, b_p0 = _tile_weights(m_i, b_s0, qk_scale)
     m_1, alpha1, b_p1 = _tile_weights(m_0, b_s1, qk_scale)
-    l_i = l_i * alpha0 + tl.sum(b_p0, 1)
-    l_i = l_i * alpha1 + tl.sum(b_p1, 1)
+    l_i = _tile_sum(l_i, alpha0, b_p0)
+    l_i = _tile_sum(l_i, alpha1, b_p1)
     acc = acc * alpha0[:, None]
     acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
     acc = acc * alpha1[:, None]
@@ -434,6 +442,19 @@ def _store_out(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, i_kvh, Hq,
     tl.store(lse_ptr + i_row, b_lse2 * LN2, mask=m_lse)
 
 
+@triton.jit
+def _program_slot(slot_order_ptr, IS_SLOT_ORDER: tl.constexpr):
+    """The query-block slot of this program of the fused plan: ``slot_order[program]`` with
+    ``IS_SLOT_ORDER`` (requests with the most KV first), else the last slots first."""
+    if IS_SLOT_ORDER:
+        # NOTE: the clamp is a no-op for the sort's permutation; it bounds the slot anyway.
+        i_qb = tl.minimum(tl.maximum(tl.load(slot_order_ptr + tl.program_id(0)), 0),
+                          tl.num_programs(0) - 1)
+    else:
+        i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
+    return i_qb
+
+
 # NOTE: per-batch integers are not specialised (Triton would compile a variant per "== 1" /
 # "divisible by 16" combination of B, T, page count and lengths: ~20 compiles per dtype in one
 # check). Strides stay specialised: their alignment enables vector loads.
@@ -493,12 +514,7 @@ def _unified_attention_fused_kernel(
     :func:`_slot_rank_kernel`), so that long programs do not start last (the tail of a mixed
     batch). Else the last slots go first: within a request the last query blocks see the most
     keys."""
-    if IS_SLOT_ORDER:
-        # NOTE: the clamp is a no-op for the sort's permutation; it bounds the slot anyway.
-        i_qb = tl.minimum(tl.maximum(tl.load(slot_order_ptr + tl.program_id(0)), 0),
-                          tl.num_programs(0) - 1)
-    else:
-        i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
+    i_qb = _program_slot(slot_order_ptr, IS_SLOT_ORDER)
     i_kvh = tl.program_id(1)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)

@@ -30,7 +30,8 @@ GLUON, TRITON = Tuning(gluon=True), Tuning(gluon=False)
 # blocks' first tiles unmasked, their diagonal tiles masked, last pages partly filled.
 SHAPE = [(1500, 1500), (300, 2600), (1, 3000), (1, 777), (130, 130), (17, 1049)]
 HEADS = {"g4": HeadConfig(32, 8, 128), "g8": HeadConfig(16, 2, 128),
-         "g1": HeadConfig(4, 4, 128), "g3": HeadConfig(12, 4, 128)}
+         "g1": HeadConfig(4, 4, 128), "g3": HeadConfig(12, 4, 128),
+         "g16": HeadConfig(32, 2, 128)}
 LAYOUTS = {
     "p16": PageLayout(16, "shuffled", extra_pages=7, extra_columns=5, fill="nan", seed=3),
     "p32": PageLayout(32, "interleaved", extra_columns=2, fill="nan"),
@@ -103,6 +104,7 @@ def test_gluon_under_cuda_graph_capture(dtype, make_batch, args_of, assert_same_
     with torch.cuda.graph(graph):
         captured = unified_attention(*args, **kw)
     captured[0].fill_(float("nan"))
+    captured[1].fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     assert_same_bits(captured, eager, "CUDA-graph replay vs eager (Gluon)")
@@ -115,3 +117,54 @@ def test_auto_takes_gluon_for_prefills_only(dtype, make_batch, args_of) -> None:
     decode = make_batch(dtype, [(1, 900)] * 8, LAYOUTS["p16"], HEADS["g4"])
     assert not plan_attention(*args_of(decode), plan="fused").gluon
     assert not plan_attention(*args_of(prefill), plan="fused", tuning=TRITON).gluon
+
+
+def test_gluon_at_tile_multiples_next_to_nan_pages(dtype, make_batch, args_of,
+                                                   assert_same_bits) -> None:
+    # KV lengths on 64-key tile boundaries and one past them (no V tail to zero, or one row),
+    # NaN in the pages after them.
+    _half(dtype)
+    shape = [(64, 128), (1, 192), (128, 128), (65, 257), (200, 1024)]
+    batch = make_batch(dtype, shape, LAYOUTS["p16"], HEADS["g4"])
+    gluon, triton = _both(args_of(batch), split_size=128)
+    assert_same_bits(gluon, triton, "Gluon vs Triton at tile multiples")
+
+
+def test_gluon_with_a_strided_q_and_unchecked_lengths(dtype, make_batch, args_of,
+                                                      assert_same_bits) -> None:
+    # q as a view of a fused qkv projection (row stride 3 * Hq * D), and validate=False.
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
+    q, *rest = args_of(batch)
+    qkv = torch.zeros(q.shape[0], 3 * q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
+    qkv[:, : q.shape[1]] = q
+    view = qkv[:, : q.shape[1]]
+    assert view.stride(0) == 3 * q.shape[1] * q.shape[2]
+    gluon, triton = _both((view, *rest))
+    assert_same_bits(gluon, triton, "Gluon vs Triton with a strided q")
+    unchecked = unified_attention(view, *rest, plan="fused", tuning=GLUON, validate=False)
+    assert_same_bits(unchecked, gluon, "Gluon with validate=False vs validate=True")
+
+
+def test_a_misaligned_cache_runs_the_triton_kernel(dtype, make_batch, args_of,
+                                                   assert_same_bits) -> None:
+    # Caches starting 2 bytes past an aligned address cannot be read by TMA: the plan takes the
+    # Triton kernel, whose bits equal the Gluon kernel's on an aligned copy.
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
+    q, k, v, *rest = args_of(batch)
+
+    def shifted(c: torch.Tensor) -> torch.Tensor:
+        flat = torch.empty(c.numel() + 1, dtype=c.dtype, device=c.device)
+        out = flat[1:].view(c.shape)
+        out.copy_(c)
+        return out
+
+    k2, v2 = shifted(k), shifted(v)
+    assert k2.data_ptr() % 16 != 0
+    assert not plan_attention(q, k2, v2, *rest, plan="fused").gluon
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        unified_attention(q, k2, v2, *rest, plan="fused", tuning=GLUON)
+    aligned = unified_attention(q, k, v, *rest, plan="fused", tuning=GLUON)
+    assert_same_bits(unified_attention(q, k2, v2, *rest, plan="fused"), aligned,
+                     "Triton on a misaligned cache vs Gluon on an aligned one")

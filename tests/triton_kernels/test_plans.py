@@ -535,7 +535,7 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
             torch.tensor([0, 2048], dtype=i32, device=device),
             torch.tensor([2048], dtype=i32, device=device),
             torch.arange(128, dtype=i32, device=device)[None])
-    monkeypatch.setattr(gluon_module, "available", lambda: True)
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
     lp = plan_attention(*args, validate=False, plan="fused")
     assert lp.gluon and (lp.block_m, lp.num_warps, lp.nested_loop) == (128, 8, True)
     assert not plan_attention(*args, validate=False, plan="fused",
@@ -543,8 +543,16 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     assert not plan_attention(*args, validate=False, plan="split").gluon
     assert not plan_attention(*args, validate=False, plan="fused",
                               tuning=Tuning(nested_loop=False)).gluon
-    with pytest.raises(ValueError, match=r"gluon=True needs the fused plan, got plan 'split'"):
+    with pytest.raises(ValueError, match=r"gluon=True needs the fused plan, got plan 'split'$"):
         plan_attention(*args, validate=False, plan="split", tuning=Tuning(gluon=True))
+    # auto on a decode batch (64 rows: the split plan): the message says auto chose it.
+    decode = (torch.zeros(4, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
+              torch.arange(5, dtype=i32, device=device),
+              torch.full((4,), 2048, dtype=i32, device=device),
+              torch.arange(128, dtype=i32, device=device).repeat(4, 1))
+    with pytest.raises(ValueError, match=r"got plan 'split' \(plan='auto' chose it for this "
+                                         r"batch; pass plan='fused'\)"):
+        plan_attention(*decode, validate=False, tuning=Tuning(gluon=True))
     with pytest.raises(ValueError, match=r"gluon=True needs the prefill tile on Hopper .* "
                                          r"block_m 64 on 4 warps"):
         plan_attention(*args, validate=False, plan="fused", tuning=Tuning(gluon=True,
@@ -553,12 +561,24 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     kv = torch.zeros(130, 2, 16, 2, 128, dtype=bf16, device=device)
     strided = (args[0], kv[:, 0], kv[:, 1], *args[3:])
     assert not plan_attention(*strided, validate=False, plan="fused").gluon
-    with pytest.raises(ValueError, match="contiguous k_cache and v_cache"):
+    with pytest.raises(ValueError, match=r"k_cache contiguous, got strides \(8192, 256, 128, 1\)"):
         plan_attention(*strided, validate=False, plan="fused", tuning=Tuning(gluon=True))
-    monkeypatch.setattr(gluon_module, "available", lambda: False)
+    # A cache that does not start 16-byte aligned (a view one element in): TMA cannot read it.
+    flat = torch.zeros(130 * 16 * 2 * 128 + 1, dtype=bf16, device=device)
+    shifted = flat[1:].view(130, 16, 2, 128)
+    misaligned = (args[0], shifted, shifted, *args[3:])
+    assert not plan_attention(*misaligned, validate=False, plan="fused").gluon
+    with pytest.raises(ValueError, match="k_cache 16-byte aligned, got data_ptr % 16 == 2"):
+        plan_attention(*misaligned, validate=False, plan="fused", tuning=Tuning(gluon=True))
+    monkeypatch.setattr(gluon_module, "unavailable_reason",
+                        lambda: "Triton 3.6.x with Gluon, got Triton 3.9.0")
     assert not plan_attention(*args, validate=False, plan="fused").gluon
-    with pytest.raises(ValueError, match=r"Triton 3\.6\.x with Gluon, got Triton"):
+    with pytest.raises(ValueError, match=r"Triton 3\.6\.x with Gluon, got Triton 3\.9\.0"):
         plan_attention(*args, validate=False, plan="fused", tuning=Tuning(gluon=True))
+    # Every reason at once: the shape rule and the cache.
+    with pytest.raises(ValueError, match=r"block_m 64 on 4 warps.*; k_cache 16-byte aligned"):
+        plan_attention(*misaligned, validate=False, plan="fused",
+                       tuning=Tuning(gluon=True, block_m=64))
     # The interpreter (and every GPU other than Hopper) never plans it.
     monkeypatch.setattr(attention, "_sm_major", lambda device: None)
     assert not plan_attention(*args, validate=False, plan="fused").gluon
@@ -569,12 +589,13 @@ def test_gluon_needs_triton_3_6(monkeypatch) -> None:
 
     import kernels._gluon as gluon_module
 
-    gluon_module.available.cache_clear()
+    gluon_module.unavailable_reason.cache_clear()
     try:
         monkeypatch.setattr(triton, "__version__", "3.9.0")
         assert not gluon_module.available()
+        assert gluon_module.unavailable_reason() == "Triton 3.6.x with Gluon, got Triton 3.9.0"
     finally:
-        gluon_module.available.cache_clear()
+        gluon_module.unavailable_reason.cache_clear()
 
 
 def test_tuning_gluon_is_a_bool_or_none() -> None:
