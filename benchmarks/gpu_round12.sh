@@ -24,7 +24,8 @@ STEP=${1:?usage: sh benchmarks/gpu_round12.sh check|sanbench|profile|final|final
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
-# full_check_and_control: the full default check at three dtypes, then the control, into $C.
+# full_check_and_control (the full default check at three dtypes, then the control) and sanitize
+# (memcheck and initcheck at bf16), into $C.
 . benchmarks/gpu_full_check.sh
 
 step_check() {
@@ -49,15 +50,6 @@ step_final() {
   C=$OUT/final; mkdir -p $C
   full_check_and_control
   bench
-}
-
-# compute-sanitizer memcheck (valid and malformed inputs) and initcheck (valid ones) at bf16,
-# into $C.
-sanitize() {
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
-  echo "memcheck rc=$?"; tail -3 $C/memcheck-bf16.txt
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
-  echo "initcheck rc=$?"; tail -3 $C/initcheck-bf16.txt
 }
 
 step_sanbench() {

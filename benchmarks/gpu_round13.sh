@@ -29,7 +29,8 @@ STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|fina
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
-# full_check_and_control: the full default check at three dtypes, then the control, into $C.
+# full_check_and_control (the full default check at three dtypes, then the control) and sanitize
+# (memcheck and initcheck at bf16), into $C.
 . benchmarks/gpu_full_check.sh
 
 gluon_tests() {
@@ -42,14 +43,6 @@ step_smoke() {
   gluon_tests 300
   timeout 200 $INV bench --backend kernels --backend kernels:gluon=false --baseline kernels:gluon=false --workload prefill-varlen --workload mixed64 --iters 30 --no-progress --markdown $C/bench-gluon.md --json $C/bench-gluon.json > $C/bench.txt 2>&1
   echo "bench rc=$?"; tail -3 $C/bench.txt; head -20 $C/bench-gluon.md
-}
-
-# compute-sanitizer memcheck (valid and malformed inputs) and initcheck (valid ones) at bf16.
-sanitize() {
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
-  echo "memcheck rc=$?"; tail -3 $C/memcheck-bf16.txt
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
-  echo "initcheck rc=$?"; tail -3 $C/initcheck-bf16.txt
 }
 
 step_check() {
