@@ -176,10 +176,12 @@ class Tuning:
     - ``gluon`` (bool; fused plan only): run the fused plan's prefill tile on the Gluon kernel
       (kernels/_gluon: TMA loader warp, two warpgroups, FA3's order) where
       :func:`~kernels.config.gluon_prefill` allows it (Hopper, half precision, head dim 128,
-      128 rows on 8 warps in the nested loop, pages of >= 16 tokens, dense caches, Triton 3.6).
-      The same operations in the same order per row (kernels/README.md, "The Gluon prefill
-      tile"). ``None``: wherever allowed; ``False``: never; ``True``: required (a
-      ``ValueError`` says why when the launch is not eligible).
+      128 rows on 8 warps in the nested loop, BLOCK_N 64, pages of >= 16 tokens) and the
+      caches suit TMA (contiguous, 16-byte aligned, under 2**31 token rows) on Triton 3.6
+      (kernels/README.md, "The Gluon prefill tile", has the list). The same operations in the
+      same order per row. ``None``: wherever allowed; ``False``: never; ``True``: required (a
+      ``ValueError`` names every unmet condition, including a split plan that
+      ``plan="auto"`` chose). :attr:`LaunchPlan.gluon` says which kernel a call runs.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
     """

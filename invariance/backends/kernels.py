@@ -112,8 +112,10 @@ class KernelsBackend:
         ``none`` = the batch-variant control heuristic; ``default`` =
         ``kernels.DEFAULT_SPLIT_SIZE``), ``plan`` (``auto`` / ``fused`` / ``split``),
         ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (1..8),
-        ``gluon`` (``auto``, ``true`` or ``false``). ``ValueError`` naming the key, what it
-        expects and what it got."""
+        ``gluon`` (``auto``, ``true`` or ``false``: ``kernels.Tuning.gluon``; ``true`` raises
+        on a batch whose plan is the split plan, which ``plan=auto`` picks for decode batches:
+        use ``kernels-fused:gluon=true``). ``ValueError`` naming the key, what it expects and
+        what it got."""
         values: dict[str, Any] = {}
         for key, text in options.items():
             value = text.strip()

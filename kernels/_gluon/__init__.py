@@ -1,5 +1,7 @@
 """Gluon kernels for Hopper: the fused plan's prefill tile (kernels/README.md, "The Gluon
-prefill tile"). Imported only where :func:`available` says so; the package works without it."""
+prefill tile"). This module is light (no Triton import); the kernel module
+(``attention_kernels``, Triton 3.6's Gluon) is imported only where :func:`available` is asked,
+which the launcher does only for a launch that meets every other condition."""
 
 from __future__ import annotations
 
