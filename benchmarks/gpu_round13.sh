@@ -79,11 +79,22 @@ step_probe() {
   timeout 500 python3 benchmarks/probe_round13.py $OUT/probe
 }
 
-step_final() {
-  C=$OUT/final; mkdir -p $C
-  gluon_tests 200
+# The final validation into $C: the Gluon tests (their timeout $1), the full check and the
+# control, kernels-fused at three dtypes counted.
+final_checks() {
+  gluon_tests $1
   full_check_and_control
   counted_check kernels-fused fp16,bf16,fp32 150
+}
+
+# $C packed into $OUT/NAME.tgz (a device call brings back only a few files).
+pack() {
+  tar czf $OUT/$(basename $C).tgz -C $OUT $(basename $C) && rm -rf $C
+}
+
+step_final() {
+  C=$OUT/final; mkdir -p $C
+  final_checks 200
 }
 
 step_finalsan() {
@@ -94,17 +105,15 @@ step_finalsan() {
 
 step_final2() {
   C=$OUT/final2; mkdir -p $C
-  gluon_tests 240
-  full_check_and_control
-  counted_check kernels-fused fp16,bf16,fp32 150
-  tar czf $OUT/final2.tgz -C $OUT final2 && rm -rf $C
+  final_checks 240
+  pack
 }
 
 step_finalsan2() {
   C=$OUT/finalsan2; mkdir -p $C
   sanitize
   bench
-  tar czf $OUT/finalsan2.tgz -C $OUT finalsan2 && rm -rf $C
+  pack
 }
 
 step_profile() {

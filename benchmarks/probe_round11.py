@@ -47,7 +47,7 @@ import sys
 import torch
 
 import kernels
-from benchmarks.probe_round4 import call, save
+from benchmarks.probe_round4 import call, patched, save
 from benchmarks.probe_round5 import _bits_vs
 from benchmarks.probe_round10 import _a_against_b
 from benchmarks.tile_sweep import _graphed as graphed
@@ -101,15 +101,7 @@ def _call(batch, cell: tuple | None):
     if cell is None:
         return fn
     k_rows = (lambda lp, dtype: True) if "krows" in cell else _k_rows_round10
-
-    def with_k_rows():
-        real = kernels.attention._k_rows
-        kernels.attention._k_rows = k_rows
-        try:
-            return fn()
-        finally:
-            kernels.attention._k_rows = real
-    return with_k_rows
+    return patched(fn, kernels.attention, "_k_rows", k_rows)
 
 
 def _workload(spec: str):

@@ -45,7 +45,7 @@ import sys
 import torch
 
 import kernels
-from benchmarks.probe_round4 import call, save
+from benchmarks.probe_round4 import call, save, time_interleaved
 from benchmarks.probe_round5 import _bits_vs
 from benchmarks.probe_round11 import _workload, fused
 from benchmarks.tile_sweep import _graphed as graphed
@@ -83,10 +83,7 @@ def split(out_dir: str, specs: list[str]) -> None:
             row["bits_differing"] = {name: _bits_vs(ref_out, fn()) for name, fn in cells.items()}
             if dtype == torch.bfloat16:
                 graphs = [("default", graphed(ref))] + [(n, graphed(f)) for n, f in cells.items()]
-                for _ in range(3):
-                    for name, g in graphs:
-                        row.setdefault(f"us_{name}", []).append(
-                            round(timer.time_fn(g) * 1000, 1))
+                time_interleaved(row, graphs, timer)
             rows.append(row)
             print(json.dumps(row), flush=True)
             del batch, ref_out

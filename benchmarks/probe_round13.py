@@ -22,7 +22,7 @@ import torch
 
 import kernels
 import kernels._gluon
-from benchmarks.probe_round4 import call, save
+from benchmarks.probe_round4 import call, patched, save, time_interleaved
 from benchmarks.probe_round5 import _bits_vs
 from benchmarks.probe_round11 import _workload
 from benchmarks.tile_sweep import _graphed as graphed
@@ -34,14 +34,7 @@ WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:25
 
 def _ring(fn: Callable[[], object], slots: int) -> Callable[[], object]:
     """``fn`` with the Gluon kernel's ring at ``slots`` slots while it launches."""
-    def run() -> object:
-        saved = kernels._gluon.RING_SLOTS
-        kernels._gluon.RING_SLOTS = slots
-        try:
-            return fn()
-        finally:
-            kernels._gluon.RING_SLOTS = saved
-    return run
+    return patched(fn, kernels._gluon, "RING_SLOTS", slots)
 
 
 def main(out_dir: str, specs: list[str]) -> None:
@@ -65,10 +58,7 @@ def main(out_dir: str, specs: list[str]) -> None:
             row["bits_differing"] = {name: _bits_vs(ref_out, fn()) for name, fn in cells.items()}
             if dtype == torch.bfloat16:
                 graphs = [("default", graphed(ref))] + [(n, graphed(f)) for n, f in cells.items()]
-                for _ in range(3):
-                    for name, g in graphs:
-                        row.setdefault(f"us_{name}", []).append(
-                            round(timer.time_fn(g) * 1000, 1))
+                time_interleaved(row, graphs, timer)
             rows.append(row)
             print(json.dumps(row), flush=True)
             del batch, ref_out

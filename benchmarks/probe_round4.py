@@ -39,6 +39,27 @@ def call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE)
     return fn
 
 
+def patched(fn, owner, name, value):
+    """``fn`` run with ``owner.name`` set to ``value`` (restored after each call), so that a
+    CUDA-graph capture of the result records the patched behaviour."""
+    def run():
+        saved = getattr(owner, name)
+        setattr(owner, name, value)
+        try:
+            return fn()
+        finally:
+            setattr(owner, name, saved)
+    return run
+
+
+def time_interleaved(row, graphs, timer, repeats=3):
+    """Into ``row["us_NAME"]``: ``repeats`` timings (us) of each ``(NAME, graph replay)``, the
+    cells interleaved within each repeat."""
+    for _ in range(repeats):
+        for name, g in graphs:
+            row.setdefault(f"us_{name}", []).append(round(timer.time_fn(g) * 1000, 1))
+
+
 def save(out_dir, name, rows):
     """Write ``rows`` as JSON lines to ``out_dir/name``."""
     with open(os.path.join(out_dir, name), "w") as f:

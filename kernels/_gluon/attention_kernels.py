@@ -41,15 +41,15 @@ from kernels._triton.attention_kernels import (
     _block_pos_bounds,
     _block_row_ids,
     _block_scalars,
-    _find_request,
+    _load_q_cols,
     _program_slot,
+    _store_rows,
     _tile_sum,
     _tile_weights,
 )
 from kernels._triton.merge_kernels import state_fold, state_normalize
 
 # The package's jit functions, compiled as Gluon: one source for the arithmetic.
-_find_request_g = gluon.jit(_find_request.fn)
 _block_scalars_g = gluon.jit(_block_scalars.fn)
 _block_row_ids_g = gluon.jit(_block_row_ids.fn)
 _block_pos_bounds_g = gluon.jit(_block_pos_bounds.fn)
@@ -58,8 +58,9 @@ _sum = gluon.jit(_tile_sum.fn)
 _program_slot_g = gluon.jit(_program_slot.fn)
 _fold = gluon.jit(state_fold.fn)
 _normalize = gluon.jit(state_normalize.fn)
+_load_q_cols_g = gluon.jit(_load_q_cols.fn)
+_store_rows_g = gluon.jit(_store_rows.fn)
 
-LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 #: One consumer warpgroup's layouts (64 rows on 4 warps), as Triton 3.6 lays out each
 #: warpgroup's half of the 128-row tile: scores and p on m64n64 ``wgmma``, acc on m64n128.
 WG_S_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
@@ -167,11 +168,9 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
     o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    i_row = (q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)
     o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-    gl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
-             b_o.to(out_ptr.dtype.element_ty), mask=m_row[:, None])
-    gl.store(lse_ptr + i_row, b_lse * LN2, mask=m_row)
+    _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d, G,
+                  HEAD_DIM)
 
 
 @gluon.jit
@@ -246,9 +245,7 @@ def _fused_prefill_kernel(
     o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
     o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
     tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    p_q = (q_ptr + (q_start + tok).to(gl.int64)[:, None] * stride_qt
-           + (i_kvh * G + g).to(gl.int64)[:, None] * stride_qh + o_d[None, :])
-    b_q = gl.load(p_q, mask=m_row[:, None], other=0.0)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
     q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
     k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
     v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)

@@ -417,10 +417,17 @@ def _close_split(f_m, f_l, f_acc, m_i, l_i, acc, BLOCK_M: tl.constexpr, HEAD_DIM
 @triton.jit
 def _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh,
             G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    o_d = tl.arange(0, HEAD_DIM)
+    return _load_q_cols(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh,
+                        tl.arange(0, HEAD_DIM), G)
+
+
+@triton.jit
+def _load_q_cols(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d,
+                 G: tl.constexpr):
+    """The ``[BM, D]`` q tile of rows (tok, g) and columns ``o_d``, 0 on invalid rows. Takes the
+    column indices, so that the Gluon kernel (kernels/_gluon) runs it on its own layout."""
     i_t = (q_start + tok).to(tl.int64)
     i_h = (i_kvh * G + g).to(tl.int64)
-    # [BM, D]
     p_q = q_ptr + i_t[:, None] * stride_qt + i_h[:, None] * stride_qh + o_d[None, :]
     return tl.load(p_q, mask=m_row[:, None], other=0.0)
 
@@ -430,13 +437,23 @@ def _store_out(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, i_kvh, Hq,
                G: tl.constexpr, HEAD_DIM: tl.constexpr, d0=0, BLOCK_DV: tl.constexpr = None):
     """Stores ``b_o`` (out columns ``[d0, d0 + BLOCK_DV)``, all of them by default) and, from
     the program of column 0, the LSE."""
-    i_row = (q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)
     if BLOCK_DV is None:
         o_d = tl.arange(0, HEAD_DIM)
         m_lse = m_row
     else:
         o_d = d0 + tl.arange(0, BLOCK_DV)
         m_lse = m_row & (tok * 0 + d0 == 0)
+    _store_rows(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, m_lse, i_kvh, Hq, o_d, G,
+                HEAD_DIM)
+
+
+@triton.jit
+def _store_rows(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, m_lse, i_kvh, Hq, o_d,
+                G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Stores ``b_o`` (out columns ``o_d`` of rows (tok, g), where ``m_row``) and the LSE (where
+    ``m_lse``), ``b_lse2`` in log2 units. Takes the column indices, so that the Gluon kernel
+    runs it on its own layout."""
+    i_row = (q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)
     p_o = out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :]
     tl.store(p_o, b_o.to(out_ptr.dtype.element_ty), mask=m_row[:, None])
     tl.store(lse_ptr + i_row, b_lse2 * LN2, mask=m_lse)
