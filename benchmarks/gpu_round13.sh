@@ -22,10 +22,13 @@
 #          denominator update as one explicit fma, _tile_sum, in every kernel; the V tail zeroed
 #          only in the 16-row chunks that hold it; the fused plan's slot choice shared), with the
 #          outputs packed into one archive (a call brings back at most a few files)
+#   final3: after the final read's refactor (the Gluon kernel's q load and store through the
+#          Triton kernels' jit functions: the same instructions, reordered): the Gluon tests and
+#          kernels-fused at three dtypes counted, packed
 #   profile: Nsight Compute on the Gluon kernel of prefill-varlen and mixed64 (the default
 #          launch, benchmarks/profile_round12.py), as round 12 profiled the Triton kernel
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|finalsan|final2|finalsan2|profile}
+STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|finalsan|final2|finalsan2|final3|profile}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -113,6 +116,13 @@ step_finalsan2() {
   C=$OUT/finalsan2; mkdir -p $C
   sanitize
   bench
+  pack
+}
+
+step_final3() {
+  C=$OUT/final3; mkdir -p $C
+  gluon_tests 240
+  counted_check kernels-fused fp16,bf16,fp32 150
   pack
 }
 
