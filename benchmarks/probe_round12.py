@@ -69,6 +69,17 @@ SPLIT_WORKLOADS = ["decode-b1-ctx32k", "decode-b8-ctx8k", "decode-b8-ctx32k", "d
 SPLIT_STAGES = [3, 4]
 
 
+def bits_and_times(row: dict, ref, cells: dict, timer, timed: bool) -> None:
+    """Into ``row``: the bits of each cell's out and LSE differing from ``ref``'s
+    (``bits_differing``), and with ``timed`` the default's and each cell's times (CUDA graphs,
+    :func:`time_interleaved`)."""
+    ref_out = ref()
+    row["bits_differing"] = {name: _bits_vs(ref_out, fn()) for name, fn in cells.items()}
+    if timed:
+        graphs = [("default", graphed(ref))] + [(n, graphed(f)) for n, f in cells.items()]
+        time_interleaved(row, graphs, timer)
+
+
 def split(out_dir: str, specs: list[str]) -> None:
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
@@ -79,14 +90,10 @@ def split(out_dir: str, specs: list[str]) -> None:
             cells = {f"stages{n}": call(batch, "split", kernels.Tuning(num_stages=n))
                      for n in SPLIT_STAGES}
             row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec)
-            ref_out = ref()
-            row["bits_differing"] = {name: _bits_vs(ref_out, fn()) for name, fn in cells.items()}
-            if dtype == torch.bfloat16:
-                graphs = [("default", graphed(ref))] + [(n, graphed(f)) for n, f in cells.items()]
-                time_interleaved(row, graphs, timer)
+            bits_and_times(row, ref, cells, timer, timed=dtype == torch.bfloat16)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            del batch, ref_out
+            del batch
             torch.cuda.empty_cache()
             save(out_dir, "split.jsonl", rows)
 

@@ -22,10 +22,9 @@ import torch
 
 import kernels
 import kernels._gluon
-from benchmarks.probe_round4 import call, patched, save, time_interleaved
-from benchmarks.probe_round5 import _bits_vs
+from benchmarks.probe_round4 import call, patched, save
 from benchmarks.probe_round11 import _workload
-from benchmarks.tile_sweep import _graphed as graphed
+from benchmarks.probe_round12 import bits_and_times
 from invariance.bench import CudaTimer, build_batch
 
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32",
@@ -54,14 +53,10 @@ def main(out_dir: str, specs: list[str]) -> None:
                          slot_order=not lp.slot_order))}
             row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec, plan=lp.plan,
                        gluon=lp.gluon, slot_order=lp.slot_order)
-            ref_out = ref()
-            row["bits_differing"] = {name: _bits_vs(ref_out, fn()) for name, fn in cells.items()}
-            if dtype == torch.bfloat16:
-                graphs = [("default", graphed(ref))] + [(n, graphed(f)) for n, f in cells.items()]
-                time_interleaved(row, graphs, timer)
+            bits_and_times(row, ref, cells, timer, timed=dtype == torch.bfloat16)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            del batch, ref_out
+            del batch
             torch.cuda.empty_cache()
             save(out_dir, "gluon.jsonl", rows)
 
