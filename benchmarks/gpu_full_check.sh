@@ -1,8 +1,10 @@
-# Sourced by the per-round GPU scripts (gpu_round10.sh to gpu_round13.sh): with $INV the
+# Sourced by the per-round GPU scripts (gpu_round10.sh to gpu_round14.sh): with $INV the
 # invariance command and $C the output folder, full_check_and_control runs the full default
 # check of the kernels at three dtypes, then the batch-dependent control at bf16 (it must fail);
 # sanitize runs compute-sanitizer memcheck (valid and malformed inputs) and initcheck (valid
-# ones) at bf16 over benchmarks/gpu_sanitize.py.
+# ones) at bf16 over benchmarks/gpu_sanitize.py; gluon_tests, bench, counted_check,
+# final_checks and pack are rounds 13-14's steps (gluon_tests needs gpu_site/ carried, bench
+# the FlashInfer wheels in .whl/).
 full_check_and_control() {
   s=$(date +%s)
   timeout 260 $INV check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
@@ -17,4 +19,36 @@ sanitize() {
   echo "memcheck rc=$?"; tail -3 $C/memcheck-bf16.txt
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
   echo "initcheck rc=$?"; tail -3 $C/initcheck-bf16.txt
+}
+
+gluon_tests() {
+  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout ${1:-300} python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE -x tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
+  echo "gluon tests rc=$?"; grep -E "passed|failed|FAILED|Error|^[.sFE]+ " $C/tests-gluon.txt | tail -8
+}
+
+bench() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 420 $INV bench --backend kernels --backend kernels:gluon=false --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"
+  tail -5 $C/bench.txt
+  head -30 $C/bench-kernels-vs-flashinfer.md
+}
+
+# The default check of backend $1 at dtypes $2 with the Gluon launches counted, into $C.
+counted_check() {
+  timeout ${3:-100} python3 benchmarks/count_gluon.py check --backend $1 --device cuda --dtype $2 --no-progress --markdown $C/check-$1.md --json $C/check-$1.json > $C/check-$1.txt 2>&1
+  echo "check $1 rc=$?"; grep -h -E "PASSED|FAILED|Gluon" $C/check-$1.txt | tail -2
+}
+
+# The final validation into $C: the Gluon tests (their timeout $1), the full check and the
+# control, kernels-fused at three dtypes counted.
+final_checks() {
+  gluon_tests $1
+  full_check_and_control
+  counted_check kernels-fused fp16,bf16,fp32 150
+}
+
+# $C packed into $OUT/NAME.tgz (a device call brings back only a few files).
+pack() {
+  tar czf $OUT/$(basename $C).tgz -C $OUT $(basename $C) && rm -rf $C
 }

@@ -36,11 +36,6 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 # (memcheck and initcheck at bf16), into $C.
 . benchmarks/gpu_full_check.sh
 
-gluon_tests() {
-  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout ${1:-300} python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE -x tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
-  echo "gluon tests rc=$?"; grep -E "passed|failed|FAILED|Error|^[.sFE]+ " $C/tests-gluon.txt | tail -8
-}
-
 step_smoke() {
   C=$OUT/smoke; mkdir -p $C
   gluon_tests 300
@@ -57,20 +52,6 @@ step_check() {
   sanitize
 }
 
-bench() {
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 420 $INV bench --backend kernels --backend kernels:gluon=false --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
-  echo "bench rc=$?"
-  tail -5 $C/bench.txt
-  head -30 $C/bench-kernels-vs-flashinfer.md
-}
-
-# The default check of backend $1 at dtypes $2 with the Gluon launches counted, into $C.
-counted_check() {
-  timeout ${3:-100} python3 benchmarks/count_gluon.py check --backend $1 --device cuda --dtype $2 --no-progress --markdown $C/check-$1.md --json $C/check-$1.json > $C/check-$1.txt 2>&1
-  echo "check $1 rc=$?"; grep -h -E "PASSED|FAILED|Gluon" $C/check-$1.txt | tail -2
-}
-
 step_bench() {
   C=$OUT/bench; mkdir -p $C
   bench
@@ -80,19 +61,6 @@ step_bench() {
 step_probe() {
   mkdir -p $OUT/probe
   timeout 500 python3 benchmarks/probe_round13.py $OUT/probe
-}
-
-# The final validation into $C: the Gluon tests (their timeout $1), the full check and the
-# control, kernels-fused at three dtypes counted.
-final_checks() {
-  gluon_tests $1
-  full_check_and_control
-  counted_check kernels-fused fp16,bf16,fp32 150
-}
-
-# $C packed into $OUT/NAME.tgz (a device call brings back only a few files).
-pack() {
-  tar czf $OUT/$(basename $C).tgz -C $OUT $(basename $C) && rm -rf $C
 }
 
 step_final() {

@@ -1,0 +1,60 @@
+"""Round-14 probe (H100): two schedules of the Gluon prefill kernel
+(reports/h100-round14/README.md).
+
+    python benchmarks/probe_round14.py OUT_DIR [WORKLOAD ...]
+
+On prefill-like workloads (the bench's prefill-varlen and mixed64 by default, and the lengths specs
+of rounds 12-13's probes), the default launch (the Gluon kernel as ``kernels._gluon``'s switches
+say) against: ``PINGPONG`` (the two consumer warpgroups take turns issuing their ``wgmma``),
+``PAIRS`` (two 64-key tiles' scores from one m64n128 ``wgmma``, the fold's acc in shared memory),
+and the Triton fused kernel (``Tuning(gluon=False)``). Bits of out and LSE against the default at
+bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats interleaved cell
+by cell). Writes ``schedules.jsonl`` after each workload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import kernels
+import kernels._gluon
+from benchmarks.probe_round4 import call, patched, save
+from benchmarks.probe_round11 import _workload
+from benchmarks.probe_round12 import bits_and_times
+from invariance.bench import CudaTimer, build_batch
+
+WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
+
+
+def main(out_dir: str, specs: list[str]) -> None:
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or WORKLOADS:
+        for dtype in (torch.bfloat16, torch.float16):
+            batch = build_batch(_workload(spec), dtype=dtype)
+            lens = (batch.q_lens(), batch.kv_lens.tolist())
+            lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache,
+                                        batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
+                                        validate=False, host_lens=lens)
+            ref = call(batch)
+            cells = {name: patched(call(batch), kernels._gluon, name.upper(),
+                                   not getattr(kernels._gluon, name.upper()))
+                     for name in ("pingpong", "pairs")}
+            cells["triton"] = call(batch, tuning=kernels.Tuning(gluon=False))
+            row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec, plan=lp.plan,
+                       gluon=lp.gluon, slot_order=lp.slot_order)
+            bits_and_times(row, ref, cells, timer, timed=dtype == torch.bfloat16)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del batch
+            torch.cuda.empty_cache()
+            save(out_dir, "schedules.jsonl", rows)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        sys.exit(f"usage: probe_round14.py OUT_DIR [WORKLOAD ...]; got {sys.argv[1:]}")
+    main(sys.argv[1], sys.argv[2:])
