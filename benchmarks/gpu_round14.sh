@@ -3,6 +3,7 @@
 # 10 minutes): sh benchmarks/gpu_round14.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
 # carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
 # folder into $OUT/STEP.tgz.
+#   (smoke and probe need commit 313f4f5's kernel switches; final and bench run on any tree.)
 #   smoke: the Gluon kernel's GPU tests (fp16 and bf16), then benchmarks/probe_round14.py
 #          (the schedules against the default and the Triton kernel: bits and times)
 #   probe: benchmarks/probe_round14.py alone

@@ -10,6 +10,9 @@ say) against: ``PINGPONG`` (the two consumer warpgroups take turns issuing their
 and the Triton fused kernel (``Tuning(gluon=False)``). Bits of out and LSE against the default at
 bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats interleaved cell
 by cell). Writes ``schedules.jsonl`` after each workload.
+
+The switches were taken out after the probe (both slower, reports/h100-round14/README.md): run
+it at commit 313f4f5, where they exist.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:25
 
 
 def main(out_dir: str, specs: list[str]) -> None:
+    if not hasattr(kernels._gluon, "PINGPONG"):
+        sys.exit("probe_round14.py needs kernels._gluon.PAIRS and PINGPONG, taken out after "
+                 "round 14: run it at commit 313f4f5 (git checkout 313f4f5)")
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
     for spec in specs or WORKLOADS:

@@ -16,12 +16,6 @@ GLUON_TRITON = "3.6."
 #: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
 #: scheduling only, like Triton's pipeline stages.
 RING_SLOTS = 4
-#: Two 64-key tiles' scores per m64n128 ``wgmma`` where the split is an even number of tiles
-#: (the ring then holds ``RING_SLOTS // 2`` pairs): scheduling only, the same bits.
-PAIRS = False
-#: The two consumer warpgroups take turns issuing their ``wgmma`` (one tile per ``wgmma`` only):
-#: scheduling only, the same bits.
-PINGPONG = False
 
 
 @functools.cache
@@ -83,13 +77,10 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     descs = [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
                                           ak.SMEM_L.value)
              for c in (k_cache, v_cache)]
-    pairs = PAIRS and split_tiles % 2 == 0
     ak._fused_prefill_kernel[(num_slots, Hkv)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, slot_order, out, lse,
         qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order,
-        STAGES=RING_SLOTS // 2 if pairs else RING_SLOTS, PAIRS=pairs,
-        PINGPONG=PINGPONG and not pairs,
+        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
         num_warps=4)

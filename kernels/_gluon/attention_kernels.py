@@ -67,13 +67,6 @@ WG_S_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
     version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 WG_O_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
     version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
-#: Two 64-key tiles' scores from one m64n128 ``wgmma`` (``PAIRS``): each score is the same
-#: dot product as on m64n64 (columns are computed independently), split into the two tiles.
-WG_S2_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
-    version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
-#: The fold's fp32 acc in shared memory (``PAIRS``): written and read in acc's own layout.
-F_SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
-    swizzle_byte_width=128, element_bitwidth=32, rank=2))
 #: 128-byte swizzled shared memory for q, K and V (what Triton gives them, and TMA's boxes).
 SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
     swizzle_byte_width=128, element_bitwidth=16, rank=2))
@@ -99,34 +92,20 @@ def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _masked(b_s, t, pos, BLOCK_N: gl.constexpr, L: gl.constexpr):
-    """Raw scores of tile ``t`` (``BLOCK_N`` keys, layout ``L``) with ``-inf`` where a row does
-    not see the key (``key > pos``), as ``_tile_scores``' masked path."""
-    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))
+def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
+    """Raw scores of tile ``t`` with ``-inf`` where a row does not see the key (``key > pos``),
+    as ``_tile_scores``' masked path."""
+    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WG_S_L))
     return gl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
 
 
 @gluon.jit
-def _halves(b_s2, HALF: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The two tiles' raw scores ``[HALF, BLOCK_N]`` of a pair's ``[HALF, 2 * BLOCK_N]`` (each
-    thread already holds both tiles' columns: no data moves)."""
-    x = gl.permute(gl.reshape(b_s2, [HALF, 2, BLOCK_N]), (0, 2, 1))
-    a, b = gl.split(x)
-    return (gl.convert_layout(a, WG_S_L, assert_trivial=True),
-            gl.convert_layout(b, WG_S_L, assert_trivial=True))
-
-
-@gluon.jit
-def _consumer(q_s, k_s, v_s, turn, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
-              q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PINGPONG: gl.constexpr):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
-    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
-    ``PINGPONG``: the two warpgroups take turns issuing each iteration's ``wgmma`` pair
-    (mbarriers ``turn``), so one's weights run while the other's dots do (FA3's inter-warpgroup
-    schedule; the order of issue, not of any row's arithmetic)."""
+    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
     S_L: gl.constexpr = WG_S_L
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -151,7 +130,7 @@ def _consumer(q_s, k_s, v_s, turn, ready, empty, out_ptr, lse_ptr, half, i_qblk,
         s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
         b_s = warpgroup_mma_wait(0, deps=[s_tok])
         if j_mid <= 0:
-            b_s = _masked(b_s, 0, pos, BLOCK_N, S_L)
+            b_s = _masked(b_s, 0, pos, BLOCK_N)
         m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = _sum(l_i, alpha, b_p)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
@@ -160,20 +139,15 @@ def _consumer(q_s, k_s, v_s, turn, ready, empty, out_ptr, lse_ptr, half, i_qblk,
             # and this tile's p @ v, issued together.
             jn = gl.minimum(j + 1, n_tiles - 1)
             mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
-            if PINGPONG:
-                # Warpgroup 1 waits for 0's j-th issue, 0 for 1's (j - 1)-th.
-                mbarrier.wait(turn.index(half), (j + half - 1) & 1, pred=j + half >= 1)
             s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
                                   is_async=True)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
             p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn.index(1 - half))
             b_s = warpgroup_mma_wait(1, deps=[s_tok])
             if jn >= j_mid:
-                b_s = _masked(b_s, jn, pos, BLOCK_N, S_L)
+                b_s = _masked(b_s, jn, pos, BLOCK_N)
             # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
             new_split = (j + 1) % split_tiles == 0
             m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
@@ -200,151 +174,28 @@ def _consumer(q_s, k_s, v_s, turn, ready, empty, out_ptr, lse_ptr, half, i_qblk,
 
 
 @gluon.jit
-def _consumer_pairs(q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
-                    q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
-                    G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """``_consumer`` on pairs of tiles (``split_tiles`` even): tiles ``2p`` and ``2p + 1``'s
-    scores from one m64n128 ``wgmma`` over slot ``p % STAGES``'s 128 keys, then per tile, in
-    tile order, the same weights, rescale, ``p @ v`` and denominator as ``_consumer``. Pair
-    ``p + 1``'s scores run with tile ``2p``'s ``p @ v``, its weights with tile ``2p + 1``'s.
-    A last odd tile runs alone (its pair's second half is never used). The fold of finished
-    splits keeps its acc in shared memory (``f_acc_s[half]``, fp32): the registers hold the
-    running acc, the next pair's scores and the p operands, as FA3's do."""
-    S_L: gl.constexpr = WG_S_L
-    S2_L: gl.constexpr = WG_S2_L
-    O_L: gl.constexpr = WG_O_L
-    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
-    ROW_S2: gl.constexpr = gl.SliceLayout(1, S2_L)
-    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
-    HALF: gl.constexpr = BLOCK_M // 2
-    BN2: gl.constexpr = 2 * BLOCK_N
-    o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S2)
-    _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    q_h = q_s.slice(half * HALF, HALF)
-    zero_s2 = gl.full([HALF, BN2], 0.0, gl.float32, layout=S2_L)
-    zero_o = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
-    f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
-    f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
-    f_acc_h = f_acc_s.index(half)
-    f_acc_h.store(zero_o)
-    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
-    l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
-    acc = zero_o
-    n_pairs = (n_tiles + 1) // 2
-    n_full = n_tiles // 2
-    if n_tiles > 0:
-        # Pair 0's scores and both tiles' weights. Each tile's denominator is updated as soon as
-        # its weights exist (it needs no acc), so p waits for its p @ v as 16-bit operands.
-        mbarrier.wait(ready.index(0), 0)
-        s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s2, use_acc=False,
-                              is_async=True)
-        b_s2 = warpgroup_mma_wait(0, deps=[s_tok])
-        if j_mid <= 1:
-            b_s2 = _masked(b_s2, 0, pos, BN2, S2_L)
-        s_a, s_b = _halves(b_s2, HALF, BLOCK_N)
-        m_a, alpha, b_p = _weights(m_i, s_a, qk_scale)
-        l_a = _sum(l_i, alpha, b_p)
-        p_a = gl.convert_layout(b_p.to(k_s.dtype), P_L)
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        m_i, alpha_b, b_p = _weights(m_a, s_b, qk_scale)
-        l_i = _sum(l_a, alpha_b, b_p)
-        p_b = gl.convert_layout(b_p.to(k_s.dtype), P_L)
-        # (m_i, l_i): the state after the pair's second tile; (m_a, l_a): after its first.
-        for p in range(0, n_full):
-            sl = p % STAGES
-            pn = gl.minimum(p + 1, n_pairs - 1)
-            mbarrier.wait(ready.index(pn % STAGES), (pn // STAGES) & 1)
-            # The next pair's scores (past the last pair: this pair's again, a dummy never
-            # used), then tile 2p's p @ v; the next pair's first weights while it runs.
-            s_tok = warpgroup_mma(q_h, k_s.index(pn % STAGES).permute((1, 0)), zero_s2,
-                                  use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_a, v_s.index(2 * sl), acc, is_async=True)
-            b_s2 = warpgroup_mma_wait(1, deps=[s_tok])
-            if 2 * pn + 1 >= j_mid:
-                b_s2 = _masked(b_s2, pn, pos, BN2, S2_L)
-            # A new split starts with the next pair: a fresh state.
-            new_split = (2 * p + 2) % split_tiles == 0
-            m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
-            l_base = gl.where(new_split, gl.full_like(l_i, 0.0), l_i)
-            s_a, s_b = _halves(b_s2, HALF, BLOCK_N)
-            m_a_n, alpha_n, b_p = _weights(m_base, s_a, qk_scale)
-            l_a_n = _sum(l_base, alpha_n, b_p)
-            p_a_n = gl.convert_layout(b_p.to(k_s.dtype), P_L)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            # Tile 2p + 1's rescale and p @ v; the next pair's second weights while it runs.
-            acc = acc * gl.convert_layout(alpha_b, ROW_O)[:, None]
-            jb = 2 * p + 1
-            if (jb + 1 == n_tiles) & (kv_len - jb * BLOCK_N < BLOCK_N):
-                _zero_v_tail(v_s.index(2 * sl + 1), kv_len - jb * BLOCK_N, BLOCK_N, HEAD_DIM)
-            acc_tok = warpgroup_mma(p_b, v_s.index(2 * sl + 1), acc, is_async=True)
-            m_b_n, alpha_b_n, b_p = _weights(m_a_n, s_b, qk_scale)
-            l_b_n = _sum(l_a_n, alpha_b_n, b_p)
-            p_b_n = gl.convert_layout(b_p.to(k_s.dtype), P_L)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            mbarrier.arrive(empty.index(sl))
-            if new_split | (2 * p + 2 == n_tiles):
-                # The split ends with tile 2p + 1: fold it, start a fresh acc.
-                f_m, f_l, f_acc = _fold(f_m, f_l, f_acc_h.load(O_L),
-                                        gl.convert_layout(m_i, ROW_O),
-                                        gl.convert_layout(l_i, ROW_O), acc)
-                f_acc_h.store(f_acc)
-                acc = zero_o
-            if 2 * p + 2 < n_tiles:
-                acc = acc * gl.convert_layout(alpha_n, ROW_O)[:, None]
-                m_a = m_a_n
-                l_a = l_a_n
-                m_i = m_b_n
-                l_i = l_b_n
-                alpha_b = alpha_b_n
-                p_a = p_a_n
-                p_b = p_b_n
-        if n_tiles % 2 == 1:
-            # The last tile alone (its pair's second half unused): its p @ v, then the fold.
-            sl = n_full % STAGES
-            ja = n_tiles - 1
-            if kv_len - ja * BLOCK_N < BLOCK_N:
-                _zero_v_tail(v_s.index(2 * sl), kv_len - ja * BLOCK_N, BLOCK_N, HEAD_DIM)
-            acc_tok = warpgroup_mma(p_a, v_s.index(2 * sl), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            mbarrier.arrive(empty.index(sl))
-            f_m, f_l, f_acc = _fold(f_m, f_l, f_acc_h.load(O_L), gl.convert_layout(m_a, ROW_O),
-                                    gl.convert_layout(l_a, ROW_O), acc)
-            f_acc_h.store(f_acc)
-    b_o, b_lse = _normalize(f_acc_h.load(O_L), f_l, f_m)
-    o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
-    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-    _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d, G,
-                  HEAD_DIM)
-
-
-@gluon.jit
 def _loader(k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages, i_kvh,
             HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-            BOX: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr):
-    """One warp: slot ``s = t % STAGES`` takes tiles ``TILES * t ..`` (K into ``k_s[s]``, V into
-    ``v_s[TILES * s ..]``) by TMA once both warpgroups have released its previous tiles.
-    ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from the caches seen as
-    ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``. Page ids as the Triton kernels read them:
-    block-table entries of keys past ``kv_len`` are never read (page 0 instead: its V rows are
-    zeroed by the consumers, its K rows masked or unused), ids clamped into the cache."""
-    for t in range(0, (n_tiles + TILES - 1) // TILES):
+            BOX: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: tile ``t``'s K and V by TMA into slot ``t % STAGES`` once both warpgroups have
+    released that slot's previous tile. ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from
+    the caches seen as ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``. Page ids as the Triton kernels
+    read them: block-table entries of keys past ``kv_len`` are never read (page 0 instead: its
+    V rows are zeroed by the consumers, its K rows masked), ids clamped into the cache."""
+    for t in range(0, n_tiles):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-        mbarrier.expect(ready.index(s), 2 * TILES * BLOCK_N * HEAD_DIM
-                        * k_desc.dtype.primitive_bitwidth // 8)
-        for i in gl.static_range(TILES * BLOCK_N // BOX):
-            key = t * TILES * BLOCK_N + i * BOX
+        mbarrier.expect(ready.index(s), 2 * BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth
+                        // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = t * BLOCK_N + i * BOX
             page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
             page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
             row = page * PAGE_SIZE + key % PAGE_SIZE
             tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
                                             k_s.index(s).slice(i * BOX, BOX))
-            tma.async_copy_global_to_shared(
-                v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
-                v_s.index(s * TILES + i * BOX // BLOCK_N).slice(i * BOX % BLOCK_N, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            v_s.index(s).slice(i * BOX, BOX))
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len"])
@@ -376,9 +227,7 @@ def _fused_prefill_kernel(
     BLOCK_N: gl.constexpr,  # 64
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
-    STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x TILES x BLOCK_N x HEAD_DIM)
-    PAIRS: gl.constexpr,  # two tiles' scores per wgmma (split_tiles even): _consumer_pairs
-    PINGPONG: gl.constexpr,  # the warpgroups take turns issuing their wgmmas (_consumer)
+    STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -398,10 +247,8 @@ def _fused_prefill_kernel(
     tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
     q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
-    TILES: gl.constexpr = 2 if PAIRS else 1
-    HALF: gl.constexpr = BLOCK_M // 2
-    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, TILES * BLOCK_N, HEAD_DIM], SMEM_L)
-    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES * TILES, BLOCK_N, HEAD_DIM], SMEM_L)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -413,31 +260,12 @@ def _fused_prefill_kernel(
     n_tiles = max_pos // BLOCK_N + 1
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
-    # Two consumer warpgroups (rows [0, 64) and [64, 128)) and the loader warp.
-    if PAIRS:
-        f_acc_s = gl.allocate_shared_memory(gl.float32, [2, HALF, HEAD_DIM], F_SMEM_L)
-        gl.warp_specialize([
-            (_consumer_pairs, (q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk,
-             q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-             HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
-            (_consumer_pairs, (q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk,
-             q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-             HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
-            (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
-                       i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, TILES))],
-            [4, 1], [240, 24])
-    else:
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(turn.index(i), count=1)
-        fence_async_shared()
-        gl.warp_specialize([
-            (_consumer, (q_s, k_s, v_s, turn, ready, empty, out_ptr, lse_ptr, 0, i_qblk,
-             q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-             HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG)),
-            (_consumer, (q_s, k_s, v_s, turn, ready, empty, out_ptr, lse_ptr, 1, i_qblk,
-             q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-             HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG)),
-            (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
-                       i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, TILES))],
-            [4, 1], [232, 24])
+    gl.warp_specialize([
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
+                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
