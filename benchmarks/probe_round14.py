@@ -1,18 +1,16 @@
-"""Round-14 probe (H100): two schedules of the Gluon prefill kernel
-(reports/h100-round14/README.md).
+"""Round-14 probe (H100): schedules of the Gluon prefill kernel (reports/h100-round14/README.md).
 
     python benchmarks/probe_round14.py OUT_DIR [WORKLOAD ...]
 
-On prefill-like workloads (the bench's prefill-varlen and mixed64 by default, and the lengths specs
-of rounds 12-13's probes), the default launch (the Gluon kernel as ``kernels._gluon``'s switches
-say) against: ``PINGPONG`` (the two consumer warpgroups take turns issuing their ``wgmma``),
-``PAIRS`` (two 64-key tiles' scores from one m64n128 ``wgmma``, the fold's acc in shared memory),
-and the Triton fused kernel (``Tuning(gluon=False)``). Bits of out and LSE against the default at
-bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats interleaved cell
-by cell). Writes ``schedules.jsonl`` after each workload.
+On prefill-like workloads (the bench's prefill-varlen and mixed64 by default, and the lengths
+specs of rounds 12-13's probes), the default launch (the Gluon kernel as ``kernels._gluon``'s
+switches say) against the launch with each switch of ``SWITCHES`` flipped, and the Triton
+fused kernel (``Tuning(gluon=False)``). Bits of out and LSE against the default at bf16 and
+fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats interleaved cell by
+cell). Writes ``schedules.jsonl`` after each workload.
 
-The switches were taken out after the probe (both slower, reports/h100-round14/README.md): run
-it at commit 313f4f5, where they exist.
+Calls 1-2 ran it at commit 313f4f5 with the switches ``PAIRS`` and ``PINGPONG`` (taken out
+after, both slower); calls 3-4 with ``Q_IN_REGISTERS`` and ``FOLD_IN_SHARED``.
 """
 
 from __future__ import annotations
@@ -29,13 +27,18 @@ from benchmarks.probe_round11 import _workload
 from benchmarks.probe_round12 import bits_and_times
 from invariance.bench import CudaTimer, build_batch
 
+#: Module switches of ``kernels._gluon`` flipped together, one cell per tuple (calls 1-2 at
+#: commit 313f4f5: ``PINGPONG``, ``PAIRS``; call 3: ``Q_IN_REGISTERS``, which then also moved
+#: the fold's acc to shared memory).
+SWITCHES = (("FOLD_IN_SHARED",), ("Q_IN_REGISTERS", "FOLD_IN_SHARED"))
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
 
 
 def main(out_dir: str, specs: list[str]) -> None:
-    if not hasattr(kernels._gluon, "PINGPONG"):
-        sys.exit("probe_round14.py needs kernels._gluon.PAIRS and PINGPONG, taken out after "
-                 "round 14: run it at commit 313f4f5 (git checkout 313f4f5)")
+    missing = [name for names in SWITCHES for name in names
+               if not hasattr(kernels._gluon, name)]
+    if missing:
+        sys.exit(f"probe_round14.py: kernels._gluon has no {missing}")
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
     for spec in specs or WORKLOADS:
@@ -46,9 +49,12 @@ def main(out_dir: str, specs: list[str]) -> None:
                                         batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
                                         validate=False, host_lens=lens)
             ref = call(batch)
-            cells = {name: patched(call(batch), kernels._gluon, name.upper(),
-                                   not getattr(kernels._gluon, name.upper()))
-                     for name in ("pingpong", "pairs")}
+            cells = {}
+            for names in SWITCHES:
+                fn = call(batch)
+                for name in names:
+                    fn = patched(fn, kernels._gluon, name, not getattr(kernels._gluon, name))
+                cells["+".join(names).lower()] = fn
             cells["triton"] = call(batch, tuning=kernels.Tuning(gluon=False))
             row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec, plan=lp.plan,
                        gluon=lp.gluon, slot_order=lp.slot_order)
