@@ -16,10 +16,6 @@ GLUON_TRITON = "3.6."
 #: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
 #: scheduling only, like Triton's pipeline stages.
 RING_SLOTS = 4
-#: The score ``wgmma`` takes q from registers: scheduling only, the same bits.
-Q_IN_REGISTERS = False
-#: The fold's acc in shared memory instead of registers: the same bits.
-FOLD_IN_SHARED = False
 
 
 @functools.cache
@@ -87,5 +83,4 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
-        Q_REGS=Q_IN_REGISTERS, F_SMEM=FOLD_IN_SHARED,
         num_warps=4)

@@ -67,9 +67,6 @@ WG_S_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
     version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 WG_O_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
     version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
-#: The fold's fp32 acc in shared memory (``Q_REGS``): written and read in acc's own layout.
-F_SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
-    swizzle_byte_width=128, element_bitwidth=32, rank=2))
 #: 128-byte swizzled shared memory for q, K and V (what Triton gives them, and TMA's boxes).
 SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
     swizzle_byte_width=128, element_bitwidth=16, rank=2))
@@ -103,15 +100,12 @@ def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
-              q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              Q_REGS: gl.constexpr, F_SMEM: gl.constexpr):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
-    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
-    ``Q_REGS``: the score ``wgmma`` takes q from registers (loaded once) instead of shared
-    memory; ``F_SMEM``: the fold's acc lives in shared memory (``f_acc_s[half]``)."""
+    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
     S_L: gl.constexpr = WG_S_L
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -120,20 +114,13 @@ def _consumer(q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, half, i_qb
     HALF: gl.constexpr = BLOCK_M // 2
     o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
     _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    if Q_REGS:
-        q_h = q_s.slice(half * HALF, HALF).load(
-            gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
-    else:
-        q_h = q_s.slice(half * HALF, HALF)
+    q_h = q_s.slice(half * HALF, HALF)
     zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
     zero_o = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
     # The running fold of finished splits (rows in acc's layout) and the current split's state.
     f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
     f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
     f_acc = zero_o
-    if F_SMEM:
-        f_acc_h = f_acc_s.index(half)
-        f_acc_h.store(zero_o)
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
@@ -169,14 +156,8 @@ def _consumer(q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, half, i_qb
             mbarrier.arrive(empty.index(j % STAGES))
             if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
-                if F_SMEM:
-                    f_m, f_l, f_acc_n = _fold(f_m, f_l, f_acc_h.load(O_L),
-                                              gl.convert_layout(m_i, ROW_O),
-                                              gl.convert_layout(l_i, ROW_O), acc)
-                    f_acc_h.store(f_acc_n)
-                else:
-                    f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
-                                            gl.convert_layout(l_i, ROW_O), acc)
+                f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
+                                        gl.convert_layout(l_i, ROW_O), acc)
                 l_i = gl.full_like(l_i, 0.0)
                 acc = zero_o
             if j + 1 < n_tiles:
@@ -184,8 +165,6 @@ def _consumer(q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, half, i_qb
                 l_i = _sum(l_i, alpha, b_p_n)
                 acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
                 b_p = b_p_n
-    if F_SMEM:
-        f_acc = f_acc_h.load(O_L)
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
     o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
@@ -249,8 +228,6 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
-    Q_REGS: gl.constexpr,  # q in registers for the score wgmma
-    F_SMEM: gl.constexpr,  # the fold's acc in shared memory
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -283,16 +260,12 @@ def _fused_prefill_kernel(
     n_tiles = max_pos // BLOCK_N + 1
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
-    # The fold's acc in shared memory (F_SMEM), else a placeholder never touched.
-    F_ROWS: gl.constexpr = BLOCK_M // 2 if F_SMEM else 8
-    F_COLS: gl.constexpr = HEAD_DIM if F_SMEM else 32
-    f_acc_s = gl.allocate_shared_memory(gl.float32, [2, F_ROWS, F_COLS], F_SMEM_L)
     gl.warp_specialize([
-        (_consumer, (q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start,
-                     q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-                     HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, Q_REGS, F_SMEM)),
-        (_consumer, (q_s, k_s, v_s, f_acc_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start,
-                     q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-                     HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, Q_REGS, F_SMEM)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
