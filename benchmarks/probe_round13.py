@@ -36,10 +36,14 @@ def _ring(fn: Callable[[], object], slots: int) -> Callable[[], object]:
     return patched(fn, kernels._gluon, "RING_SLOTS", slots)
 
 
-def main(out_dir: str, specs: list[str]) -> None:
+def probe_prefill(out_dir: str, specs: list[str],
+                  cells_of: Callable[[object, kernels.LaunchPlan], dict], name: str) -> None:
+    """For each workload (``specs``) at bf16 and fp16: the default launch and the cells
+    ``cells_of(batch, plan)`` returns, bits against the default and (bf16) times, one JSON row
+    per workload and dtype, printed and saved to ``out_dir/name`` after each."""
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
-    for spec in specs or WORKLOADS:
+    for spec in specs:
         for dtype in (torch.bfloat16, torch.float16):
             batch = build_batch(_workload(spec), dtype=dtype)
             lens = (batch.q_lens(), batch.kv_lens.tolist())
@@ -47,10 +51,7 @@ def main(out_dir: str, specs: list[str]) -> None:
                                         batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
                                         validate=False, host_lens=lens)
             ref = call(batch)
-            cells = {"triton": call(batch, tuning=kernels.Tuning(gluon=False)),
-                     **{f"ring{n}": _ring(call(batch), n) for n in (2, 3, 5)},
-                     "slot_order_flipped": call(batch, tuning=kernels.Tuning(
-                         slot_order=not lp.slot_order))}
+            cells = cells_of(batch, lp)
             row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec, plan=lp.plan,
                        gluon=lp.gluon, slot_order=lp.slot_order)
             bits_and_times(row, ref, cells, timer, timed=dtype == torch.bfloat16)
@@ -58,7 +59,18 @@ def main(out_dir: str, specs: list[str]) -> None:
             print(json.dumps(row), flush=True)
             del batch
             torch.cuda.empty_cache()
-            save(out_dir, "gluon.jsonl", rows)
+            save(out_dir, name, rows)
+
+
+def _cells(batch, lp: kernels.LaunchPlan) -> dict:
+    return {"triton": call(batch, tuning=kernels.Tuning(gluon=False)),
+            **{f"ring{n}": _ring(call(batch), n) for n in (2, 3, 5)},
+            "slot_order_flipped": call(batch, tuning=kernels.Tuning(
+                slot_order=not lp.slot_order))}
+
+
+def main(out_dir: str, specs: list[str]) -> None:
+    probe_prefill(out_dir, specs or WORKLOADS, _cells, "gluon.jsonl")
 
 
 if __name__ == "__main__":

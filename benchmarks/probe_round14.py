@@ -16,17 +16,12 @@ taken out, so at later commits it exits naming the missing switches.
 
 from __future__ import annotations
 
-import json
 import sys
-
-import torch
 
 import kernels
 import kernels._gluon
-from benchmarks.probe_round4 import call, patched, save
-from benchmarks.probe_round11 import _workload
-from benchmarks.probe_round12 import bits_and_times
-from invariance.bench import CudaTimer, build_batch
+from benchmarks.probe_round4 import call, patched
+from benchmarks.probe_round13 import probe_prefill
 
 #: Module switches of ``kernels._gluon`` flipped together, one cell per tuple (calls 1-2 at
 #: commit 313f4f5: ``PINGPONG``, ``PAIRS``; call 3: ``Q_IN_REGISTERS``, which then also moved
@@ -35,38 +30,25 @@ SWITCHES = (("FOLD_IN_SHARED",), ("Q_IN_REGISTERS", "FOLD_IN_SHARED"))
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
 
 
+def _cells(batch, lp: kernels.LaunchPlan) -> dict:
+    cells = {}
+    for names in SWITCHES:
+        fn = call(batch)
+        for name in names:
+            fn = patched(fn, kernels._gluon, name, not getattr(kernels._gluon, name))
+        cells["+".join(names).lower()] = fn
+    cells["triton"] = call(batch, tuning=kernels.Tuning(gluon=False))
+    return cells
+
+
 def main(out_dir: str, specs: list[str]) -> None:
-    missing = [name for names in SWITCHES for name in names
-               if not hasattr(kernels._gluon, name)]
+    missing = sorted({name for names in SWITCHES for name in names
+                      if not hasattr(kernels._gluon, name)})
     if missing:
         sys.exit(f"probe_round14.py: kernels._gluon has no {missing}; the switches were taken "
                  "out after round 14 (all slower): run it at commit 313f4f5 (PAIRS, PINGPONG) "
                  "or 4bfa49d (Q_IN_REGISTERS, FOLD_IN_SHARED)")
-    timer = CudaTimer(iters=20, warmup=2)
-    rows: list[dict] = []
-    for spec in specs or WORKLOADS:
-        for dtype in (torch.bfloat16, torch.float16):
-            batch = build_batch(_workload(spec), dtype=dtype)
-            lens = (batch.q_lens(), batch.kv_lens.tolist())
-            lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache,
-                                        batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
-                                        validate=False, host_lens=lens)
-            ref = call(batch)
-            cells = {}
-            for names in SWITCHES:
-                fn = call(batch)
-                for name in names:
-                    fn = patched(fn, kernels._gluon, name, not getattr(kernels._gluon, name))
-                cells["+".join(names).lower()] = fn
-            cells["triton"] = call(batch, tuning=kernels.Tuning(gluon=False))
-            row = dict(dtype=str(dtype).removeprefix("torch."), workload=spec, plan=lp.plan,
-                       gluon=lp.gluon, slot_order=lp.slot_order)
-            bits_and_times(row, ref, cells, timer, timed=dtype == torch.bfloat16)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del batch
-            torch.cuda.empty_cache()
-            save(out_dir, "schedules.jsonl", rows)
+    probe_prefill(out_dir, specs or WORKLOADS, _cells, "schedules.jsonl")
 
 
 if __name__ == "__main__":
