@@ -32,8 +32,9 @@ STEP=${1:?usage: sh benchmarks/gpu_round13.sh smoke|check|bench|probe|final|fina
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
-# full_check_and_control (the full default check at three dtypes, then the control) and sanitize
-# (memcheck and initcheck at bf16), into $C.
+# full_check_and_control (the full default check at three dtypes, then the control), sanitize
+# (memcheck and initcheck at bf16), gluon_tests, bench, counted_check, final_checks and pack,
+# into $C.
 . benchmarks/gpu_full_check.sh
 
 step_smoke() {

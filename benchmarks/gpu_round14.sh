@@ -3,7 +3,8 @@
 # 10 minutes): sh benchmarks/gpu_round14.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
 # carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
 # folder into $OUT/STEP.tgz.
-#   (smoke and probe need commit 313f4f5's kernel switches; final and bench run on any tree.)
+#   (probe_round14.py needs the kernel switches of commit 313f4f5 or 4bfa49d; the GPU tests,
+#   final and bench run on any tree.)
 #   smoke: the Gluon kernel's GPU tests (fp16 and bf16), then benchmarks/probe_round14.py
 #          (the schedules against the default and the Triton kernel: bits and times)
 #   probe: benchmarks/probe_round14.py alone
@@ -40,6 +41,10 @@ step_bench() {
   bench
 }
 
+case $STEP in
+  smoke|probe|final|bench) ;;
+  *) echo "gpu_round14.sh: unknown step '$STEP' (smoke|probe|final|bench)" >&2; exit 2 ;;
+esac
 C=$OUT/$STEP; mkdir -p $C
 step_$STEP
 pack

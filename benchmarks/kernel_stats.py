@@ -265,7 +265,7 @@ def main() -> None:
         fields["gluon"] = False
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
     print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
-    compiled_cols = "ptx hash | " if a.ptx_hash else "regs | spill st/ld B "
+    compiled_cols = "ptx hash " if a.ptx_hash else "regs | spill st/ld B "
     print(f"| workload | plan | BM/BN/warps/stages/vblocks/tiles | kernel | {compiled_cols}"
           "| smem B |")
     print("|---" * (6 if a.ptx_hash else 7) + "|")

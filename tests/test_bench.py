@@ -504,28 +504,41 @@ def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str])
 
 
 def test_tile_cost_fit_recovers_a_known_cost(tmp_path) -> None:
-    """benchmarks/tile_cost_fit.py (reports/h100-round14/, section 3): times made from a known
-    cost per program and per tile are fitted back to it; the tiles are counted as the kernel
+    """benchmarks/tile_cost_fit.py (reports/h100-round14/, section 4): times made from a known
+    cost per program and per tile are fitted back to it, by least squares over three workloads
+    (the median of each cell's repeats, not their mean); the tiles are counted as the kernel
     walks them (prefill-varlen: 9216 programs of 128 rows, 736768 64-key tiles on 8 KV heads);
-    fp16 rows, other cells and the Triton plan are left out; one row is refused."""
+    fp16 rows, other cells and launches without the Gluon kernel are left out; one workload, or
+    workloads that walk the same tiles per program, are refused; so is a malformed row."""
     sys.path.insert(0, str(ROOT))
     try:
         from benchmarks.tile_cost_fit import fit, load, main
     finally:
         sys.path.remove(str(ROOT))
-    tiles = {"prefill-varlen": (9216, 736768), "prefill:4kx8": (8192, 266240)}
+    tiles = {"prefill-varlen": (9216, 736768), "prefill:4kx8": (8192, 266240),
+             "mixed64": (2728, 169744)}
     lines = []
     for spec, (p, t) in tiles.items():
         us = (2.0 * p + 1.2 * t) / 132
-        lines.append(dict(dtype="bfloat16", workload=spec, gluon=True, us_default=[us, us * 2, 0]))
+        lines.append(dict(dtype="bfloat16", workload=spec, gluon=True,
+                          us_default=[us * 3, us, us / 2]))
         lines.append(dict(dtype="float16", workload=spec, gluon=True, us_default=[1.0] * 3))
     lines.append(dict(dtype="bfloat16", workload="mixed64", gluon=False, us_default=[1.0] * 3))
     path = tmp_path / "s.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + "\n")
     rows = load(str(path))
     assert [(r[0], r[1], r[2]) for r in rows] == [(s, *pt) for s, pt in tiles.items()]
     a, b = fit(rows)
     assert a == pytest.approx(2.0) and b == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="different tiles per program"):
+        fit(rows[:1])
+    with pytest.raises(ValueError, match="different tiles per program"):
+        fit([rows[0], rows[0]])
     assert load(str(path), "other") == []
-    with pytest.raises(SystemExit, match="need two or more bf16 rows with us_other"):
+    with pytest.raises(SystemExit, match="cell 'other': need workloads"):
         main(str(path), "other")
+    path.write_text(json.dumps(lines[0]) + "\n{not json\n")
+    with pytest.raises(SystemExit, match=r"s.jsonl:2: expected a probe row"):
+        load(str(path))
+    with pytest.raises(SystemExit, match="cannot read"):
+        load(str(tmp_path / "missing.jsonl"))
