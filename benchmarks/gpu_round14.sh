@@ -3,8 +3,8 @@
 # 10 minutes): sh benchmarks/gpu_round14.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
 # carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
 # folder into $OUT/STEP.tgz.
-#   (probe_round14.py needs the kernel switches of commit 313f4f5 or 4bfa49d; the GPU tests,
-#   final and bench run on any tree.)
+#   (probe_round14.py needs the kernel switches of commit 313f4f5, 4bfa49d or a538536; the
+#   GPU tests, final and bench run on any tree.)
 #   smoke: the Gluon kernel's GPU tests (fp16 and bf16), then benchmarks/probe_round14.py
 #          (the schedules against the default and the Triton kernel: bits and times)
 #   probe: benchmarks/probe_round14.py alone

@@ -11,8 +11,8 @@ cell). Writes ``schedules.jsonl`` after each workload.
 
 Calls 1-2 ran it at commit 313f4f5 with the switches ``PAIRS`` and ``PINGPONG``, calls 3-4 at
 commit 4bfa49d with ``Q_IN_REGISTERS`` and ``FOLD_IN_SHARED`` (none faster, all taken out),
-call 5 with ``PAIR_RELEASE`` and ``SPLIT_COUNTER``. Where a switch is missing it exits naming
-it.
+call 5 at a538536 with ``PAIR_RELEASE`` and ``SPLIT_COUNTER`` (none clearly faster, all taken
+out). Where a switch is missing it exits naming it and the commit that has it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from benchmarks.probe_round13 import probe_prefill
 #: Module switches of ``kernels._gluon`` flipped together, one cell per tuple (calls 1-2 at
 #: commit 313f4f5: ``PINGPONG``, ``PAIRS``; call 3: ``Q_IN_REGISTERS``, which then also moved
 #: the fold's acc to shared memory; call 4 at 4bfa49d: ``FOLD_IN_SHARED`` alone and with
-#: ``Q_IN_REGISTERS``).
+#: ``Q_IN_REGISTERS``; call 5 at a538536: these).
 SWITCHES = (("PAIR_RELEASE",), ("SPLIT_COUNTER",), ("PAIR_RELEASE", "SPLIT_COUNTER"))
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
 
@@ -47,9 +47,9 @@ def main(out_dir: str, specs: list[str]) -> None:
     missing = sorted({name for names in SWITCHES for name in names
                       if not hasattr(kernels._gluon, name)})
     if missing:
-        sys.exit(f"probe_round14.py: kernels._gluon has no {missing}; switches taken out in "
-                 "round 14 live at commit 313f4f5 (PAIRS, PINGPONG) and 4bfa49d "
-                 "(Q_IN_REGISTERS, FOLD_IN_SHARED)")
+        sys.exit(f"probe_round14.py: kernels._gluon has no {missing}; the switches taken out "
+                 "in round 14 live at commits 313f4f5 (PAIRS, PINGPONG), 4bfa49d "
+                 "(Q_IN_REGISTERS, FOLD_IN_SHARED) and a538536 (PAIR_RELEASE, SPLIT_COUNTER)")
     probe_prefill(out_dir, specs or WORKLOADS, _cells, "schedules.jsonl")
 
 

@@ -1,5 +1,5 @@
 """What a fused prefill program costs: a fixed part per program and a part per KV tile, fitted
-to measured times (no GPU; reports/h100-round14/README.md, section 4).
+to measured times (no GPU; reports/h100-round14/README.md, section 5).
 
     PYTHONPATH=. python benchmarks/tile_cost_fit.py JSONL [CELL]
 

@@ -504,7 +504,7 @@ def test_slot_order_model_makespan_and_table(capsys: pytest.CaptureFixture[str])
 
 
 def test_tile_cost_fit_recovers_a_known_cost(tmp_path) -> None:
-    """benchmarks/tile_cost_fit.py (reports/h100-round14/, section 4): times made from a known
+    """benchmarks/tile_cost_fit.py (reports/h100-round14/, section 5): times made from a known
     cost per program and per tile are fitted back to it, by least squares over three workloads
     (the median of each cell's repeats, not their mean); the tiles are counted as the kernel
     walks them (prefill-varlen: 9216 programs of 128 rows, 736768 64-key tiles on 8 KV heads);

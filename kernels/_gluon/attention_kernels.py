@@ -103,13 +103,9 @@ def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
 def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PAIR_RELEASE: gl.constexpr, SPLIT_COUNTER: gl.constexpr):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
-    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
-    ``PAIR_RELEASE``: ring slots are released two at a time (``empty[s // 2]`` after each odd
-    tile and after the last); ``SPLIT_COUNTER``: the split boundary from a counter instead of
-    ``(j + 1) % split_tiles``."""
+    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
     S_L: gl.constexpr = WG_S_L
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -138,7 +134,6 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
         m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = _sum(l_i, alpha, b_p)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        left = split_tiles  # tiles of the current split still to finish, tile j included
         for j in range(0, n_tiles):
             # The next tile's scores (past the last tile: its own again, a dummy never used)
             # and this tile's p @ v, issued together.
@@ -154,19 +149,11 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
             if jn >= j_mid:
                 b_s = _masked(b_s, jn, pos, BLOCK_N)
             # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
-            if SPLIT_COUNTER:
-                new_split = left == 1
-                left = gl.where(new_split, split_tiles, left - 1)
-            else:
-                new_split = (j + 1) % split_tiles == 0
+            new_split = (j + 1) % split_tiles == 0
             m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
             m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            if PAIR_RELEASE:
-                if (j % 2 == 1) | (j + 1 == n_tiles):
-                    mbarrier.arrive(empty.index((j % STAGES) // 2))
-            else:
-                mbarrier.arrive(empty.index(j % STAGES))
+            mbarrier.arrive(empty.index(j % STAGES))
             if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
                 f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
@@ -189,7 +176,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
 @gluon.jit
 def _loader(k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages, i_kvh,
             HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-            BOX: gl.constexpr, STAGES: gl.constexpr, PAIR_RELEASE: gl.constexpr):
+            BOX: gl.constexpr, STAGES: gl.constexpr):
     """One warp: tile ``t``'s K and V by TMA into slot ``t % STAGES`` once both warpgroups have
     released that slot's previous tile. ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from
     the caches seen as ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``. Page ids as the Triton kernels
@@ -197,12 +184,7 @@ def _loader(k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_p
     V rows are zeroed by the consumers, its K rows masked), ids clamped into the cache."""
     for t in range(0, n_tiles):
         s = t % STAGES
-        if PAIR_RELEASE:
-            # Slots s and s + 1 are released together, after the odd tile of the pair.
-            mbarrier.wait(empty.index(s // 2), ((t // STAGES) & 1) ^ 1,
-                          pred=(t >= STAGES) & (t % 2 == 0))
-        else:
-            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
         mbarrier.expect(ready.index(s), 2 * BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth
                         // 8)
         for i in gl.static_range(BLOCK_N // BOX):
@@ -246,8 +228,6 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
-    PAIR_RELEASE: gl.constexpr,  # ring slots released two at a time (STAGES even)
-    SPLIT_COUNTER: gl.constexpr,  # the split boundary from a counter
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -283,10 +263,9 @@ def _fused_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PAIR_RELEASE, SPLIT_COUNTER)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PAIR_RELEASE, SPLIT_COUNTER)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
-                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, PAIR_RELEASE))],
-        [4, 1], [232, 24])
+                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
