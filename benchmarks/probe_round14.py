@@ -2,17 +2,18 @@
 
     python benchmarks/probe_round14.py OUT_DIR [WORKLOAD ...]
 
-On prefill-like workloads (the bench's prefill-varlen and mixed64 by default, and the lengths
-specs of rounds 12-13's probes), the default launch (the Gluon kernel as ``kernels._gluon``'s
-switches say) against the launch with each switch of ``SWITCHES`` flipped, and the Triton
-fused kernel (``Tuning(gluon=False)``). Bits of out and LSE against the default at bf16 and
-fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats interleaved cell by
-cell). Writes ``schedules.jsonl`` after each workload.
+On prefill-like workloads (``WORKLOADS`` by default: the bench's prefill-varlen and mixed64 and
+two lengths specs of rounds 12-13's probes), the default launch (the Gluon kernel as
+``kernels._gluon``'s switches say) against the launch with each switch of ``SWITCHES`` flipped,
+and the Triton fused kernel (``Tuning(gluon=False)``). Bits of out and LSE against the default
+at bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three repeats
+interleaved cell by cell). Writes ``schedules.jsonl`` after each workload.
 
-Calls 1-2 ran it at commit 313f4f5 with the switches ``PAIRS`` and ``PINGPONG``, calls 3-4 at
-commit 4bfa49d with ``Q_IN_REGISTERS`` and ``FOLD_IN_SHARED`` (none faster, all taken out),
-call 5 at a538536 with ``PAIR_RELEASE`` and ``SPLIT_COUNTER`` (none clearly faster, all taken
-out). Where a switch is missing it exits naming it and the commit that has it.
+The switches it flipped live at the commits that carried them: ``PAIRS`` and ``PINGPONG`` at
+313f4f5 (call 2; call 1 on the working tree before it), ``Q_IN_REGISTERS`` and
+``FOLD_IN_SHARED`` at 4bfa49d (call 4; call 3 on the working tree before it, one switch for
+both), ``PAIR_RELEASE`` and ``SPLIT_COUNTER`` at a538536 (call 5); none was clearly faster and
+all were taken out. Where a switch is missing it exits naming it and the commit that has it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ import kernels._gluon
 from benchmarks.probe_round4 import call, patched
 from benchmarks.probe_round13 import probe_prefill
 
-#: Module switches of ``kernels._gluon`` flipped together, one cell per tuple (calls 1-2 at
-#: commit 313f4f5: ``PINGPONG``, ``PAIRS``; call 3: ``Q_IN_REGISTERS``, which then also moved
-#: the fold's acc to shared memory; call 4 at 4bfa49d: ``FOLD_IN_SHARED`` alone and with
-#: ``Q_IN_REGISTERS``; call 5 at a538536: these).
+#: Module switches of ``kernels._gluon`` flipped together, one cell per tuple (call 5's; the
+#: earlier calls' are in the module docstring and reports/h100-round14/README.md).
 SWITCHES = (("PAIR_RELEASE",), ("SPLIT_COUNTER",), ("PAIR_RELEASE", "SPLIT_COUNTER"))
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
 
