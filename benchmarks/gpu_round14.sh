@@ -4,16 +4,17 @@
 # carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
 # folder into $OUT/STEP.tgz.
 #   (probe_round14.py needs the kernel switches of commit 313f4f5, 4bfa49d or a538536; the
-#   GPU tests, final and bench run on any tree.)
+#   GPU tests, final, san and bench run on any tree.)
 #   smoke: the Gluon kernel's GPU tests (fp16 and bf16), then benchmarks/probe_round14.py
 #          (the schedules against the default and the Triton kernel: bits and times)
 #   probe: benchmarks/probe_round14.py alone
 #   final: the full check at three dtypes and the control, kernels-fused at three dtypes with
-#          the Gluon launches counted, the sanitizers
+#          the Gluon launches counted
+#   san: the Gluon kernel's GPU tests, then compute-sanitizer memcheck and initcheck
 #   bench: invariance bench kernels + kernels:gluon=false + kernels-heuristic + FlashInfer's
 #          variants, side by side
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round14.sh smoke|probe|final|bench}
+STEP=${1:?usage: sh benchmarks/gpu_round14.sh smoke|probe|final|san|bench}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -34,6 +35,10 @@ step_probe() {
 step_final() {
   full_check_and_control
   counted_check kernels-fused fp16,bf16,fp32 150
+}
+
+step_san() {
+  gluon_tests 240
   sanitize
 }
 
@@ -42,8 +47,8 @@ step_bench() {
 }
 
 case $STEP in
-  smoke|probe|final|bench) ;;
-  *) echo "gpu_round14.sh: unknown step '$STEP' (smoke|probe|final|bench)" >&2; exit 2 ;;
+  smoke|probe|final|san|bench) ;;
+  *) echo "gpu_round14.sh: unknown step '$STEP' (smoke|probe|final|san|bench)" >&2; exit 2 ;;
 esac
 C=$OUT/$STEP; mkdir -p $C
 step_$STEP

@@ -51,10 +51,11 @@ def load(path: str, cell: str = "default") -> list[tuple[str, int, int, float]]:
             if r["dtype"] != "bfloat16" or f"us_{cell}" not in r or not r.get("gluon"):
                 continue
             spec, us = r["workload"], statistics.median(r[f"us_{cell}"])
+            w = WORKLOADS[spec] if spec in WORKLOADS else parse_lengths(spec)
         except (ValueError, KeyError, TypeError, statistics.StatisticsError) as exc:
-            sys.exit(f"tile_cost_fit.py: {path}:{n}: expected a probe row (dtype, workload, "
-                     f"gluon, us_{cell}: a list of times), got {line[:80]!r} ({exc!r})")
-        w = WORKLOADS[spec] if spec in WORKLOADS else parse_lengths(spec)
+            sys.exit(f"tile_cost_fit.py: {path}:{n}: expected a probe row (dtype, workload: a "
+                     f"bench workload or lengths spec, gluon, us_{cell}: a list of times), got "
+                     f"{line[:80]!r} ({exc!r})")
         blocks = _blocks(w, BLOCK_Q)
         rows.append((spec, len(blocks) * KV_HEADS, sum(b[2] for b in blocks) * KV_HEADS, us))
     return rows

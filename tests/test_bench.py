@@ -540,5 +540,8 @@ def test_tile_cost_fit_recovers_a_known_cost(tmp_path) -> None:
     path.write_text(json.dumps(lines[0]) + "\n{not json\n")
     with pytest.raises(SystemExit, match=r"s.jsonl:2: expected a probe row"):
         load(str(path))
+    path.write_text(json.dumps(dict(lines[0], workload="nonsense")) + "\n")
+    with pytest.raises(SystemExit, match=r"s.jsonl:1: expected a probe row.*nonsense"):
+        load(str(path))
     with pytest.raises(SystemExit, match="cannot read"):
         load(str(tmp_path / "missing.jsonl"))
