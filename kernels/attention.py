@@ -48,6 +48,7 @@ from kernels.config import (
     prefill_like,
     rows_per_block,
     slot_order,
+    split_stages,
     tile_config,
     tiles_per_step,
     value_blocks,
@@ -139,8 +140,8 @@ class Tuning:
     (dtype, head_dim). ``None`` keeps the default. What each may change (kernels/README.md,
     "Bit-defining and bit-neutral settings"):
 
-    - ``num_stages``: software-pipelining depth. It schedules loads, not arithmetic: 2-4 were
-      bit-neutral on an H100 (half precision, head dim 128).
+    - ``num_stages``: software-pipelining depth. It schedules loads, not arithmetic: 2-8 were
+      bit-neutral on an H100 (half precision, head dim 128; rounds 3-15).
     - ``block_m`` (tile rows, a power of two; raised to the GQA group size) and ``num_warps``:
       they change neither the tiles and splits a row sees nor their order, but on a GPU they
       pick the tensor-core layout of ``tl.dot``: on an H100, BLOCK_M 64/128 and 4/8 warps, and
@@ -577,7 +578,7 @@ def plan_attention(
         v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major,
                                                        several_splits=row_splits > 1)
         step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major,
-                                                       block_m, num_warps)
+                                                       block_m, num_warps, v_blocks)
     # Only where the hardware has griddepcontrol (sm_90+) and Triton exposes it (3.4+), and only
     # when there is a merge.
     has_pdl = HAS_GDC and sm_major is not None and sm_major >= 9
@@ -585,6 +586,8 @@ def plan_attention(
                  and (tuning.dependent_merge is None or tuning.dependent_merge))
     nested = False
     num_stages = launch.num_stages
+    if plan == "split" and tuning.block_m is None:  # an explicit block_m: tile_config's stages
+        num_stages = split_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
     if plan == "fused":
         if tuning.block_m is None:  # an explicit block_m keeps tile_config's stages
             num_stages = fused_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)

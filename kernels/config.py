@@ -25,6 +25,7 @@ __all__ = [
     "fused_loop",
     "fused_stages",
     "slot_order",
+    "split_stages",
     "tile_config",
     "tiles_per_step",
     "value_blocks",
@@ -194,18 +195,45 @@ def gluon_prefill(dtype: torch.dtype, head_dim: int, block_m: int, block_n: int,
 def fused_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
                  num_stages: int, sm_major: int | None = None) -> int:
     """Pipeline stages of a fused-plan launch of ``block_m`` rows on ``num_warps`` warps whose
-    tile configuration gives ``num_stages``: 3 for the 64-row decode tile on 4 warps (decode
+    tile configuration gives ``num_stages``: 5 for the 64-row decode tile on 4 warps (decode
     batches whose grid fills the GPU: batch 64-256 at 1k-32k tokens in the bench; decode-prod64
     takes the split plan), half precision at head dim 128 on Hopper; else ``num_stages``.
 
     Stages schedule loads, not arithmetic. On an H100 (round 12, reports/h100-round12/README.md;
     bf16, CUDA graphs, L2 flushed) 3 stages instead of 2 changed no bit at fp16 or bf16 and took
     the fused plan's decode 0.5-2.2% faster at batch 64-256 (1k-32k tokens) and 7.5% at batch 8
-    with 32k (the fused plan forced there); 4 stages gave the same times as 3. The split plan's
-    decode programs stay at 2: 3 stages ran 0.4% faster (decode-prod64) to 8.7% slower (batch 1
-    with 1k tokens) there."""
+    with 32k (the fused plan forced there); 4 stages gave the same times as 3. Round 15
+    (reports/h100-round15/README.md) found why 4 adds nothing (:func:`split_stages`: the K/V
+    copies stay one step ahead below 5 stages) and measured 5 and 6: no bit changed at fp16 or
+    bf16, and 5 took batch 64 with 8k and 32k tokens 3.1% and 3.4% below 3 stages (735 and 2855
+    us) and batch 256 with 8k 4.2% (2873 us); batch 64 with 1k stayed at 119 us; 6 gave the
+    times of 5."""
     if _measured_neutral(dtype, head_dim, sm_major) and block_m == 64 and num_warps == 4:
-        return max(num_stages, 3)
+        return max(num_stages, 5)
+    return num_stages
+
+
+def split_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
+                 num_stages: int, sm_major: int | None = None) -> int:
+    """Pipeline stages of a split-plan launch of ``block_m`` rows on ``num_warps`` warps whose
+    tile configuration gives ``num_stages``: 5 for the 64-row decode tile on 4 warps, half
+    precision at head dim 128 on Hopper; else ``num_stages``.
+
+    Compiled by Triton 3.6 for sm_90a (reports/h100-round15/cpu/), the split kernel's tile loop
+    issues the next step's page-id loads and K/V copies at the end of a step, after its ``p @
+    v``, and waits for them at the top of the next step. At 2 stages a step therefore pays the
+    block table's and then the cache's memory latency in full; at 3 and 4 the page ids move a
+    step earlier but the K/V copies stay one step ahead; from 5 they are two or more steps
+    ahead. Stages schedule loads, not arithmetic. On an H100 (round 15,
+    reports/h100-round15/README.md; bf16, CUDA graphs, L2 flushed) 3-8 stages changed no bit
+    of out or LSE at fp16 or bf16 on nine decode batches. Against round 14's launch (2 stages),
+    5 stages with :func:`tiles_per_step`'s rule took decode at batch 1 with 1k tokens from 23.5
+    to 20.2 us, batch 8 with 1k from 34.7 to 28.0, batch 1 with 8k from 37.9 to 36.0,
+    decode-prod64 from 1110 to 1058 and batch 8 with 32k from 400 to 390, while batch 8 with
+    8k and batch 1 with 32k ran 1.1% and 0.6% slower (call 2); 3 and 4 stages were 0-8%
+    slower than 2, 8 stages slower than 5 everywhere (call 1)."""
+    if _measured_neutral(dtype, head_dim, sm_major) and block_m == 64 and num_warps == 4:
+        return max(num_stages, 5)
     return num_stages
 
 
@@ -240,7 +268,8 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
-                   sm_major: int | None = None, block_m: int = 64, num_warps: int = 4) -> int:
+                   sm_major: int | None = None, block_m: int = 64, num_warps: int = 4,
+                   value_blocks: int = 1) -> int:
     """Fully visible KV tiles a split-plan program walks per loop step: 1 or 2.
 
     With 2, the program loads two tiles and computes both tiles' scores, maxima and
@@ -260,11 +289,21 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
     6-13% faster than one tile per step on five of six (chunks of 64-512 tokens at 2k-32k) and
     3% slower on two prompts of 256 tokens (18.6 -> 19.2 us); against round 10's launch (128
     rows on 4 warps, 2 stages, one tile) 1-31% faster on all six, and 7-9% faster on two large
-    grids forced to the split plan (mixed64, 8 prompts of 4k). Shapes only (no sync)."""
+    grids forced to the split plan (mixed64, 8 prompts of 4k). Shapes only (no sync).
+
+    With :func:`split_stages`' 5 stages (round 15), the 64-row tile takes two tiles only where
+    the grid with its ``value_blocks`` also fits the SMs once (``num_programs * value_blocks
+    <= num_sms``): two tiles per step take 1.7x the shared memory per stage, and a grid of
+    more programs than SMs then runs in two waves. On the H100 that gave decode at batch 1
+    with 8k tokens, batch 2 with 4k and batch 4 with 2k (64 programs, 4 value blocks) one tile
+    per step: 35.9-36.7 us, against 47.2-48.0 with two at 5 stages and 37.6-38.1 with round
+    10's launch."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
-    return 2 if (_prefill_tile(block_m, num_warps)
-                 or _small_split_grid(num_programs, num_sms)) else 1
+    if _prefill_tile(block_m, num_warps):
+        return 2
+    return 2 if (_small_split_grid(num_programs, num_sms)
+                 and num_programs * value_blocks <= num_sms) else 1
 
 
 def slot_order(num_programs: int, num_sms: int, num_tokens: int, group_size: int,

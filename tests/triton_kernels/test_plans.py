@@ -105,10 +105,11 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(8, 250)], 1))  # 4096 tokens
     lens = ([1] * 8, [40 + 20 * i for i in range(8)])
     # With host_lens: 8 query blocks, 16 tiles of 64 in all -> at most 16 + 8 = 24 live splits
-    # x 2 heads = 48 programs (2 tiles; 2 blocks, 4 as rows span several splits); the table
-    # bound alone counts 8 x 64 x 2 (1 block, 1 tile).
+    # x 2 heads = 48 programs (2 blocks, 4 as rows span several splits: 192 programs, more
+    # than the SMs, so one tile per step); the table bound alone counts 8 x 64 x 2 (1 block,
+    # 1 tile).
     assert picks(*wide, plan="split", split_size=64, validate=False,
-                 host_lens=lens) == ((4, 2) if half else (1, 1))
+                 host_lens=lens) == ((4, 1) if half else (1, 1))
     assert picks(*wide, plan="split", split_size=64, validate=False) == (1, 1)
     # Several splits are judged from the longest length known, not the table's bound: 24
     # decodes of one split each (40 tokens) in a 4096-token table, 48 programs: the doubling
@@ -485,13 +486,14 @@ def test_fused_loop_rule() -> None:
 
 
 def test_fused_stages_rule() -> None:
-    """3 stages for the fused plan's 64-row decode tile on 4 warps, half precision at head dim
-    128 on Hopper only (round 12 on an H100); elsewhere the tile configuration's stages."""
+    """5 stages for the fused plan's 64-row decode tile on 4 warps, half precision at head dim
+    128 on Hopper only (rounds 12 and 15 on an H100); elsewhere the tile configuration's
+    stages."""
     from kernels.config import fused_stages
 
     for dt in (torch.float16, torch.bfloat16):
-        assert fused_stages(dt, 128, 64, 4, 2, 9) == 3
-        assert fused_stages(dt, 128, 64, 4, 4, 9) == 4  # never fewer than asked
+        assert fused_stages(dt, 128, 64, 4, 2, 9) == 5
+        assert fused_stages(dt, 128, 64, 4, 6, 9) == 6  # never fewer than asked
         for bm, w in ((64, 8), (128, 4), (128, 8), (32, 4)):
             assert fused_stages(dt, 128, bm, w, 2, 9) == 2, (bm, w)
         for sm in (8, 10, None):
@@ -499,6 +501,36 @@ def test_fused_stages_rule() -> None:
         for d in (64, 256):
             assert fused_stages(dt, d, 64, 4, 2, 9) == 2
     assert fused_stages(torch.float32, 128, 64, 4, 2, 9) == 2
+
+
+def test_split_stages_rule() -> None:
+    """5 stages for the split plan's 64-row decode tile on 4 warps, half precision at head dim
+    128 on Hopper only (round 15 on an H100); elsewhere the tile configuration's stages."""
+    from kernels.config import split_stages
+
+    for dt in (torch.float16, torch.bfloat16):
+        assert split_stages(dt, 128, 64, 4, 2, 9) == 5
+        assert split_stages(dt, 128, 64, 4, 6, 9) == 6  # never fewer than asked
+        for bm, w in ((64, 8), (128, 4), (128, 8), (32, 4)):
+            assert split_stages(dt, 128, bm, w, 3, 9) == 3, (bm, w)
+        for sm in (8, 10, None):
+            assert split_stages(dt, 128, 64, 4, 2, sm) == 2
+        for d in (64, 256):
+            assert split_stages(dt, d, 64, 4, 2, 9) == 2
+    assert split_stages(torch.float32, 128, 64, 4, 2, 9) == 2
+
+
+def test_two_tiles_per_step_only_where_the_grid_with_its_value_blocks_fits_the_sms() -> None:
+    """The 64-row tile walks two tiles per step on small grids whose programs times value
+    blocks fit the SMs once (round 15: a second wave at 5 stages cost more than the shorter
+    chain gains); the prefill tile on any grid."""
+    from kernels.config import tiles_per_step
+
+    bf16 = torch.bfloat16
+    assert [tiles_per_step(bf16, 128, 64, 132, 9, 64, 4, vb) for vb in (1, 2, 4)] == [2, 2, 1]
+    assert [tiles_per_step(bf16, 128, 8, 132, 9, 64, 4, vb) for vb in (1, 8)] == [2, 2]
+    assert tiles_per_step(bf16, 128, 67, 132, 9, 64, 4, 1) == 1  # not a small grid
+    assert tiles_per_step(bf16, 128, 64, 132, 9, 128, 8, 4) == 2  # the prefill tile
 
 
 def test_gluon_prefill_rule() -> None:
@@ -605,9 +637,10 @@ def test_tuning_gluon_is_a_bool_or_none() -> None:
     assert Tuning(gluon=False).gluon is False
 
 
-def test_decode_batches_get_three_stages_on_the_fused_plan_only(monkeypatch, device) -> None:
-    # As on an H100 (sm 9): 64 decodes on the fused plan take 3 stages, on the split plan 2; an
-    # explicit num_stages wins, and a Tuning that names block_m keeps tile_config's stages.
+def test_decode_batches_get_five_stages_on_either_plan(monkeypatch, device) -> None:
+    # As on an H100 (sm 9): 64 decodes take 5 stages on the fused plan and on the split plan
+    # (rounds 12 and 15); an explicit num_stages wins, and a Tuning that names block_m keeps
+    # tile_config's stages.
     import kernels.attention as attention
 
     monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
@@ -618,26 +651,25 @@ def test_decode_batches_get_three_stages_on_the_fused_plan_only(monkeypatch, dev
         torch.full((64,), 512, dtype=i32), torch.arange(128, dtype=i32).repeat(64, 1)))
     cfg = tile_config(bf16, 128)
     assert cfg.num_stages == 2
-    lp = plan_attention(*args, validate=False, plan="fused")
-    assert (lp.block_m, lp.num_warps, lp.num_stages) == (64, 4, 3)
-    lp = plan_attention(*args, validate=False, plan="split")
-    assert (lp.block_m, lp.num_warps, lp.num_stages) == (64, 4, 2)
-    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(num_stages=2))
-    assert lp.num_stages == 2
-    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(block_m=64))
-    assert lp.num_stages == cfg.num_stages
-    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(num_warps=8))
-    assert (lp.num_warps, lp.num_stages) == (8, cfg.num_stages)
+    for plan in ("fused", "split"):
+        lp = plan_attention(*args, validate=False, plan=plan)
+        assert (lp.block_m, lp.num_warps, lp.num_stages) == (64, 4, 5), plan
+        lp = plan_attention(*args, validate=False, plan=plan, tuning=Tuning(num_stages=2))
+        assert lp.num_stages == 2, plan
+        lp = plan_attention(*args, validate=False, plan=plan, tuning=Tuning(block_m=64))
+        assert lp.num_stages == cfg.num_stages, plan
+        lp = plan_attention(*args, validate=False, plan=plan, tuning=Tuning(num_warps=8))
+        assert (lp.num_warps, lp.num_stages) == (8, cfg.num_stages), plan
     # auto: 160 decodes of one split each on 2 KV heads (320 programs, more than the SMs):
-    # the fused plan, so 3 stages; the same batch forced to the split plan keeps 2.
+    # the fused plan, 5 stages; the same batch forced to the split plan too.
     many = tuple(t.to(device) for t in (
         torch.zeros(160, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
         torch.zeros(130, 16, 2, 128, dtype=bf16), torch.arange(161, dtype=i32),
         torch.full((160,), 512, dtype=i32), torch.arange(128, dtype=i32).repeat(160, 1)))
     lens = ([1] * 160, [512] * 160)
     lp = plan_attention(*many, validate=False, host_lens=lens)
-    assert (lp.plan, lp.num_stages) == ("fused", 3)
-    assert plan_attention(*many, validate=False, host_lens=lens, plan="split").num_stages == 2
+    assert (lp.plan, lp.num_stages) == ("fused", 5)
+    assert plan_attention(*many, validate=False, host_lens=lens, plan="split").num_stages == 5
     monkeypatch.setattr(attention, "_sm_major", lambda device: None)
     assert plan_attention(*args, validate=False, plan="fused").num_stages == cfg.num_stages
 
