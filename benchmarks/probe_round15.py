@@ -1,6 +1,6 @@
 """Round-15 probe (H100): pipeline depth of the decode programs (reports/h100-round15/README.md).
 
-    python benchmarks/probe_round15.py OUT_DIR stages|rule|fused [WORKLOAD ...]
+    python benchmarks/probe_round15.py OUT_DIR stages|rule|fused|blocks [WORKLOAD ...]
 
 Offline (Triton 3.6, sm_90a; reports/h100-round15/cpu/) the split kernel's tile loop at 2
 stages issues the next step's page-id loads and K/V copies at the end of each step, after its
@@ -16,7 +16,8 @@ batches) against the same launch with 3-8 stages, and with one tile per step at 
 stages. ``rule`` (with :func:`kernels.config.split_stages`' 5 stages the default): the default
 against round 14's launches, 2 stages with one and with two tiles per step. ``fused``: the
 fused plan's large-batch decode (64-row tiles, 3 stages by :func:`kernels.config.fused_stages`)
-against 4, 5 and 6 stages.
+against 4, 5 and 6 stages. ``blocks``: decode over several splits on small grids (and batch 1
+with 1k tokens) at 5 stages with 2, 4 or 8 value blocks and one or two tiles per step.
 
 Each compares the bits of out and LSE against the default (0 expected: stages and tiles per
 step schedule loads, not arithmetic) at bf16 and fp16, and at bf16 times every cell (CUDA
@@ -51,6 +52,9 @@ MODES = {
                [(3, None), (4, None), (5, None), (6, None), (8, None), (5, 1), (8, 1)]),
     "rule": ("auto", SPLIT_WORKLOADS, [(2, 1), (2, 2)]),
     "fused": ("auto", FUSED_WORKLOADS, [(4, None), (5, None), (6, None)]),
+    # (stages, tiles per step, value blocks): the rule's 5 stages with other block counts.
+    "blocks": ("auto", ["decode-b1-ctx8k", "decode:2kx4", "decode:4kx2", "decode-b1-ctx1k"],
+               [(5, 2, 2), (5, 1, 2), (5, 1, 8), (5, 2, 8), (5, 2, 4)]),
 }
 
 
@@ -64,9 +68,12 @@ def main(out_dir: str, mode: str, specs: list[str]) -> None:
             ref = call(batch, plan)
             row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec)
             cells = {}
-            candidates = {f"s{s}" + ("" if t is None else f"t{t}"):
-                          call(batch, plan, kernels.Tuning(num_stages=s, tiles_per_step=t))
-                          for s, t in cell_specs}
+            candidates = {
+                f"s{c[0]}" + ("" if c[1] is None else f"t{c[1]}")
+                + ("" if len(c) < 3 else f"v{c[2]}"):
+                call(batch, plan, kernels.Tuning(num_stages=c[0], tiles_per_step=c[1],
+                                                 value_blocks=c[2] if len(c) > 2 else None))
+                for c in cell_specs}
             candidates["control"] = call(batch, plan, split_size=None)
             for name, fn in candidates.items():
                 try:  # a probe: a cell that does not compile (shared memory) is recorded

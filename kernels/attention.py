@@ -575,10 +575,10 @@ def plan_attention(
         live = num_q_blocks * row_splits
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
-        v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major,
-                                                       several_splits=row_splits > 1)
+        v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major)
         step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major,
-                                                       block_m, num_warps, v_blocks)
+                                                       block_m, num_warps, v_blocks,
+                                                       several_splits=row_splits > 1)
     # Only where the hardware has griddepcontrol (sm_90+) and Triton exposes it (3.4+), and only
     # when there is a merge.
     has_pdl = HAS_GDC and sm_major is not None and sm_major >= 9

@@ -238,7 +238,7 @@ def split_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int
 
 
 def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
-                 sm_major: int | None = None, several_splits: bool = False) -> int:
+                 sm_major: int | None = None) -> int:
     """V column blocks per split-plan program (the grid multiplies by it): 1, 2, 4 or 8.
 
     A small split-plan grid (few requests, few splits: short decode at batch 1-8) leaves SMs
@@ -250,26 +250,24 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     reports/h100-round10/README.md), so only there (``sm_major == 9``); 1 elsewhere.
 
     Doubles the blocks, up to 8 (16 columns each), while the grid (``num_programs`` x blocks)
-    stays within half the SMs' count before the doubling. With ``several_splits`` (rows span
-    several splits, by the longest length the caller knows: a merge follows), a grid this
-    gives 2 blocks gets 4, about two programs per SM. On the H100 (round 10, bf16) that took
-    decode at batch 1 with 8k tokens, batch 2 with 4k and batch 4 with 2k (64 programs) from
-    42.7-43.0 to 39.3-39.8 us, while batch 8 with 1k (64 programs, one split) was 1.5 us
-    faster with 2; 8 blocks took 8-16-program grids 0.5-0.8 us lower than 4 (batch 1-2 with
-    1k-2k tokens). Shapes only (no sync)."""
+    stays within half the SMs' count before the doubling. 8 blocks took 8-16-program grids
+    0.5-0.8 us lower than 4 on the H100 (round 10, bf16; batch 1-2 with 1k-2k tokens). Rounds
+    10-14 gave rows over several splits 4 blocks where this gives 2 (at 2 stages: decode at
+    batch 1 with 8k tokens, batch 2 with 4k and batch 4 with 2k, 64 programs, from 42.7-43.0 to
+    39.3-39.8 us); with :func:`split_stages`' 5 stages 2 blocks and one tile per step are
+    faster there (32.6-33.1 us against 35.7-36.6 with 4 blocks; round 15, call 7), so the rule
+    is the doubling alone. Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     blocks = 1
     while blocks < 8 and _small_split_grid(num_programs * blocks, num_sms):
         blocks *= 2
-    if several_splits and blocks == 2:
-        return 4
     return blocks
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
                    sm_major: int | None = None, block_m: int = 64, num_warps: int = 4,
-                   value_blocks: int = 1) -> int:
+                   value_blocks: int = 1, several_splits: bool = False) -> int:
     """Fully visible KV tiles a split-plan program walks per loop step: 1 or 2.
 
     With 2, the program loads two tiles and computes both tiles' scores, maxima and
@@ -293,16 +291,18 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
 
     With :func:`split_stages`' 5 stages (round 15), the 64-row tile takes two tiles only where
     the grid with its ``value_blocks`` also fits the SMs once (``num_programs * value_blocks
-    <= num_sms``): two tiles per step take 1.7x the shared memory per stage, and a grid of
-    more programs than SMs then runs in two waves. On the H100 that gave decode at batch 1
-    with 8k tokens, batch 2 with 4k and batch 4 with 2k (64 programs, 4 value blocks) one tile
-    per step: 35.9-36.7 us, against 47.2-48.0 with two at 5 stages and 37.6-38.1 with round
-    10's launch."""
+    <= num_sms``: two tiles per step take 1.7x the shared memory per stage, and a larger grid
+    then runs in two waves) and its rows have one split (``several_splits`` False: by the
+    longest length the caller knows). On the H100 decode at batch 1 with 8k tokens, batch 2
+    with 4k and batch 4 with 2k (64 programs, several splits) took 32.6-33.1 us with 2 blocks
+    and one tile per step, 33.8-34.2 with two tiles, 47.2-47.9 with 4 blocks and two tiles;
+    batch 1 and 8 with 1k (one split) 20.2 and 28.0 us with two tiles, 20.6 and 30.0 with
+    one."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     if _prefill_tile(block_m, num_warps):
         return 2
-    return 2 if (_small_split_grid(num_programs, num_sms)
+    return 2 if (_small_split_grid(num_programs, num_sms) and not several_splits
                  and num_programs * value_blocks <= num_sms) else 1
 
 

@@ -105,15 +105,14 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(8, 250)], 1))  # 4096 tokens
     lens = ([1] * 8, [40 + 20 * i for i in range(8)])
     # With host_lens: 8 query blocks, 16 tiles of 64 in all -> at most 16 + 8 = 24 live splits
-    # x 2 heads = 48 programs (2 blocks, 4 as rows span several splits: 192 programs, more
-    # than the SMs, so one tile per step); the table bound alone counts 8 x 64 x 2 (1 block,
-    # 1 tile).
+    # x 2 heads = 48 programs (2 blocks; one tile per step, as rows span several splits); the
+    # table bound alone counts 8 x 64 x 2 (1 block, 1 tile).
     assert picks(*wide, plan="split", split_size=64, validate=False,
-                 host_lens=lens) == ((4, 1) if half else (1, 1))
+                 host_lens=lens) == ((2, 1) if half else (1, 1))
     assert picks(*wide, plan="split", split_size=64, validate=False) == (1, 1)
     # Several splits are judged from the longest length known, not the table's bound: 24
-    # decodes of one split each (40 tokens) in a 4096-token table, 48 programs: the doubling
-    # rule's 2 blocks, not the 4 of rows over several splits.
+    # decodes of one split each (40 tokens) in a 4096-token table, 48 programs: 2 blocks and
+    # two tiles per step, not the one tile of rows over several splits.
     short = make_batch(dtype, [(1, 40)] * 24, heads=heads)
     args = args_of(short)
     wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(24, 250)], 1))
@@ -127,7 +126,8 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
 def test_split_rules_only_on_small_grids_where_measured_neutral(
         rule: str, small_to_large: list[int]) -> None:
     """The shape rules of the split plan, with one split per row (several splits:
-    test_value_blocks_with_several_splits): decode at batch 1 with 1k tokens is 8 programs (8
+    test_two_tiles_per_step_only_where_the_grid_with_its_value_blocks_fits_the_sms): decode at
+    batch 1 with 1k tokens is 8 programs (8
     KV heads, one split), batch 8 with 1k 64, batch 1 with 32k 256 (with its 32 splits)."""
     pick = getattr(kernels.config, rule)
     bf16, fp32 = torch.bfloat16, torch.float32
@@ -140,17 +140,12 @@ def test_split_rules_only_on_small_grids_where_measured_neutral(
     assert pick(bf16, 64, 8, 132, 9) == 1
 
 
-def test_value_blocks_with_several_splits() -> None:
-    """Rows over several splits: a grid the rule gives 2 blocks gets 4 (about two programs per
-    SM; round 10 on the H100), the others keep the doubling rule."""
+def test_value_blocks_double_while_the_grid_stays_small() -> None:
+    """The doubling rule alone (round 15: at 5 stages rows over several splits no longer get 4
+    blocks where it gives 2)."""
     pick = kernels.config.value_blocks
-    bf16 = torch.bfloat16
     grids = (8, 16, 17, 32, 33, 64, 66, 67, 128)
-    assert [pick(bf16, 128, n, 132, 9) for n in grids] == [8, 8, 4, 4, 4, 2, 2, 1, 1]
-    assert [pick(bf16, 128, n, 132, 9, several_splits=True) for n in grids] == \
-        [8, 8, 4, 4, 4, 4, 4, 1, 1]
-    assert pick(torch.float32, 128, 64, 132, 9, several_splits=True) == 1
-    assert pick(bf16, 128, 64, 132, None, several_splits=True) == 1
+    assert [pick(torch.bfloat16, 128, n, 132, 9) for n in grids] == [8, 8, 4, 4, 4, 2, 2, 1, 1]
 
 
 @pytest.mark.parametrize("blocks", [1, 2])
@@ -522,14 +517,16 @@ def test_split_stages_rule() -> None:
 
 def test_two_tiles_per_step_only_where_the_grid_with_its_value_blocks_fits_the_sms() -> None:
     """The 64-row tile walks two tiles per step on small grids whose programs times value
-    blocks fit the SMs once (round 15: a second wave at 5 stages cost more than the shorter
-    chain gains); the prefill tile on any grid."""
+    blocks fit the SMs once and whose rows have one split (round 15, at 5 stages); the
+    prefill tile on any grid."""
     from kernels.config import tiles_per_step
 
     bf16 = torch.bfloat16
     assert [tiles_per_step(bf16, 128, 64, 132, 9, 64, 4, vb) for vb in (1, 2, 4)] == [2, 2, 1]
     assert [tiles_per_step(bf16, 128, 8, 132, 9, 64, 4, vb) for vb in (1, 8)] == [2, 2]
     assert tiles_per_step(bf16, 128, 67, 132, 9, 64, 4, 1) == 1  # not a small grid
+    assert tiles_per_step(bf16, 128, 64, 132, 9, 64, 4, 2, several_splits=True) == 1
+    assert tiles_per_step(bf16, 128, 64, 132, 9, 128, 8, 2, several_splits=True) == 2
     assert tiles_per_step(bf16, 128, 64, 132, 9, 128, 8, 4) == 2  # the prefill tile
 
 
