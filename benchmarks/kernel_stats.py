@@ -4,7 +4,7 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
         [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
-        [--fused-loop nested|flat] [--no-gluon] [--ptx-hash] [--dot-waits]
+        [--fused-loop nested|flat] [--no-gluon] [--ptx-hash] [--dot-waits] [--copy-waits]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -24,7 +24,8 @@ prefill kernel (kernels/_gluon, Triton 3.6 only) would run.
 
 ``--dot-waits`` also prints, per kernel, its ``wgmma`` dots, the waits Triton inserts after them
 and its exponentials in loop order (reports/h100-round12/cpu/dot-waits.md): which exponentials
-run while a dot is in flight.
+run while a dot is in flight. ``--copy-waits`` adds the software pipeline's asynchronous copies
+and their waits (reports/h100-round15/cpu/): how many steps ahead a loop loads.
 
 A compile statistic, not a time: it says which settings spill, not which are faster. The
 kernels are compiled with the same constexprs and alignment specialisation as a real launch
@@ -129,12 +130,18 @@ def _ptx_hash(ptx: str) -> str:
 _DOT_WAIT_OPS = re.compile(
     r"ttng\.warp_group_dot_wait [^{]*\{pendings = (\d+)"
     r"|ttng\.warp_group_dot .*-> tensor<(\d+x\d+)xf32|math\.exp2 .*: tensor<(\d+x\d+)xf32")
+_COPY_OPS = re.compile(r"ttg\.async_copy_global_to_local |ttg\.async_wait .*\{num = (\d+)")
 
 
-def _dot_waits(ttgir: str) -> str:
+def _dot_waits(ttgir: str, copies: bool = False) -> str:
     """The order of the tensor-core dots (``dot MxN``), their waits (``wait N``: until at most N
     dots are in flight), the 2-D exponentials (``exp2 MxN``) and the loops (``for[`` ... ``]``)
     in a kernel's TTGIR: which exponentials run while a dot is in flight.
+
+    With ``copies`` also the asynchronous copies from global to shared memory (``copy``, the
+    software pipeline's loads) and their waits (``cpwait N``: until at most N copy groups are
+    in flight): where a loop issues its next tiles' loads and where it waits for them
+    (reports/h100-round15/cpu/).
 
     Regions are followed by their braces (an op line ending in ``{`` opens one, a line starting
     with ``}`` closes it), so loops and conditionals without results, which print no
@@ -148,6 +155,9 @@ def _dot_waits(ttgir: str) -> str:
                 out.pop()  # a loop with no dot or exponential
             else:
                 out.append("]")
+        c = _COPY_OPS.search(text) if copies else None
+        if c is not None:
+            out.append("copy" if c.group(1) is None else f"cpwait{c.group(1)}")
         m = _DOT_WAIT_OPS.search(text)
         if m is not None:
             if m.group(1) is not None:
@@ -226,6 +236,7 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
                          kernel=kname.strip("_"),
                          shared=k.metadata.shared,
                          dot_waits=_dot_waits(k.asm["ttgir"]),
+                         copy_waits=_dot_waits(k.asm["ttgir"], copies=True),
                          **(dict(ptx=_ptx_hash(k.asm["ptx"])) if ptx_hash
                             else _ptxas_stats(k.asm["ptx"]))))
     return rows
@@ -253,6 +264,9 @@ def main() -> None:
     p.add_argument("--dot-waits", action="store_true",
                    help="also print, per kernel, the order of its tensor-core dots, their waits "
                         "and its exponentials in the TTGIR (which exponentials overlap a dot)")
+    p.add_argument("--copy-waits", action="store_true",
+                   help="like --dot-waits, with the asynchronous global-to-shared copies and "
+                        "their waits too (where a loop issues its loads and waits for them)")
     a = p.parse_args()
     # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
     fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
@@ -276,8 +290,9 @@ def main() -> None:
             print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"
                   f"{r['num_warps']}/{r['num_stages']}/{r['value_blocks']}/{r['tiles_per_step']} "
                   f"| {r['kernel']} | {compiled}{r['shared']} |", flush=True)
-            if a.dot_waits:
-                print(f"  {r['kernel']}: {r['dot_waits']}", flush=True)
+            if a.dot_waits or a.copy_waits:
+                key = "copy_waits" if a.copy_waits else "dot_waits"
+                print(f"  {r['kernel']}: {r[key]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -404,7 +404,7 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| decode-b1-ctx1k")]
     assert len(rows) == 1, proc.stdout
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[1:4] == ["split", "64/64/4/2/8/2", "unified_attention_split_kernel"], cells
+    assert cells[1:4] == ["split", "64/64/4/5/8/2", "unified_attention_split_kernel"], cells
     assert 32 <= int(cells[4]) <= 255 and int(cells[6]) > 0, cells
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
                            "--workload", "decode-b1-ctx1k", "--dot-waits"],
@@ -476,6 +476,17 @@ def test_dot_waits_orders_dots_waits_and_exponentials() -> None:
         "} loc(#loc3)",
     ])
     assert _dot_waits(plain) == "for[ exp2:64x64 ] for[ dot64x64 ]"
+    # With copies: the pipeline's loads and their waits, in order.
+    piped = "\n".join([
+        "%c0 = ttg.async_copy_global_to_local %p, %b mask %m : tensor<64x128x!tt.ptr<bf16>>",
+        "scf.for %i = %a to %b step %c : i32 {",
+        "%w = ttg.async_wait %t0, %t1 {num = 2 : i32} loc(#loc1)",
+        "%s = ttng.warp_group_dot %q, %k, %z : !m * !m -> tensor<64x64xf32, #mma>",
+        "%c1 = ttg.async_copy_global_to_local %p, %b mask %m : tensor<64x128x!tt.ptr<bf16>>",
+        "} loc(#loc3)",
+    ])
+    assert _dot_waits(piped, copies=True) == "copy for[ cpwait2 dot64x64 copy ]"
+    assert _dot_waits(piped) == "for[ dot64x64 ]"
     # A loop with neither (a scalar loop) leaves nothing.
     assert _dot_waits("scf.for %i = %a to %b step %c : i32 {\n%x = arith.addi %i, %i\n}") == ""
 
