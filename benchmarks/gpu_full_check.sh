@@ -1,4 +1,4 @@
-# Sourced by the per-round GPU scripts (gpu_round10.sh to gpu_round14.sh): with $INV the
+# Sourced by the per-round GPU scripts (gpu_round10.sh to gpu_round15.sh): with $INV the
 # invariance command and $C the output folder, full_check_and_control runs the full default
 # check of the kernels at three dtypes, then the batch-dependent control at bf16 (it must fail);
 # sanitize runs compute-sanitizer memcheck (valid and malformed inputs) and initcheck (valid
@@ -51,4 +51,26 @@ final_checks() {
 # $C packed into $OUT/NAME.tgz (a device call brings back only a few files).
 pack() {
   tar czf $OUT/$(basename $C).tgz -C $OUT $(basename $C) && rm -rf $C
+}
+
+# Rounds 14-15's shared steps and dispatch: step_san (the Gluon tests, then the sanitizers),
+# step_bench, and run_step SCRIPT STEPS, which runs step_$STEP into $C=$OUT/$STEP and packs it,
+# or names the valid steps (STEPS, separated by |) and exits 2 for any other.
+step_san() {
+  gluon_tests 240
+  sanitize
+}
+
+step_bench() {
+  bench
+}
+
+run_step() {
+  case "|$2|" in
+    *"|$STEP|"*) ;;
+    *) echo "$1: unknown step '$STEP' ($2)" >&2; exit 2 ;;
+  esac
+  C=$OUT/$STEP; mkdir -p $C
+  step_$STEP
+  pack
 }

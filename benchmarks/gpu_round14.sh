@@ -18,7 +18,8 @@ STEP=${1:?usage: sh benchmarks/gpu_round14.sh smoke|probe|final|san|bench}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
-# full_check_and_control, sanitize, gluon_tests, bench, counted_check, pack.
+# full_check_and_control, sanitize, gluon_tests, bench, counted_check, pack, step_san,
+# step_bench, run_step.
 . benchmarks/gpu_full_check.sh
 
 step_smoke() {
@@ -37,19 +38,4 @@ step_final() {
   counted_check kernels-fused fp16,bf16,fp32 150
 }
 
-step_san() {
-  gluon_tests 240
-  sanitize
-}
-
-step_bench() {
-  bench
-}
-
-case $STEP in
-  smoke|probe|final|san|bench) ;;
-  *) echo "gpu_round14.sh: unknown step '$STEP' (smoke|probe|final|san|bench)" >&2; exit 2 ;;
-esac
-C=$OUT/$STEP; mkdir -p $C
-step_$STEP
-pack
+run_step gpu_round14.sh "smoke|probe|final|san|bench"

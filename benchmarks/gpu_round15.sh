@@ -2,14 +2,15 @@
 # The round-15 H100 runs (reports/h100-round15/README.md), one step per device call (each under
 # 10 minutes): sh benchmarks/gpu_round15.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
 # carried for san and .whl/ (the FlashInfer wheels) for bench. Each step packs its folder into
-# $OUT/STEP.tgz. Call 7 was `python3 benchmarks/probe_round15.py $OUT/blocks blocks`; call 1 was `python3 benchmarks/probe_round15.py $OUT/probe stages` on
-# commit bd947d7's kernels (2 stages in the split plan).
+# $OUT/STEP.tgz. Call 1 was `PYTHONPATH=$PWD python3 benchmarks/probe_round15.py $OUT/probe
+# stages` on commit bd947d7's kernels (2 stages in the split plan), call 7 the same with
+# `$OUT/blocks blocks` on commit 00213dd's kernels.
 #   probe: benchmarks/probe_round15.py rule and fused, then Nsight Compute on the split kernel
 #          of decode at batch 1 with 1k tokens (the default launch)
 #   final: the full check at three dtypes and the control, then kernels-fused and kernels-split
 #          at three dtypes (the Gluon launches counted)
 #   san: the Gluon kernel's GPU tests, then compute-sanitizer memcheck and initcheck
-#   final2 (after the value-block and tile rules of call 7's commit f19fe77): the full check at
+#   final2 (after the value-block and tile rules of commit f19fe77): the full check at
 #          three dtypes and the control, kernels-split at three dtypes, then the bench
 #   bench: invariance bench kernels + kernels:gluon=false + kernels-heuristic + FlashInfer's
 #          variants, side by side
@@ -18,7 +19,8 @@ STEP=${1:?usage: sh benchmarks/gpu_round15.sh probe|final|final2|san|bench}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
-# full_check_and_control, sanitize, gluon_tests, bench, counted_check, final_checks, pack.
+# full_check_and_control, sanitize, gluon_tests, bench, counted_check, pack, step_san,
+# step_bench, run_step.
 . benchmarks/gpu_full_check.sh
 
 step_probe() {
@@ -45,19 +47,4 @@ step_final2() {
   bench
 }
 
-step_san() {
-  gluon_tests 240
-  sanitize
-}
-
-step_bench() {
-  bench
-}
-
-case $STEP in
-  probe|final|final2|san|bench) ;;
-  *) echo "gpu_round15.sh: unknown step '$STEP' (probe|final|final2|san|bench)" >&2; exit 2 ;;
-esac
-C=$OUT/$STEP; mkdir -p $C
-step_$STEP
-pack
+run_step gpu_round15.sh "probe|final|final2|san|bench"

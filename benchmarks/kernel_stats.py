@@ -266,7 +266,9 @@ def main() -> None:
                         "and its exponentials in the TTGIR (which exponentials overlap a dot)")
     p.add_argument("--copy-waits", action="store_true",
                    help="like --dot-waits, with the asynchronous global-to-shared copies and "
-                        "their waits too (where a loop issues its loads and waits for them)")
+                        "their waits too (where a loop issues its loads and waits for them; "
+                        "Triton's cp.async pipeline only: the Gluon kernel's TMA copies and "
+                        "mbarrier waits are not listed)")
     a = p.parse_args()
     # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
     fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,

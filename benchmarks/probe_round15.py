@@ -10,14 +10,16 @@ step earlier but the K/V copies stay one step ahead; from 5 stages the copies ar
 steps ahead. On a small grid (decode at batch 1-8 with short contexts: one program's chain of
 tiles is the time) that latency would be most of the time.
 
-``stages`` (call 1, on commit bd947d7's kernels, whose split plan ran 2 stages): for each
-workload, at bf16 and fp16, the default launch (plan ``auto``: the split plan for these
-batches) against the same launch with 3-8 stages, and with one tile per step at 5 and 8
-stages. ``rule`` (with :func:`kernels.config.split_stages`' 5 stages the default): the default
-against round 14's launches, 2 stages with one and with two tiles per step. ``fused``: the
-fused plan's large-batch decode (64-row tiles, 3 stages by :func:`kernels.config.fused_stages`)
-against 4, 5 and 6 stages. ``blocks``: decode over several splits on small grids (and batch 1
-with 1k tokens) at 5 stages with 2, 4 or 8 value blocks and one or two tiles per step.
+``stages`` (call 1, on commit bd947d7's kernels, whose split plan ran 2 stages): for each workload,
+at bf16 and fp16, the default launch (plan ``auto``: the split plan for these batches) against the
+same launch with 3, 4, 5, 6 and 8 stages, and with one tile per step at 5 and 8 stages. ``rule``
+(call 2, with :func:`kernels.config.split_stages`' 5 stages the default): the default against round
+14's launches, 2 stages with one and with two tiles per step (at call 2 the value blocks were still
+round 14's; from commit f19fe77 on they differ on multi-split grids). ``fused`` (call 2, when
+:func:`kernels.config.fused_stages` still gave 3): the fused plan's large-batch decode (64-row
+tiles) against 3, 4, 5 and 6 stages (call 2 had no 3-stage cell: 3 was the default). ``blocks``:
+decode over several splits on small grids (and batch 1 with 1k tokens) at 5 stages with 2, 4 or 8
+value blocks and one or two tiles per step.
 
 Each compares the bits of out and LSE against the default (0 expected: stages and tiles per
 step schedule loads, not arithmetic) at bf16 and fp16, and at bf16 times every cell (CUDA
@@ -31,6 +33,7 @@ which shows that the comparison can fail. Writes
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -51,7 +54,7 @@ MODES = {
     "stages": ("auto", SPLIT_WORKLOADS,
                [(3, None), (4, None), (5, None), (6, None), (8, None), (5, 1), (8, 1)]),
     "rule": ("auto", SPLIT_WORKLOADS, [(2, 1), (2, 2)]),
-    "fused": ("auto", FUSED_WORKLOADS, [(4, None), (5, None), (6, None)]),
+    "fused": ("auto", FUSED_WORKLOADS, [(3, None), (4, None), (5, None), (6, None)]),
     # (stages, tiles per step, value blocks): the rule's 5 stages with other block counts.
     "blocks": ("auto", ["decode-b1-ctx8k", "decode:2kx4", "decode:4kx2", "decode-b1-ctx1k"],
                [(5, 2, 2), (5, 1, 2), (5, 1, 8), (5, 2, 8), (5, 2, 4)]),
@@ -60,6 +63,7 @@ MODES = {
 
 def main(out_dir: str, mode: str, specs: list[str]) -> None:
     plan, workloads, cell_specs = MODES[mode]
+    os.makedirs(out_dir, exist_ok=True)
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
     for spec in specs or workloads:

@@ -140,8 +140,9 @@ class Tuning:
     (dtype, head_dim). ``None`` keeps the default. What each may change (kernels/README.md,
     "Bit-defining and bit-neutral settings"):
 
-    - ``num_stages``: software-pipelining depth. It schedules loads, not arithmetic: 2-8 were
-      bit-neutral on an H100 (half precision, head dim 128; rounds 3-15).
+    - ``num_stages``: software-pipelining depth. It schedules loads, not arithmetic: 2-6 and 8
+      were bit-neutral on an H100 (half precision, head dim 128; rounds 3-15; the fused plan
+      measured up to 6).
     - ``block_m`` (tile rows, a power of two; raised to the GQA group size) and ``num_warps``:
       they change neither the tiles and splits a row sees nor their order, but on a GPU they
       pick the tensor-core layout of ``tl.dot``: on an H100, BLOCK_M 64/128 and 4/8 warps, and

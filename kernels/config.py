@@ -225,13 +225,14 @@ def split_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int
     block table's and then the cache's memory latency in full; at 3 and 4 the page ids move a
     step earlier but the K/V copies stay one step ahead; from 5 they are two or more steps
     ahead. Stages schedule loads, not arithmetic. On an H100 (round 15,
-    reports/h100-round15/README.md; bf16, CUDA graphs, L2 flushed) 3-8 stages changed no bit
+    reports/h100-round15/README.md; bf16, CUDA graphs, L2 flushed) 3-6 and 8 stages changed no bit
     of out or LSE at fp16 or bf16 on nine decode batches. Against round 14's launch (2 stages),
-    5 stages with :func:`tiles_per_step`'s rule took decode at batch 1 with 1k tokens from 23.5
-    to 20.2 us, batch 8 with 1k from 34.7 to 28.0, batch 1 with 8k from 37.9 to 36.0,
-    decode-prod64 from 1110 to 1058 and batch 8 with 32k from 400 to 390, while batch 8 with
-    8k and batch 1 with 32k ran 1.1% and 0.6% slower (call 2); 3 and 4 stages were 0-8%
-    slower than 2, 8 stages slower than 5 everywhere (call 1)."""
+    5 stages took decode at batch 1 with 1k tokens from 23.5 to 20.2 us, batch 8 with 1k from
+    34.7 to 28.0, decode-prod64 from 1110 to 1058 and batch 8 with 32k from 400 to 390, while
+    batch 8 with 8k and batch 1 with 32k ran 1.1% and 0.6% slower (call 2); batch 1 with 8k
+    went from 37.9 to 32.8 with the value-block and tile rules below (call 7). 3 and 4 stages
+    ran -0.5% to +8.2% against 2; 8 stages were slower than 5 except at batch 8 with 1k tokens
+    with one tile per step (27.8 us; call 1)."""
     if _measured_neutral(dtype, head_dim, sm_major) and block_m == 64 and num_warps == 4:
         return max(num_stages, 5)
     return num_stages
@@ -270,16 +271,16 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
                    value_blocks: int = 1, several_splits: bool = False) -> int:
     """Fully visible KV tiles a split-plan program walks per loop step: 1 or 2.
 
-    With 2, the program loads two tiles and computes both tiles' scores, maxima and
-    exponentials before the first tile's ``p @ v``: the arithmetic of two one-tile steps, in
-    the same order per row, with a shorter chain of dependent instructions per tile (and
-    1.7x the shared memory per pipeline stage). Bit-neutral on an H100 for half precision at
-    head dim 128 (0 of 54 comparisons differing; reports/h100-round9/README.md), so only there
-    (``sm_major == 9``); 1 elsewhere. Taken on the small grids where each program's tile chain
-    is the time (the same grids as :func:`value_blocks`: ``num_programs * 2 <= num_sms``): on
-    the H100 decode at batch 1 with 1k tokens went from 29.5 to 24.3 us and batch 8 with 1k
-    from 39.3 to 35.0 us (batch 1 with 8k: 42.8 to 43.1), while larger grids got 17-19% slower
-    (decode at batch 8 with 8k and 32k, batch 1 with 32k, decode-prod64).
+    With 2, the program loads two tiles and computes both tiles' scores, maxima and exponentials
+    before the first tile's ``p @ v``: the arithmetic of two one-tile steps, in the same order per
+    row, with a shorter chain of dependent instructions per tile (and 1.7x the shared memory per
+    pipeline stage). Bit-neutral on an H100 for half precision at head dim 128 (0 of 54 comparisons
+    differing; reports/h100-round9/README.md), so only there (``sm_major == 9``); 1 elsewhere.
+    Rounds 9-14 took it on the small grids where each program's tile chain is the time
+    (``num_programs * 2 <= num_sms``; since round 15 also with the conditions below): on the H100
+    decode at batch 1 with 1k tokens went from 29.5 to 24.3 us and batch 8 with 1k from 39.3 to 35.0
+    us (batch 1 with 8k: 42.8 to 43.1), while larger grids got 17-19% slower (decode at batch 8 with
+    8k and 32k, batch 1 with 32k, decode-prod64).
 
     Also taken, on any grid, by the prefill tile (``block_m`` 128 on ``num_warps`` 8, from
     :func:`batch_tuning`), as in the fused plan's nested loop (:func:`fused_loop`): on the H100
@@ -297,7 +298,7 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
     with 4k and batch 4 with 2k (64 programs, several splits) took 32.6-33.1 us with 2 blocks
     and one tile per step, 33.8-34.2 with two tiles, 47.2-47.9 with 4 blocks and two tiles;
     batch 1 and 8 with 1k (one split) 20.2 and 28.0 us with two tiles, 20.6 and 30.0 with
-    one."""
+    one. These rules were measured at 5 stages; a ``Tuning`` with other stages gets them too."""
     if not _measured_neutral(dtype, head_dim, sm_major):
         return 1
     if _prefill_tile(block_m, num_warps):

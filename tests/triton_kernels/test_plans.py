@@ -480,39 +480,22 @@ def test_fused_loop_rule() -> None:
     assert fused_loop(torch.float32, 128, 128, 8, 9) == (False, 1)
 
 
-def test_fused_stages_rule() -> None:
-    """5 stages for the fused plan's 64-row decode tile on 4 warps, half precision at head dim
-    128 on Hopper only (rounds 12 and 15 on an H100); elsewhere the tile configuration's
-    stages."""
-    from kernels.config import fused_stages
-
+@pytest.mark.parametrize("rule", ["fused_stages", "split_stages"])
+def test_decode_stages_rules(rule: str) -> None:
+    """5 stages for the 64-row decode tile on 4 warps in the fused and in the split plan, half
+    precision at head dim 128 on Hopper only (rounds 12 and 15 on an H100); elsewhere the tile
+    configuration's stages."""
+    stages = getattr(kernels.config, rule)
     for dt in (torch.float16, torch.bfloat16):
-        assert fused_stages(dt, 128, 64, 4, 2, 9) == 5
-        assert fused_stages(dt, 128, 64, 4, 6, 9) == 6  # never fewer than asked
+        assert stages(dt, 128, 64, 4, 2, 9) == 5
+        assert stages(dt, 128, 64, 4, 6, 9) == 6  # never fewer than asked
         for bm, w in ((64, 8), (128, 4), (128, 8), (32, 4)):
-            assert fused_stages(dt, 128, bm, w, 2, 9) == 2, (bm, w)
+            assert stages(dt, 128, bm, w, 3, 9) == 3, (bm, w)
         for sm in (8, 10, None):
-            assert fused_stages(dt, 128, 64, 4, 2, sm) == 2
+            assert stages(dt, 128, 64, 4, 2, sm) == 2
         for d in (64, 256):
-            assert fused_stages(dt, d, 64, 4, 2, 9) == 2
-    assert fused_stages(torch.float32, 128, 64, 4, 2, 9) == 2
-
-
-def test_split_stages_rule() -> None:
-    """5 stages for the split plan's 64-row decode tile on 4 warps, half precision at head dim
-    128 on Hopper only (round 15 on an H100); elsewhere the tile configuration's stages."""
-    from kernels.config import split_stages
-
-    for dt in (torch.float16, torch.bfloat16):
-        assert split_stages(dt, 128, 64, 4, 2, 9) == 5
-        assert split_stages(dt, 128, 64, 4, 6, 9) == 6  # never fewer than asked
-        for bm, w in ((64, 8), (128, 4), (128, 8), (32, 4)):
-            assert split_stages(dt, 128, bm, w, 3, 9) == 3, (bm, w)
-        for sm in (8, 10, None):
-            assert split_stages(dt, 128, 64, 4, 2, sm) == 2
-        for d in (64, 256):
-            assert split_stages(dt, d, 64, 4, 2, 9) == 2
-    assert split_stages(torch.float32, 128, 64, 4, 2, 9) == 2
+            assert stages(dt, d, 64, 4, 2, 9) == 2
+    assert stages(torch.float32, 128, 64, 4, 2, 9) == 2
 
 
 def test_two_tiles_per_step_only_where_the_grid_with_its_value_blocks_fits_the_sms() -> None:
