@@ -190,7 +190,7 @@ def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], An
 
 
 def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
-          ptx_hash: bool = False) -> list[dict[str, Any]]:
+          ptx_hash: bool = False, copies: bool = False) -> list[dict[str, Any]]:
     inputs, lens = _inputs(name, dtype)
     saved = {k: getattr(ka, k) for k in ("_interpreting", "_sm_major", "_num_sms", "_capturing")}
     try:
@@ -235,8 +235,7 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
                          tiles_per_step=getattr(lp, "tiles_per_step", 1),  # older kernels: 1
                          kernel=kname.strip("_"),
                          shared=k.metadata.shared,
-                         dot_waits=_dot_waits(k.asm["ttgir"]),
-                         copy_waits=_dot_waits(k.asm["ttgir"], copies=True),
+                         dot_waits=_dot_waits(k.asm["ttgir"], copies),
                          **(dict(ptx=_ptx_hash(k.asm["ptx"])) if ptx_hash
                             else _ptxas_stats(k.asm["ptx"]))))
     return rows
@@ -286,15 +285,15 @@ def main() -> None:
           "| smem B |")
     print("|---" * (6 if a.ptx_hash else 7) + "|")
     for name in a.workload or list(WORKLOADS):
-        for r in stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash):
+        for r in stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash,
+                       a.copy_waits):
             compiled = (f"{r['ptx']} | " if a.ptx_hash else
                         f"{r['regs']} | {r['spill_stores']}/{r['spill_loads']} | ")
             print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"
                   f"{r['num_warps']}/{r['num_stages']}/{r['value_blocks']}/{r['tiles_per_step']} "
                   f"| {r['kernel']} | {compiled}{r['shared']} |", flush=True)
             if a.dot_waits or a.copy_waits:
-                key = "copy_waits" if a.copy_waits else "dot_waits"
-                print(f"  {r['kernel']}: {r[key]}", flush=True)
+                print(f"  {r['kernel']}: {r['dot_waits']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ tiles is the time) that latency would be most of the time.
 ``stages`` (call 1, on commit bd947d7's kernels, whose split plan ran 2 stages): for each workload,
 at bf16 and fp16, the default launch (plan ``auto``: the split plan for these batches) against the
 same launch with 3, 4, 5, 6 and 8 stages, and with one tile per step at 5 and 8 stages. ``rule``
-(call 2, with :func:`kernels.config.split_stages`' 5 stages the default): the default against round
-14's launches, 2 stages with one and with two tiles per step (at call 2 the value blocks were still
-round 14's; from commit f19fe77 on they differ on multi-split grids). ``fused`` (call 2, when
-:func:`kernels.config.fused_stages` still gave 3): the fused plan's large-batch decode (64-row
-tiles) against 3, 4, 5 and 6 stages (call 2 had no 3-stage cell: 3 was the default). ``blocks``:
-decode over several splits on small grids (and batch 1 with 1k tokens) at 5 stages with 2, 4 or 8
-value blocks and one or two tiles per step.
+(call 2, with the split plan's 5 stages the default, now :func:`kernels.config.decode_stages`): the
+default against round 14's launches, 2 stages with one and with two tiles per step (at call 2 the
+value blocks were still round 14's; from commit f19fe77 on they differ on multi-split grids).
+``fused`` (call 2, when the fused plan's rule still gave 3): the fused plan's large-batch decode
+(64-row tiles) against 3, 4, 5 and 6 stages (call 2 had no 3-stage cell: 3 was the default).
+``blocks``: decode over several splits on small grids (and batch 1 with 1k tokens) at 5 stages with
+2, 4 or 8 value blocks and one or two tiles per step.
 
 Each compares the bits of out and LSE against the default (0 expected: stages and tiles per
 step schedule loads, not arithmetic) at bf16 and fp16, and at bf16 times every cell (CUDA

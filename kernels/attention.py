@@ -42,13 +42,12 @@ from kernels.config import (
     batch_tuning,
     choose_plan,
     control_num_splits,
+    decode_stages,
     fused_loop,
-    fused_stages,
     gluon_prefill,
     prefill_like,
     rows_per_block,
     slot_order,
-    split_stages,
     tile_config,
     tiles_per_step,
     value_blocks,
@@ -587,11 +586,9 @@ def plan_attention(
                  and (tuning.dependent_merge is None or tuning.dependent_merge))
     nested = False
     num_stages = launch.num_stages
-    if plan == "split" and tuning.block_m is None:  # an explicit block_m: tile_config's stages
-        num_stages = split_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
+    if tuning.block_m is None:  # an explicit block_m keeps tile_config's stages
+        num_stages = decode_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
     if plan == "fused":
-        if tuning.block_m is None:  # an explicit block_m keeps tile_config's stages
-            num_stages = fused_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
         nested, rule_step = fused_loop(q.dtype, D, block_m, num_warps, sm_major)
         nested = nested if tuning.nested_loop is None else tuning.nested_loop
         # The flat loop walks one tile per step.

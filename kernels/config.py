@@ -22,10 +22,9 @@ __all__ = [
     "TileConfig",
     "batch_tuning",
     "control_num_splits",
+    "decode_stages",
     "fused_loop",
-    "fused_stages",
     "slot_order",
-    "split_stages",
     "tile_config",
     "tiles_per_step",
     "value_blocks",
@@ -192,47 +191,37 @@ def gluon_prefill(dtype: torch.dtype, head_dim: int, block_m: int, block_n: int,
             and block_n == 64 and page_size >= 16 and nested)
 
 
-def fused_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
-                 num_stages: int, sm_major: int | None = None) -> int:
-    """Pipeline stages of a fused-plan launch of ``block_m`` rows on ``num_warps`` warps whose
-    tile configuration gives ``num_stages``: 5 for the 64-row decode tile on 4 warps (decode
-    batches whose grid fills the GPU: batch 64-256 at 1k-32k tokens in the bench; decode-prod64
-    takes the split plan), half precision at head dim 128 on Hopper; else ``num_stages``.
-
-    Stages schedule loads, not arithmetic. On an H100 (round 12, reports/h100-round12/README.md;
-    bf16, CUDA graphs, L2 flushed) 3 stages instead of 2 changed no bit at fp16 or bf16 and took
-    the fused plan's decode 0.5-2.2% faster at batch 64-256 (1k-32k tokens) and 7.5% at batch 8
-    with 32k (the fused plan forced there); 4 stages gave the same times as 3. Round 15
-    (reports/h100-round15/README.md) found why 4 adds nothing (:func:`split_stages`: the K/V
-    copies stay one step ahead below 5 stages) and measured 5 and 6: no bit changed at fp16 or
-    bf16, and 5 took batch 64 with 8k and 32k tokens 3.1% and 3.4% below 3 stages (735 and 2855
-    us) and batch 256 with 8k 4.2% (2873 us); batch 64 with 1k stayed at 119 us; 6 gave the
-    times of 5."""
-    if _measured_neutral(dtype, head_dim, sm_major) and block_m == 64 and num_warps == 4:
-        return max(num_stages, 5)
-    return num_stages
-
-
-def split_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
-                 num_stages: int, sm_major: int | None = None) -> int:
-    """Pipeline stages of a split-plan launch of ``block_m`` rows on ``num_warps`` warps whose
-    tile configuration gives ``num_stages``: 5 for the 64-row decode tile on 4 warps, half
-    precision at head dim 128 on Hopper; else ``num_stages``.
+def decode_stages(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
+                  num_stages: int, sm_major: int | None = None) -> int:
+    """Pipeline stages of a launch of ``block_m`` rows on ``num_warps`` warps, in either plan,
+    whose tile configuration gives ``num_stages``: 5 for the 64-row decode tile on 4 warps, half
+    precision at head dim 128 on Hopper; else ``num_stages``. (In the fused plan that tile serves
+    decode batches whose grid fills the GPU, batch 64-256 at 1k-32k tokens in the bench; in the
+    split plan short decode at batch 1-8 and decode-prod64.)
 
     Compiled by Triton 3.6 for sm_90a (reports/h100-round15/cpu/), the split kernel's tile loop
     issues the next step's page-id loads and K/V copies at the end of a step, after its ``p @
     v``, and waits for them at the top of the next step. At 2 stages a step therefore pays the
     block table's and then the cache's memory latency in full; at 3 and 4 the page ids move a
     step earlier but the K/V copies stay one step ahead; from 5 they are two or more steps
-    ahead. Stages schedule loads, not arithmetic. On an H100 (round 15,
-    reports/h100-round15/README.md; bf16, CUDA graphs, L2 flushed) 3-6 and 8 stages changed no bit
-    of out or LSE at fp16 or bf16 on nine decode batches. Against round 14's launch (2 stages),
-    5 stages took decode at batch 1 with 1k tokens from 23.5 to 20.2 us, batch 8 with 1k from
-    34.7 to 28.0, decode-prod64 from 1110 to 1058 and batch 8 with 32k from 400 to 390, while
-    batch 8 with 8k and batch 1 with 32k ran 1.1% and 0.6% slower (call 2); batch 1 with 8k
-    went from 37.9 to 32.8 with the value-block and tile rules below (call 7). 3 and 4 stages
-    ran -0.5% to +8.2% against 2; 8 stages were slower than 5 except at batch 8 with 1k tokens
-    with one tile per step (27.8 us; call 1)."""
+    ahead. The fused decode loop waits for every copy at 3 stages and keeps 3 groups in flight
+    at 5. Stages schedule loads, not arithmetic.
+
+    On an H100 (bf16 times, CUDA graphs, L2 flushed; bits compared at fp16 and bf16):
+
+    - fused plan: round 12 (reports/h100-round12/README.md) took 3 stages instead of 2 (0.5-2.2%
+      faster at batch 64-256, 7.5% at batch 8 with 32k forced fused; 4 the same as 3); round 15
+      (reports/h100-round15/README.md, call 2) measured 5 and 6: no bit changed, 5 took batch 64
+      with 8k and 32k tokens 3.1% and 3.4% below 3 stages (735 and 2855 us) and batch 256 with
+      8k 4.2% (2873 us), batch 64 with 1k stayed at 119 us, 6 gave the times of 5;
+    - split plan (round 15): 3-6 and 8 stages changed no bit on nine decode batches. Against
+      round 14's launch (2 stages), 5 stages took decode at batch 1 with 1k tokens from 23.5 to
+      20.2 us, batch 8 with 1k from 34.7 to 28.0, decode-prod64 from 1110 to 1058 and batch 8
+      with 32k from 400 to 390, while batch 8 with 8k and batch 1 with 32k ran 1.1% and 0.6%
+      slower (call 2); batch 1 with 8k went from 37.9 to 32.8 with :func:`value_blocks`' and
+      :func:`tiles_per_step`'s rules (call 7). 3 and 4 stages ran -0.5% to +8.2% against 2; 8
+      stages were slower than 5 except at batch 8 with 1k tokens with one tile per step (27.8
+      us; call 1)."""
     if _measured_neutral(dtype, head_dim, sm_major) and block_m == 64 and num_warps == 4:
         return max(num_stages, 5)
     return num_stages
@@ -255,7 +244,7 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     0.5-0.8 us lower than 4 on the H100 (round 10, bf16; batch 1-2 with 1k-2k tokens). Rounds
     10-14 gave rows over several splits 4 blocks where this gives 2 (at 2 stages: decode at
     batch 1 with 8k tokens, batch 2 with 4k and batch 4 with 2k, 64 programs, from 42.7-43.0 to
-    39.3-39.8 us); with :func:`split_stages`' 5 stages 2 blocks and one tile per step are
+    39.3-39.8 us); with :func:`decode_stages`' 5 stages 2 blocks and one tile per step are
     faster there (32.6-33.1 us against 35.7-36.6 with 4 blocks; round 15, call 7), so the rule
     is the doubling alone. Shapes only (no sync)."""
     if not _measured_neutral(dtype, head_dim, sm_major):
@@ -290,7 +279,7 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
     rows on 4 warps, 2 stages, one tile) 1-31% faster on all six, and 7-9% faster on two large
     grids forced to the split plan (mixed64, 8 prompts of 4k). Shapes only (no sync).
 
-    With :func:`split_stages`' 5 stages (round 15), the 64-row tile takes two tiles only where
+    With :func:`decode_stages`' 5 stages (round 15), the 64-row tile takes two tiles only where
     the grid with its ``value_blocks`` also fits the SMs once (``num_programs * value_blocks
     <= num_sms``: two tiles per step take 1.7x the shared memory per stage, and a larger grid
     then runs in two waves) and its rows have one split (``several_splits`` False: by the
