@@ -1,0 +1,321 @@
+"""Round-16 probe (H100): the swapped decode tile under a layout-free denominator, and 128-key
+tiles (reports/h100-round16/README.md).
+
+    python benchmarks/probe_round16.py OUT_DIR chain|bn128
+
+``chain`` (calls 2 and 3): a standalone chain of online-softmax tile steps (dense K/V, no paging:
+the tile arithmetic alone) in two shapes:
+
+- ``std``: the package's decode tile, ``BLOCK_M`` = 64 rows (query heads) on the MMA's M
+  dimension: ``s = q @ k^T``, ``acc = p @ v``;
+- ``swap``: the KV tile on M and 16 rows on N: ``s^T = k @ q^T``, ``acc^T = v^T @ p^T`` (round 5
+  measured these dots bit-identical to ``std``'s, reports/h100-round5/).
+
+and two denominators: ``tl.sum`` (the package's today: an order set by the register layout, which
+differs between the shapes) and ``tree``: a pairwise sum whose pairing is fixed by the key index
+(keys ``k`` and ``k + 32``, then ``+ 16``, ..., ``+ 1``): each level reduces an axis of size 2,
+and ``a + b == b + a`` exactly, so the bits cannot depend on the layout.
+
+For each denominator it compares the raw bits of the chain's final ``m``, ``l`` and ``acc``
+between ``std`` and ``swap`` (bf16 and fp16, three seeds): with ``tree`` they must agree; with
+``tl.sum`` they are expected to differ (the control that shows the comparison can fail). Then it
+times each variant at 16 and 128 tiles per program on 8, 64 and 132 programs, every program
+reading the same K/V (``shared_kv``: L2-resident, the chain's latency) or its own (HBM): the
+per-tile time is ``(t128 - t16) / 112``. Call 2 timed single launches with events around the
+host launch (host overhead included, K/V per program only); call 3 times CUDA graphs of 20
+launches. Writes ``chain.jsonl``.
+
+``bn128`` (call 4, at commit 6f1f4ea, whose Gluon kernel carries the experiment for ``BLOCK_N >
+64``; later commits exit): :func:`bn128`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+BN = 64
+D = 128
+BM_STD = 64
+BR_SWAP = 16
+
+
+@triton.jit
+def _pair_sum_rows(x, R: tl.constexpr, W: tl.constexpr):
+    """[R, W] -> [R, W // 2]: element k plus element k + W // 2."""
+    return tl.sum(tl.reshape(x, [R, 2, W // 2]), 1)
+
+
+@triton.jit
+def _pair_sum_cols(x, W: tl.constexpr, R: tl.constexpr):
+    """[W, R] -> [W // 2, R]: element k plus element k + W // 2."""
+    return tl.sum(tl.reshape(x, [2, W // 2, R]), 0)
+
+
+@triton.jit
+def _tree_rows(x, R: tl.constexpr):
+    """Row sums of a [R, 64] tile in the fixed pairwise order."""
+    x = _pair_sum_rows(x, R, 64)
+    x = _pair_sum_rows(x, R, 32)
+    x = _pair_sum_rows(x, R, 16)
+    x = _pair_sum_rows(x, R, 8)
+    x = _pair_sum_rows(x, R, 4)
+    x = _pair_sum_rows(x, R, 2)
+    return tl.reshape(x, [R])
+
+
+@triton.jit
+def _tree_cols(x, R: tl.constexpr):
+    """Column sums of a [64, R] tile in the same pairwise order over its 64 keys."""
+    x = _pair_sum_cols(x, 64, R)
+    x = _pair_sum_cols(x, 32, R)
+    x = _pair_sum_cols(x, 16, R)
+    x = _pair_sum_cols(x, 8, R)
+    x = _pair_sum_cols(x, 4, R)
+    x = _pair_sum_cols(x, 2, R)
+    return tl.reshape(x, [R])
+
+
+@triton.jit
+def _chain_std(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, n_tiles, qk_scale,
+               BM: tl.constexpr, BN_: tl.constexpr, HD: tl.constexpr, TREE: tl.constexpr,
+               STAGES: tl.constexpr, SHARED_KV: tl.constexpr):
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BM)
+    rd = tl.arange(0, HD)
+    rn = tl.arange(0, BN_)
+    q = tl.load(q_ptr + pid * BM * HD + rm[:, None] * HD + rd[None, :])
+    m = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, HD], tl.float32)
+    base = pid.to(tl.int64) * n_tiles * BN_ * HD * (1 - SHARED_KV)
+    for j in tl.range(0, n_tiles, num_stages=STAGES):
+        offs = base + (j * BN_ + rn)[:, None] * HD + rd[None, :]
+        k = tl.load(k_ptr + offs)
+        v = tl.load(v_ptr + offs)
+        s = tl.dot(q, tl.trans(k))
+        m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(tl.fma(s, qk_scale, -m_new[:, None]))
+        alpha = tl.math.exp2(m - m_new)
+        if TREE:  # noqa: SIM108
+            l_i = tl.fma(l_i, alpha, _tree_rows(p, BM))
+        else:
+            l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m = m_new
+    tl.store(acc_ptr + pid * BM * HD + rm[:, None] * HD + rd[None, :], acc)
+    tl.store(ml_ptr + pid * 2 * BM + rm, m)
+    tl.store(ml_ptr + pid * 2 * BM + BM + rm, l_i)
+
+
+@triton.jit
+def _chain_swap(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, n_tiles, qk_scale,
+                BM: tl.constexpr, BR: tl.constexpr, BN_: tl.constexpr, HD: tl.constexpr,
+                TREE: tl.constexpr, STAGES: tl.constexpr, SHARED_KV: tl.constexpr):
+    """The same chain with the operands swapped; q rows [0, BR) of the std buffer (BM rows per
+    program); writes acc in std's layout ([BM, HD] per program, rows [0, BR))."""
+    pid = tl.program_id(0)
+    rr = tl.arange(0, BR)
+    rd = tl.arange(0, HD)
+    rn = tl.arange(0, BN_)
+    qt = tl.load(q_ptr + pid * BM * HD + rr[None, :] * HD + rd[:, None])  # [HD, BR]
+    m = tl.full([BR], float("-inf"), tl.float32)
+    l_i = tl.zeros([BR], tl.float32)
+    acc_t = tl.zeros([HD, BR], tl.float32)
+    base = pid.to(tl.int64) * n_tiles * BN_ * HD * (1 - SHARED_KV)
+    for j in tl.range(0, n_tiles, num_stages=STAGES):
+        offs = base + (j * BN_ + rn)[:, None] * HD + rd[None, :]
+        k = tl.load(k_ptr + offs)
+        v = tl.load(v_ptr + offs)
+        s_t = tl.dot(k, qt)  # [BN, BR]
+        m_new = tl.maximum(m, tl.max(s_t, 0) * qk_scale)
+        p_t = tl.math.exp2(tl.fma(s_t, qk_scale, -m_new[None, :]))
+        alpha = tl.math.exp2(m - m_new)
+        if TREE:
+            l_i = tl.fma(l_i, alpha, _tree_cols(p_t, BR))
+        else:
+            l_i = tl.fma(l_i, alpha, tl.sum(p_t, 0))
+        acc_t = acc_t * alpha[None, :]
+        acc_t = tl.dot(tl.trans(v), p_t.to(v.dtype), acc_t)  # [HD, BN] @ [BN, BR]
+        m = m_new
+    tl.store(acc_ptr + pid * BM * HD + rr[None, :] * HD + rd[:, None], acc_t)
+    tl.store(ml_ptr + pid * 2 * BM + rr, m)
+    tl.store(ml_ptr + pid * 2 * BM + BM + rr, l_i)
+
+
+def _inputs(programs: int, tiles: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.zeros(programs, BM_STD, D, device="cuda", dtype=dtype)
+    q[:, :BR_SWAP] = torch.randn(programs, BR_SWAP, D, device="cuda", generator=g).to(dtype)
+    k = torch.randn(programs, tiles * BN, D, device="cuda", generator=g).to(dtype)
+    v = torch.randn(programs, tiles * BN, D, device="cuda", generator=g).to(dtype)
+    return q, k, v
+
+
+def _outputs(programs: int, device: str = "cuda"):
+    return (torch.zeros(programs, BM_STD, D, device=device, dtype=torch.float32),
+            torch.zeros(programs, 2, BM_STD, device=device, dtype=torch.float32))
+
+
+def _run(kind: str, tree: bool, q, k, v, tiles: int, stages: int, outs=None,
+         shared_kv: bool = False):
+    programs = q.shape[0]
+    acc, ml = outs if outs is not None else _outputs(programs, q.device.type)
+    scale = 0.08838834764831845 * 1.4426950408889634
+    if kind == "std":
+        _chain_std[(programs,)](q, k, v, acc, ml, tiles, scale, BM=BM_STD, BN_=BN, HD=D,
+                                TREE=tree, STAGES=stages, SHARED_KV=shared_kv, num_warps=4)
+    else:
+        _chain_swap[(programs,)](q, k, v, acc, ml, tiles, scale, BM=BM_STD, BR=BR_SWAP, BN_=BN,
+                                 HD=D, TREE=tree, STAGES=stages, SHARED_KV=shared_kv, num_warps=4)
+    return acc[:, :BR_SWAP], ml[:, :, :BR_SWAP]
+
+
+def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((a.contiguous().view(torch.int32) != b.contiguous().view(torch.int32)).sum())
+
+
+def _time(fn, reps: int = 21, per_graph: int = 20) -> float:
+    """Median us per launch: a CUDA graph of ``per_graph`` launches replayed ``reps`` times
+    (no host launch overhead between the kernels)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / per_graph)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def chain(out_dir: str) -> None:
+    rows: list[dict] = []
+    path = os.path.join(out_dir, "chain.jsonl")
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for seed in (0, 1, 2):
+            q, k, v = _inputs(8, 16, dtype, seed)
+            for tree in (True, False):
+                a_std, ml_std = _run("std", tree, q, k, v, 16, 3)
+                a_sw, ml_sw = _run("swap", tree, q, k, v, 16, 3)
+                emit(dict(kind="bits", dtype=str(dtype).removeprefix("torch."), seed=seed,
+                          denominator="tree" if tree else "tl.sum",
+                          acc_differ=_bits_differ(a_std, a_sw),
+                          m_differ=_bits_differ(ml_std[:, 0], ml_sw[:, 0]),
+                          l_differ=_bits_differ(ml_std[:, 1], ml_sw[:, 1]),
+                          compared=a_std.numel() + 2 * ml_std[:, 0].numel()))
+    for shared_kv in (True, False):
+      for programs in (8, 64, 132):
+        for stages in (3, 5):
+            inputs = {t: _inputs(programs, t, torch.bfloat16, 0) for t in (16, 128)}
+            outs = _outputs(programs)
+            for kind in ("std", "swap"):
+                for tree in (False, True):
+                    t = {n: _time(lambda n=n: _run(kind, tree, *inputs[n], n, stages, outs,  # noqa: B023
+                                                   shared_kv))  # noqa: B023
+                         for n in (16, 128)}
+                    emit(dict(kind="time", tile=kind, denominator="tree" if tree else "tl.sum",
+                              shared_kv=shared_kv,
+                              programs=programs, stages=stages, us16=round(t[16], 2),
+                              us128=round(t[128], 2),
+                              us_per_tile=round((t[128] - t[16]) / 112, 4)))
+
+
+#: bn128: (workload, cells) where a cell is (label, Tuning fields, Gluon ring slots or None).
+BN128_PREFILL = [("bn128-gluon", dict(block_n=128), 2),
+                 ("bn128-triton", dict(block_n=128, gluon=False), None)]
+BN128_DECODE = [("bn128-s3", dict(block_n=128, num_stages=3, tiles_per_step=1), None),
+                ("bn128-s2", dict(block_n=128, num_stages=2, tiles_per_step=1), None)]
+BN128_WORKLOADS = {"prefill-varlen": BN128_PREFILL, "mixed64": BN128_PREFILL,
+                   "prefill:4096x4": BN128_PREFILL,
+                   **{w: BN128_DECODE for w in (
+                       "decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx1k", "decode-b8-ctx8k",
+                       "decode-b1-ctx32k", "decode-b64-ctx8k", "decode-b256-ctx8k",
+                       "decode-prod64")}}
+
+
+def bn128(out_dir: str) -> None:
+    """BLOCK_N 128 (a contract change: other bits) against the default 64-key tiles, bf16: the
+    Gluon prefill kernel at 128 keys (its fold acc in shared memory, 2 ring slots of 64 KB; the
+    gate ``gluon_prefill`` patched to let 128 through) and the Triton kernels at 128 keys, on
+    prefill and mixed batches; the Triton decode kernels at 128 keys with 3 and 2 stages (5 do
+    not fit in shared memory) on decode. Times (CUDA graphs, L2 flushed, medians of 20, three
+    repeats interleaved) and, as a sanity check of the 128-key kernels' results, the largest
+    difference of out and LSE from the default's (not bits: BLOCK_N moves them)."""
+    import kernels
+    import kernels._gluon as kg
+    import kernels.attention as ka
+    from benchmarks.probe_round4 import call, patched, time_interleaved
+    from benchmarks.probe_round11 import _workload
+    from benchmarks.tile_sweep import _graphed as graphed
+    from invariance.bench import CudaTimer, build_batch
+
+    gate = ka.gluon_prefill
+    ka.gluon_prefill = (lambda dtype, d, bm, bn, nw, ps, nested, sm=None:
+                        gate(dtype, d, bm, 64 if bn == 128 else bn, nw, ps, nested, sm))
+    timer = CudaTimer(iters=20, warmup=2)
+    path = os.path.join(out_dir, "bn128.jsonl")
+    for spec, cells in BN128_WORKLOADS.items():
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        ref = call(batch)
+        ref_out, ref_lse = ref()
+        row: dict = dict(workload=spec)
+        graphs = [("default", graphed(ref))]
+        for label, fields, ring in cells:
+            fn = call(batch, "auto", kernels.Tuning(**fields))
+            if ring is not None:
+                fn = patched(fn, kg, "RING_SLOTS", ring)
+            try:
+                out, lse = fn()
+                finite = torch.isfinite(lse) | torch.isinf(ref_lse)
+                row[f"{label}_max_out_diff"] = float((out.float() - ref_out.float()).abs().max())
+                row[f"{label}_max_lse_diff"] = float(
+                    torch.where(finite, (lse - ref_lse).abs(), 0.0).max())
+                row[f"{label}_nonfinite_out"] = int((~torch.isfinite(out)).sum())
+                graphs.append((label, graphed(fn)))
+            except Exception as exc:  # a cell that does not compile or launch: recorded
+                row[f"{label}_error"] = repr(exc)[:300]
+        time_interleaved(row, graphs, timer)
+        print(json.dumps(row), flush=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        del batch
+        torch.cuda.empty_cache()
+
+
+MODES = {"chain": chain, "bn128": bn128}
+
+
+def main(out_dir: str, mode: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    if mode not in MODES:
+        raise SystemExit(f"probe_round16.py: unknown mode {mode!r} ({', '.join(MODES)})")
+    MODES[mode](out_dir)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    main(sys.argv[1], sys.argv[2])
