@@ -25,7 +25,7 @@ per-tile time is ``(t128 - t16) / 112``. Call 2 timed single launches with event
 host launch (host overhead included, K/V per program only); call 3 times CUDA graphs of 20
 launches. Writes ``chain.jsonl``.
 
-``bn128`` (call 4, at commit 6f1f4ea, whose Gluon kernel carries the experiment for ``BLOCK_N >
+``bn128`` (call 4, at commit c85a41e, whose Gluon kernel carries the experiment for ``BLOCK_N >
 64``; later commits exit): :func:`bn128`.
 """
 
@@ -79,6 +79,18 @@ def _tree_cols(x, R: tl.constexpr):
     x = _pair_sum_cols(x, 4, R)
     x = _pair_sum_cols(x, 2, R)
     return tl.reshape(x, [R])
+
+
+@triton.jit
+def _tree_sums_kernel(x_ptr, out_ptr, R: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """``out[r]`` = the tree sum of row ``r`` of ``x`` [R, 64], through ``_tree_rows`` or, with
+    ``TRANSPOSED``, through ``_tree_cols`` on ``x^T`` (tests/test_bench.py runs it on the CPU)."""
+    r = tl.arange(0, R)
+    k = tl.arange(0, 64)
+    if TRANSPOSED:
+        tl.store(out_ptr + r, _tree_cols(tl.load(x_ptr + r[None, :] * 64 + k[:, None]), R))
+    else:
+        tl.store(out_ptr + r, _tree_rows(tl.load(x_ptr + r[:, None] * 64 + k[None, :]), R))
 
 
 @triton.jit
@@ -272,6 +284,13 @@ def bn128(out_dir: str) -> None:
     from benchmarks.tile_sweep import _graphed as graphed
     from invariance.bench import CudaTimer, build_batch
 
+    reason = kg.unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"probe_round16.py bn128: the Gluon kernel needs {reason}")
+    import kernels._gluon.attention_kernels as gluon_kernels
+    if not hasattr(gluon_kernels, "_score_layout"):
+        raise SystemExit("probe_round16.py bn128: the Gluon kernel here has no 128-key tiles; "
+                         "run it at commit c85a41e, whose kernel carries the experiment")
     gate = ka.gluon_prefill
     ka.gluon_prefill = (lambda dtype, d, bm, bn, nw, ps, nested, sm=None:
                         gate(dtype, d, bm, 64 if bn == 128 else bn, nw, ps, nested, sm))

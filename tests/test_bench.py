@@ -556,3 +556,34 @@ def test_tile_cost_fit_recovers_a_known_cost(tmp_path) -> None:
         load(str(path))
     with pytest.raises(SystemExit, match="cannot read"):
         load(str(tmp_path / "missing.jsonl"))
+
+
+def test_probe_round16_tree_sums_follow_the_key_index_in_either_layout() -> None:
+    """benchmarks/probe_round16.py's layout-free denominator (reports/h100-round16/, section 3):
+    ``_tree_rows`` of a [R, 64] tile and ``_tree_cols`` of its transpose both sum keys ``k`` and
+    ``k + 32``, then ``+ 16``, ..., ``+ 1``; checked bit for bit against that tree in numpy
+    (under the interpreter here; on the H100 the probe compares the two shapes' bits)."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.probe_round16 import _tree_sums_kernel
+    finally:
+        sys.path.remove(str(ROOT))
+
+    rng = np.random.default_rng(0)
+    # Magnitudes over 2**-20 .. 2**20, so that every summation order rounds differently.
+    x_np = (rng.random((16, 64)) * 2.0 ** rng.integers(-20, 21, (16, 64))).astype(np.float32)
+    tree = x_np
+    while tree.shape[1] > 1:
+        half = tree.shape[1] // 2
+        tree = (tree[:, :half] + tree[:, half:]).astype(np.float32)
+    x = torch.from_numpy(x_np)
+    for transposed in (False, True):
+        out = torch.empty(16, dtype=torch.float32)
+        _tree_sums_kernel[(1,)](x, out, R=16, TRANSPOSED=transposed)
+        assert np.array_equal(out.numpy().view(np.int32), tree[:, 0].view(np.int32)), transposed
+    sequential = np.zeros(16, dtype=np.float32)
+    for k in range(64):
+        sequential = (sequential + x_np[:, k]).astype(np.float32)
+    assert not np.array_equal(sequential.view(np.int32), tree[:, 0].view(np.int32))

@@ -62,8 +62,7 @@ _load_q_cols_g = gluon.jit(_load_q_cols.fn)
 _store_rows_g = gluon.jit(_store_rows.fn)
 
 #: One consumer warpgroup's layouts (64 rows on 4 warps), as Triton 3.6 lays out each
-#: warpgroup's half of the 128-row tile: scores and p on m64n64 ``wgmma`` (m64nBLOCK_N in
-#: round 16's 128-key experiment, ``_score_layout``), acc on m64n128.
+#: warpgroup's half of the 128-row tile: scores and p on m64n64 ``wgmma``, acc on m64n128.
 WG_S_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
     version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 WG_O_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
@@ -92,32 +91,22 @@ def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     gl.thread_barrier()
 
 
-@gluon.constexpr_function
-def _score_layout(block_n):
-    """The scores' layout for ``block_n``-key tiles: ``WG_S_L`` at the contract's 64."""
-    if block_n == 64:
-        return WG_S_L
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                     instr_shape=[16, block_n, 16])
-
-
 @gluon.jit
 def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
     """Raw scores of tile ``t`` with ``-inf`` where a row does not see the key (``key > pos``),
     as ``_tile_scores``' masked path."""
-    S_L: gl.constexpr = _score_layout(BLOCK_N)
-    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WG_S_L))
     return gl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
 
 
 @gluon.jit
-def _consumer(q_s, k_s, v_s, f_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
-    S_L: gl.constexpr = _score_layout(BLOCK_N)
+    S_L: gl.constexpr = WG_S_L
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -132,11 +121,6 @@ def _consumer(q_s, k_s, v_s, f_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, 
     f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
     f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
     f_acc = zero_o
-    # Round 16's 128-key experiment: the fold's acc in shared memory (in registers it spills).
-    F_SMEM: gl.constexpr = BLOCK_N > 64
-    if F_SMEM:
-        f_h = f_s.index(half)
-        f_h.store(zero_o)
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
@@ -149,8 +133,6 @@ def _consumer(q_s, k_s, v_s, f_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, 
             b_s = _masked(b_s, 0, pos, BLOCK_N)
         m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = _sum(l_i, alpha, b_p)
-        if F_SMEM:  # p carried as the dot operand (half the registers of the fp32 weights)
-            b_p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         for j in range(0, n_tiles):
             # The next tile's scores (past the last tile: its own again, a dummy never used)
@@ -161,10 +143,7 @@ def _consumer(q_s, k_s, v_s, f_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, 
                                   is_async=True)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
-            if F_SMEM:  # noqa: SIM108
-                p = b_p
-            else:
-                p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+            p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
             b_s = warpgroup_mma_wait(1, deps=[s_tok])
             if jn >= j_mid:
@@ -177,25 +156,15 @@ def _consumer(q_s, k_s, v_s, f_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, 
             mbarrier.arrive(empty.index(j % STAGES))
             if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
-                if F_SMEM:
-                    f_m, f_l, f_r = _fold(f_m, f_l, f_h.load(O_L), gl.convert_layout(m_i, ROW_O),
-                                          gl.convert_layout(l_i, ROW_O), acc)
-                    f_h.store(f_r)
-                else:
-                    f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
-                                            gl.convert_layout(l_i, ROW_O), acc)
+                f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
+                                        gl.convert_layout(l_i, ROW_O), acc)
                 l_i = gl.full_like(l_i, 0.0)
                 acc = zero_o
             if j + 1 < n_tiles:
                 m_i = m_new
                 l_i = _sum(l_i, alpha, b_p_n)
                 acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-                if F_SMEM:  # noqa: SIM108
-                    b_p = gl.convert_layout(b_p_n.to(k_s.dtype), P_L)
-                else:
-                    b_p = b_p_n
-    if F_SMEM:
-        f_acc = f_h.load(O_L)
+                b_p = b_p_n
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
     o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
@@ -280,11 +249,6 @@ def _fused_prefill_kernel(
     q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
     k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
     v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
-    if BLOCK_N > 64:  # round 16's 128-key experiment: each warpgroup's fold acc
-        f_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M // 2, HEAD_DIM],
-                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    else:
-        f_s = k_s
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -297,10 +261,10 @@ def _fused_prefill_kernel(
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
     gl.warp_specialize([
-        (_consumer, (q_s, k_s, v_s, f_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
                      BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
-        (_consumer, (q_s, k_s, v_s, f_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
                      BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
