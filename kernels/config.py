@@ -37,7 +37,8 @@ __all__ = [
 # short ones (b1-1k 38 vs 27 vs 20 us, b8-1k 47 vs 34 vs 30 us). Decode at batch 1 with 32k
 # context gets 32 splits per KV head (256 programs with Hkv = 8). Re-measured on round 15's
 # kernels (reports/h100-round16/README.md, section 1): b1-32k 70 vs 82 vs 95 us, prefill-varlen
-# 6.45 vs 6.57 vs 6.81 ms, b1-1k 20.3 vs 17.2 vs 16.0 us; 1024 stays.
+# 6.45 vs 6.57 vs 6.81 ms, b1-1k 20.3 vs 17.2 vs 16.0 us, b8-1k 28.1 vs 28.2 vs 30.9 us (no
+# longer faster at smaller splits); 1024 stays.
 DEFAULT_SPLIT_SIZE: int = 1024
 
 # SM count used when the tensors are not on a CUDA device (the interpreter); the H100 SXM value.
