@@ -269,7 +269,22 @@ BN128_WORKLOADS = {"prefill-varlen": BN128_PREFILL, "mixed64": BN128_PREFILL,
                        "decode-prod64")}}
 
 
-def bn128(out_dir: str) -> None:
+#: bn128g (call 5, at the commit that adds ``kernels._gluon.FOLD_GLOBAL``): the Gluon cells
+#: only, with the fold's acc in shared memory (2 ring slots) or in a global workspace (2 or 3
+#: slots: shared memory then holds q and the ring alone).
+BN128G_PREFILL = [("bn128-gluon", dict(block_n=128), 2),
+                  ("bn128-gluon-global", dict(block_n=128), (2, True)),
+                  ("bn128-gluon-global-ring3", dict(block_n=128), (3, True))]
+BN128G_WORKLOADS = {"prefill-varlen": BN128G_PREFILL, "mixed64": BN128G_PREFILL,
+                    "prefill:4096x4": BN128G_PREFILL}
+
+
+def bn128g(out_dir: str) -> None:
+    """:func:`bn128`'s Gluon cells with the fold in global memory (``BN128G_WORKLOADS``)."""
+    bn128(out_dir, BN128G_WORKLOADS, "bn128g.jsonl")
+
+
+def bn128(out_dir: str, workloads: dict | None = None, name: str = "bn128.jsonl") -> None:
     """BLOCK_N 128 (a contract change: other bits) against the default 64-key tiles, bf16: the
     Gluon prefill kernel at 128 keys (its fold acc in shared memory, 2 ring slots of 64 KB; the
     gate ``gluon_prefill`` patched to let 128 through) and the Triton kernels at 128 keys, on
@@ -296,8 +311,8 @@ def bn128(out_dir: str) -> None:
     ka.gluon_prefill = (lambda dtype, d, bm, bn, nw, ps, nested, sm=None:
                         gate(dtype, d, bm, 64 if bn == 128 else bn, nw, ps, nested, sm))
     timer = CudaTimer(iters=20, warmup=2)
-    path = os.path.join(out_dir, "bn128.jsonl")
-    for spec, cells in BN128_WORKLOADS.items():
+    path = os.path.join(out_dir, name)
+    for spec, cells in (workloads or BN128_WORKLOADS).items():
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
         ref = call(batch)
         ref_out, ref_lse = ref()
@@ -305,7 +320,12 @@ def bn128(out_dir: str) -> None:
         graphs = [("default", graphed(ref))]
         for label, fields, ring in cells:
             fn = call(batch, "auto", kernels.Tuning(**fields))
-            if ring is not None:
+            if isinstance(ring, tuple):  # (ring slots, the fold in global memory)
+                if not hasattr(kg, "FOLD_GLOBAL"):
+                    raise SystemExit("probe_round16.py bn128g: kernels._gluon has no "
+                                     "FOLD_GLOBAL here (round 16's call-5 experiment)")
+                fn = patched(patched(fn, kg, "RING_SLOTS", ring[0]), kg, "FOLD_GLOBAL", ring[1])
+            elif ring is not None:
                 fn = patched(fn, kg, "RING_SLOTS", ring)
             try:
                 out, lse = fn()
@@ -329,7 +349,7 @@ def bn128(out_dir: str) -> None:
         torch.cuda.empty_cache()
 
 
-MODES = {"chain": chain, "bn128": bn128}
+MODES = {"chain": chain, "bn128": bn128, "bn128g": bn128g}
 
 
 def main(out_dir: str, mode: str) -> None:
