@@ -1,7 +1,7 @@
 """Round-16 probe (H100): the swapped decode tile under a layout-free denominator, and 128-key
 tiles (reports/h100-round16/README.md).
 
-    python benchmarks/probe_round16.py OUT_DIR chain|bn128
+    python benchmarks/probe_round16.py OUT_DIR chain|steps|bn128|bn128g
 
 ``chain`` (calls 2 and 3): a standalone chain of online-softmax tile steps (dense K/V, no paging:
 the tile arithmetic alone) in two shapes:
@@ -27,7 +27,8 @@ host launch (host overhead included, K/V per program only); call 3 times CUDA gr
 launches. Writes ``chain.jsonl``.
 
 ``bn128`` (call 4, at commit c85a41e, whose Gluon kernel carries the experiment for ``BLOCK_N >
-64``; later commits exit): :func:`bn128`.
+64``) and ``bn128g`` (call 5, at 7c1f9ea: the fold in global memory, 3 ring slots): :func:`bn128`,
+:func:`bn128g`; at other commits they exit, naming these.
 """
 
 from __future__ import annotations
@@ -162,6 +163,101 @@ def _chain_swap(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, n_tiles, qk_scale,
     tl.store(ml_ptr + pid * 2 * BM + BM + rr, l_i)
 
 
+@triton.jit
+def _std_weights(m, b_s, qk_scale):
+    m_new = tl.maximum(m, tl.max(b_s, 1) * qk_scale)
+    return m_new, tl.math.exp2(tl.fma(b_s, qk_scale, -m_new[:, None])), tl.math.exp2(m - m_new)
+
+
+@triton.jit
+def _swap_weights(m, s_t, qk_scale):
+    m_new = tl.maximum(m, tl.max(s_t, 0) * qk_scale)
+    return m_new, tl.math.exp2(tl.fma(s_t, qk_scale, -m_new[None, :])), tl.math.exp2(m - m_new)
+
+
+@triton.jit
+def _std_fold(l_i, acc, alpha, p, v, BM: tl.constexpr, TREE: tl.constexpr):
+    l_i = tl.fma(l_i, alpha, _tree_rows(p, BM) if TREE else tl.sum(p, 1))
+    return l_i, tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+
+
+@triton.jit
+def _swap_fold(l_i, acc_t, alpha, p_t, v, BR: tl.constexpr, TREE: tl.constexpr):
+    l_i = tl.fma(l_i, alpha, _tree_cols(p_t, BR) if TREE else tl.sum(p_t, 0))
+    return l_i, tl.dot(tl.trans(v), p_t.to(v.dtype), acc_t * alpha[None, :])
+
+
+@triton.jit
+def _chain_steps(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, n_tiles, qk_scale,
+                 BM: tl.constexpr, BR: tl.constexpr, BN_: tl.constexpr, HD: tl.constexpr,
+                 SWAP: tl.constexpr, TPS: tl.constexpr, TREE: tl.constexpr,
+                 STAGES: tl.constexpr, SHARED_KV: tl.constexpr):
+    """The chain with ``TPS`` (2 or 4) tiles per loop step, as the package's split kernel walks
+    two: every tile's loads and scores, then each tile's running max and exponentials in
+    order, then each tile's denominator, rescale and ``p @ v`` in order (per row the operations
+    of ``TPS`` one-tile steps, in the same order). ``SWAP``: the swapped tile (``BR`` rows on
+    N); else the standard one (``BM`` rows). ``n_tiles`` a multiple of ``TPS``."""
+    pid = tl.program_id(0)
+    rd = tl.arange(0, HD)
+    rn = tl.arange(0, BN_)
+    base = pid.to(tl.int64) * n_tiles * BN_ * HD * (1 - SHARED_KV)
+    if SWAP:
+        rr = tl.arange(0, BR)
+        qt = tl.load(q_ptr + pid * BM * HD + rr[None, :] * HD + rd[:, None])  # [HD, BR]
+        m = tl.full([BR], float("-inf"), tl.float32)
+        l_i = tl.zeros([BR], tl.float32)
+        acc = tl.zeros([HD, BR], tl.float32)
+    else:
+        rr = tl.arange(0, BM)
+        qt = tl.load(q_ptr + pid * BM * HD + rr[:, None] * HD + rd[None, :])  # [BM, HD]
+        m = tl.full([BM], float("-inf"), tl.float32)
+        l_i = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, HD], tl.float32)
+    for j in tl.range(0, n_tiles, TPS, num_stages=STAGES):
+        o0 = base + (j * BN_ + rn)[:, None] * HD + rd[None, :]
+        o1 = o0 + BN_ * HD
+        k0 = tl.load(k_ptr + o0)
+        k1 = tl.load(k_ptr + o1)
+        v0 = tl.load(v_ptr + o0)
+        v1 = tl.load(v_ptr + o1)
+        if SWAP:
+            m0, p0, a0 = _swap_weights(m, tl.dot(k0, qt), qk_scale)
+            m1, p1, a1 = _swap_weights(m0, tl.dot(k1, qt), qk_scale)
+        else:
+            m0, p0, a0 = _std_weights(m, tl.dot(qt, tl.trans(k0)), qk_scale)
+            m1, p1, a1 = _std_weights(m0, tl.dot(qt, tl.trans(k1)), qk_scale)
+        if TPS == 4:
+            k2 = tl.load(k_ptr + o1 + BN_ * HD)
+            k3 = tl.load(k_ptr + o1 + 2 * BN_ * HD)
+            v2 = tl.load(v_ptr + o1 + BN_ * HD)
+            v3 = tl.load(v_ptr + o1 + 2 * BN_ * HD)
+            if SWAP:
+                m2, p2, a2 = _swap_weights(m1, tl.dot(k2, qt), qk_scale)
+                m3, p3, a3 = _swap_weights(m2, tl.dot(k3, qt), qk_scale)
+            else:
+                m2, p2, a2 = _std_weights(m1, tl.dot(qt, tl.trans(k2)), qk_scale)
+                m3, p3, a3 = _std_weights(m2, tl.dot(qt, tl.trans(k3)), qk_scale)
+        if SWAP:
+            l_i, acc = _swap_fold(l_i, acc, a0, p0, v0, BR, TREE)
+            l_i, acc = _swap_fold(l_i, acc, a1, p1, v1, BR, TREE)
+            if TPS == 4:
+                l_i, acc = _swap_fold(l_i, acc, a2, p2, v2, BR, TREE)
+                l_i, acc = _swap_fold(l_i, acc, a3, p3, v3, BR, TREE)
+        else:
+            l_i, acc = _std_fold(l_i, acc, a0, p0, v0, BM, TREE)
+            l_i, acc = _std_fold(l_i, acc, a1, p1, v1, BM, TREE)
+            if TPS == 4:
+                l_i, acc = _std_fold(l_i, acc, a2, p2, v2, BM, TREE)
+                l_i, acc = _std_fold(l_i, acc, a3, p3, v3, BM, TREE)
+        m = m3 if TPS == 4 else m1
+    if SWAP:
+        tl.store(acc_ptr + pid * BM * HD + rr[None, :] * HD + rd[:, None], acc)
+    else:
+        tl.store(acc_ptr + pid * BM * HD + rr[:, None] * HD + rd[None, :], acc)
+    tl.store(ml_ptr + pid * 2 * BM + rr, m)
+    tl.store(ml_ptr + pid * 2 * BM + BM + rr, l_i)
+
+
 def _inputs(programs: int, tiles: int, dtype: torch.dtype, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.zeros(programs, BM_STD, D, device="cuda", dtype=dtype)
@@ -256,6 +352,63 @@ def chain(out_dir: str) -> None:
                               us_per_tile=round((t[128] - t[16]) / 112, 4)))
 
 
+#: steps (call 6): (label, SWAP, TPS, TREE, STAGES) of ``_chain_steps`` (4 tiles per step fit
+#: one stage only: 2 stages need 270-279 KB of shared memory).
+STEP_CELLS = [("std-t2-s2", False, 2, False, 2), ("std-t2-s3", False, 2, False, 3),
+              ("std-t4-s1", False, 4, False, 1),
+              ("swap-t2-s3", True, 2, False, 3), ("swap-t2-s3-tree", True, 2, True, 3),
+              ("swap-t4-s1", True, 4, False, 1), ("swap-t4-s1-tree", True, 4, True, 1)]
+
+
+def _run_steps(cell, q, k, v, tiles: int, outs, shared_kv: bool = False) -> tuple:
+    _, swap, tps, tree, stages = cell
+    acc, ml = outs
+    _chain_steps[(q.shape[0],)](q, k, v, acc, ml, tiles, 0.08838834764831845 * 1.4426950408889634,
+                                BM=BM_STD, BR=BR_SWAP, BN_=BN, HD=D, SWAP=swap, TPS=tps,
+                                TREE=tree, STAGES=stages, SHARED_KV=shared_kv, num_warps=4)
+    return acc[:, :BR_SWAP], ml[:, :, :BR_SWAP]
+
+
+def steps(out_dir: str) -> None:
+    """Several tiles per loop step (``_chain_steps``), standard and swapped: bits against the
+    one-tile standard chain with the same denominator (equal expected wherever the
+    denominator is the tree or the tile is the standard one; the swapped tile with ``tl.sum``
+    is the control, expected to differ in ``l``), then per-tile times with shared K/V (the
+    chain's latency), 8 and 64 programs, against the one-tile chain at 3 and 5 stages."""
+    path = os.path.join(out_dir, "steps.jsonl")
+
+    def emit(row: dict) -> None:
+        print(json.dumps(row), flush=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for seed in (0, 1):
+            q, k, v = _inputs(8, 16, dtype, seed)
+            refs = {tree: _run("std", tree, q, k, v, 16, 3) for tree in (False, True)}
+            for cell in STEP_CELLS:
+                a, ml = _run_steps(cell, q, k, v, 16, _outputs(8))
+                a_ref, ml_ref = refs[cell[3]]
+                emit(dict(kind="bits", dtype=str(dtype).removeprefix("torch."), seed=seed,
+                          cell=cell[0], acc_differ=_bits_differ(a, a_ref),
+                          m_differ=_bits_differ(ml[:, 0], ml_ref[:, 0]),
+                          l_differ=_bits_differ(ml[:, 1], ml_ref[:, 1])))
+    for programs in (8, 64):
+        inputs = {t: _inputs(programs, t, torch.bfloat16, 0) for t in (16, 128)}
+        outs = _outputs(programs)
+        for stages in (3, 5):
+            t = {n: _time(lambda n=n: _run("std", False, *inputs[n], n, stages, outs, True))  # noqa: B023
+                 for n in (16, 128)}
+            emit(dict(kind="time", cell=f"std-t1-s{stages}", programs=programs,
+                      us16=round(t[16], 2), us128=round(t[128], 2),
+                      us_per_tile=round((t[128] - t[16]) / 112, 4)))
+        for cell in STEP_CELLS:
+            t = {n: _time(lambda n=n: _run_steps(cell, *inputs[n], n, outs, True))  # noqa: B023
+                 for n in (16, 128)}
+            emit(dict(kind="time", cell=cell[0], programs=programs, us16=round(t[16], 2),
+                      us128=round(t[128], 2), us_per_tile=round((t[128] - t[16]) / 112, 4)))
+
+
 #: bn128: (workload, cells) where a cell is (label, Tuning fields, Gluon ring slots or None).
 BN128_PREFILL = [("bn128-gluon", dict(block_n=128), 2),
                  ("bn128-triton", dict(block_n=128, gluon=False), None)]
@@ -269,7 +422,7 @@ BN128_WORKLOADS = {"prefill-varlen": BN128_PREFILL, "mixed64": BN128_PREFILL,
                        "decode-prod64")}}
 
 
-#: bn128g (call 5, at the commit that adds ``kernels._gluon.FOLD_GLOBAL``): the Gluon cells
+#: bn128g (call 5, at commit 7c1f9ea, which adds ``kernels._gluon.FOLD_GLOBAL``): the Gluon cells
 #: only, with the fold's acc in shared memory (2 ring slots) or in a global workspace (2 or 3
 #: slots: shared memory then holds q and the ring alone).
 BN128G_PREFILL = [("bn128-gluon", dict(block_n=128), 2),
@@ -306,7 +459,8 @@ def bn128(out_dir: str, workloads: dict | None = None, name: str = "bn128.jsonl"
     import kernels._gluon.attention_kernels as gluon_kernels
     if not hasattr(gluon_kernels, "_score_layout"):
         raise SystemExit("probe_round16.py bn128: the Gluon kernel here has no 128-key tiles; "
-                         "run it at commit c85a41e, whose kernel carries the experiment")
+                         "run bn128 at commit c85a41e (call 4) and bn128g at 7c1f9ea (call 5), "
+                         "whose kernels carry the experiment")
     gate = ka.gluon_prefill
     ka.gluon_prefill = (lambda dtype, d, bm, bn, nw, ps, nested, sm=None:
                         gate(dtype, d, bm, 64 if bn == 128 else bn, nw, ps, nested, sm))
@@ -323,7 +477,7 @@ def bn128(out_dir: str, workloads: dict | None = None, name: str = "bn128.jsonl"
             if isinstance(ring, tuple):  # (ring slots, the fold in global memory)
                 if not hasattr(kg, "FOLD_GLOBAL"):
                     raise SystemExit("probe_round16.py bn128g: kernels._gluon has no "
-                                     "FOLD_GLOBAL here (round 16's call-5 experiment)")
+                                     "FOLD_GLOBAL here; run it at commit 7c1f9ea (call 5)")
                 fn = patched(patched(fn, kg, "RING_SLOTS", ring[0]), kg, "FOLD_GLOBAL", ring[1])
             elif ring is not None:
                 fn = patched(fn, kg, "RING_SLOTS", ring)
@@ -349,7 +503,7 @@ def bn128(out_dir: str, workloads: dict | None = None, name: str = "bn128.jsonl"
         torch.cuda.empty_cache()
 
 
-MODES = {"chain": chain, "bn128": bn128, "bn128g": bn128g}
+MODES = {"chain": chain, "steps": steps, "bn128": bn128, "bn128g": bn128g}
 
 
 def main(out_dir: str, mode: str) -> None:

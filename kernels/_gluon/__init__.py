@@ -16,9 +16,6 @@ GLUON_TRITON = "3.6."
 #: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
 #: scheduling only, like Triton's pipeline stages.
 RING_SLOTS = 4
-#: Round 16's 128-key experiment (``BLOCK_N > 64`` only): the fold's acc in a global workspace
-#: instead of shared memory.
-FOLD_GLOBAL = False
 
 
 @functools.cache
@@ -80,13 +77,10 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     descs = [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
                                           ak.SMEM_L.value)
              for c in (k_cache, v_cache)]
-    fold_global = FOLD_GLOBAL and block_n > 64
-    fold = (torch.empty(num_slots * Hkv * block_m * D, device=q.device, dtype=torch.float32)
-            if fold_global else lse)
     ak._fused_prefill_kernel[(num_slots, Hkv)](
-        q, *descs, cu_seqlens_q, kv_lens, block_table, slot_order, out, fold, lse,
+        q, *descs, cu_seqlens_q, kv_lens, block_table, slot_order, out, lse,
         qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
-        FOLD_GLOBAL=fold_global, num_warps=4)
+        num_warps=4)

@@ -62,8 +62,7 @@ _load_q_cols_g = gluon.jit(_load_q_cols.fn)
 _store_rows_g = gluon.jit(_store_rows.fn)
 
 #: One consumer warpgroup's layouts (64 rows on 4 warps), as Triton 3.6 lays out each
-#: warpgroup's half of the 128-row tile: scores and p on m64n64 ``wgmma`` (m64nBLOCK_N in
-#: round 16's 128-key experiment, ``_score_layout``), acc on m64n128.
+#: warpgroup's half of the 128-row tile: scores and p on m64n64 ``wgmma``, acc on m64n128.
 WG_S_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
     version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 WG_O_L: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
@@ -92,43 +91,22 @@ def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     gl.thread_barrier()
 
 
-@gluon.constexpr_function
-def _score_layout(block_n):
-    """The scores' layout for ``block_n``-key tiles: ``WG_S_L`` at the contract's 64."""
-    if block_n == 64:
-        return WG_S_L
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                     instr_shape=[16, block_n, 16])
-
-
 @gluon.jit
 def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
     """Raw scores of tile ``t`` with ``-inf`` where a row does not see the key (``key > pos``),
     as ``_tile_scores``' masked path."""
-    S_L: gl.constexpr = _score_layout(BLOCK_N)
-    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WG_S_L))
     return gl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
 
 
 @gluon.jit
-def _fold_ptrs(fold_ptr, half, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, O_L: gl.constexpr):
-    """This program's and warpgroup's [HALF, HEAD_DIM] block of the fold workspace (round 16's
-    128-key experiment with ``FOLD_GLOBAL``), in acc's layout."""
-    rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, O_L))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-    prog = (gl.program_id(0).to(gl.int64) * gl.num_programs(1) + gl.program_id(1)) * 2 + half
-    return fold_ptr + prog * HALF * HEAD_DIM + rows[:, None] * HEAD_DIM + cols[None, :]
-
-
-@gluon.jit
-def _consumer(q_s, k_s, v_s, f_s, fold_ptr, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
-              q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              FOLD_GLOBAL: gl.constexpr):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
-    S_L: gl.constexpr = _score_layout(BLOCK_N)
+    S_L: gl.constexpr = WG_S_L
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -143,16 +121,6 @@ def _consumer(q_s, k_s, v_s, f_s, fold_ptr, ready, empty, out_ptr, lse_ptr, half
     f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
     f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
     f_acc = zero_o
-    # Round 16's 128-key experiment: the fold's acc in shared memory (in registers it spills).
-    F_SMEM: gl.constexpr = BLOCK_N > 64
-    if F_SMEM:
-        f_h = f_s.index(half)
-        # FOLD_GLOBAL: the fold's acc in a global workspace instead (one [64, D] fp32 block per
-        # program and warpgroup, L2-resident), leaving shared memory to the ring.
-        if FOLD_GLOBAL:
-            gl.store(_fold_ptrs(fold_ptr, half, HALF, HEAD_DIM, O_L), zero_o)
-        else:
-            f_h.store(zero_o)
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
@@ -165,8 +133,6 @@ def _consumer(q_s, k_s, v_s, f_s, fold_ptr, ready, empty, out_ptr, lse_ptr, half
             b_s = _masked(b_s, 0, pos, BLOCK_N)
         m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = _sum(l_i, alpha, b_p)
-        if F_SMEM:  # p carried as the dot operand (half the registers of the fp32 weights)
-            b_p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         for j in range(0, n_tiles):
             # The next tile's scores (past the last tile: its own again, a dummy never used)
@@ -177,10 +143,7 @@ def _consumer(q_s, k_s, v_s, f_s, fold_ptr, ready, empty, out_ptr, lse_ptr, half
                                   is_async=True)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
-            if F_SMEM:  # noqa: SIM108
-                p = b_p
-            else:
-                p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+            p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
             b_s = warpgroup_mma_wait(1, deps=[s_tok])
             if jn >= j_mid:
@@ -193,35 +156,15 @@ def _consumer(q_s, k_s, v_s, f_s, fold_ptr, ready, empty, out_ptr, lse_ptr, half
             mbarrier.arrive(empty.index(j % STAGES))
             if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
-                if F_SMEM:
-                    if FOLD_GLOBAL:
-                        f_old = gl.load(_fold_ptrs(fold_ptr, half, HALF, HEAD_DIM, O_L))
-                    else:
-                        f_old = f_h.load(O_L)
-                    f_m, f_l, f_r = _fold(f_m, f_l, f_old, gl.convert_layout(m_i, ROW_O),
-                                          gl.convert_layout(l_i, ROW_O), acc)
-                    if FOLD_GLOBAL:
-                        gl.store(_fold_ptrs(fold_ptr, half, HALF, HEAD_DIM, O_L), f_r)
-                    else:
-                        f_h.store(f_r)
-                else:
-                    f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
-                                            gl.convert_layout(l_i, ROW_O), acc)
+                f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
+                                        gl.convert_layout(l_i, ROW_O), acc)
                 l_i = gl.full_like(l_i, 0.0)
                 acc = zero_o
             if j + 1 < n_tiles:
                 m_i = m_new
                 l_i = _sum(l_i, alpha, b_p_n)
                 acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-                if F_SMEM:  # noqa: SIM108
-                    b_p = gl.convert_layout(b_p_n.to(k_s.dtype), P_L)
-                else:
-                    b_p = b_p_n
-    if F_SMEM:
-        if FOLD_GLOBAL:
-            f_acc = gl.load(_fold_ptrs(fold_ptr, half, HALF, HEAD_DIM, O_L))
-        else:
-            f_acc = f_h.load(O_L)
+                b_p = b_p_n
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
     o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
@@ -265,7 +208,6 @@ def _fused_prefill_kernel(
     block_table_ptr,  # [B, max_pages] int32
     slot_order_ptr,  # [num_slots] int32 (IS_SLOT_ORDER only)
     out_ptr,  # [T, Hq, D] contiguous
-    fold_ptr,  # FOLD_GLOBAL: [num_slots * Hkv * 2 * 64 * D] fp32 workspace (else unused)
     lse_ptr,  # [T, Hq] fp32 contiguous
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split
@@ -286,7 +228,6 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
-    FOLD_GLOBAL: gl.constexpr = False,  # BLOCK_N > 64: the fold's acc in global memory
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -308,11 +249,6 @@ def _fused_prefill_kernel(
     q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
     k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
     v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
-    if (BLOCK_N > 64) & (not FOLD_GLOBAL):  # round 16's 128-key experiment: the fold accs
-        f_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M // 2, HEAD_DIM],
-                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    else:
-        f_s = k_s
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -325,13 +261,11 @@ def _fused_prefill_kernel(
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
     gl.warp_specialize([
-        (_consumer, (q_s, k_s, v_s, f_s, fold_ptr, ready, empty, out_ptr, lse_ptr, 0, i_qblk,
-                     q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
-                     G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, FOLD_GLOBAL)),
-        (_consumer, (q_s, k_s, v_s, f_s, fold_ptr, ready, empty, out_ptr, lse_ptr, 1, i_qblk,
-                     q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
-                     G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, FOLD_GLOBAL)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
