@@ -5,8 +5,11 @@
 #   splits: invariance bench of kernels at split sizes 1024 (the default), 512 and 256 beside
 #           kernels-heuristic and FlashInfer's variants, every workload; then the Gluon prefill
 #           kernel and the Triton fused kernel forced onto short decode (one chain per KV head)
+#   final: at the round's last commit (kernels' code as bf0cedd's), the full check at three
+#          dtypes and the control, then the bench (kernels, kernels:gluon=false, the control,
+#          FlashInfer's variants)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round16.sh splits}
+STEP=${1:?usage: sh benchmarks/gpu_round16.sh splits|final}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -20,4 +23,9 @@ step_splits() {
   echo "bench chains rc=$?"; tail -4 $C/bench-chains.txt; head -30 $C/bench-chains.md
 }
 
-run_step gpu_round16.sh "splits"
+step_final() {
+  full_check_and_control
+  bench
+}
+
+run_step gpu_round16.sh "splits|final"
