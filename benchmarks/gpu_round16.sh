@@ -5,7 +5,7 @@
 #   splits: invariance bench of kernels at split sizes 1024 (the default), 512 and 256 beside
 #           kernels-heuristic and FlashInfer's variants, every workload; then the Gluon prefill
 #           kernel and the Triton fused kernel forced onto short decode (one chain per KV head)
-#   final: at the round's last commit (kernels' code as bf0cedd's), the full check at three
+#   final (call 7): at the round's last commit (kernels' code as bf0cedd's), the full check at three
 #          dtypes and the control, then the bench (kernels, kernels:gluon=false, the control,
 #          FlashInfer's variants)
 set -u
