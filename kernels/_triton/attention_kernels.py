@@ -699,9 +699,15 @@ def _unified_attention_split_kernel(
     BLOCK_DV: tl.constexpr,  # V columns per program: HEAD_DIM, or a fraction of it
     TILES_PER_STEP: tl.constexpr,  # fully visible KV tiles per loop step: 1 or 2
     IS_PDL: tl.constexpr,  # the merge is a programmatic dependent launch (sm_90+)
+    SPLITS_PER_PROGRAM: tl.constexpr,  # consecutive splits a program walks (grid dim 2: groups)
 ):
-    """Split plan, phase 1: one program per (query-block slot, kv head x V column block, split)
-    writes a partial.
+    """Split plan, phase 1: one program per (query-block slot, kv head x V column block, group
+    of ``SPLITS_PER_PROGRAM`` consecutive splits) writes each split's partial.
+
+    With ``SPLITS_PER_PROGRAM > 1`` a program walks its splits one after the other, each from a
+    fresh state, and writes each split's partial as the one-split program would: the same
+    arithmetic per split, so the same bits (which program computes a split is scheduling only;
+    kernels/README.md). It gives long rows fewer, longer programs at a small split size.
 
     With ``BLOCK_DV < HEAD_DIM`` the programs of one (slot, kv head, split) each compute the
     same scores, max and denominator and the ``p @ v`` of their own V columns: every column's
@@ -722,18 +728,71 @@ def _unified_attention_split_kernel(
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1) // (HEAD_DIM // BLOCK_DV)
     d0 = (tl.program_id(1) % (HEAD_DIM // BLOCK_DV)) * BLOCK_DV
-    i_split = tl.program_id(2)
+    i_group = tl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
-    # Splits past the block's last position are read by no row: nothing to write. NOTE: with
-    # IS_DIRECT (split 0 only) the program writes even a block with no position (max_pos < 0,
-    # only for malformed lengths with validate=False): its rows get the empty state (0, -inf),
-    # as under the fused plan, never unwritten memory.
-    if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
-        if i_split * split_tiles * BLOCK_N > max_pos:
-            return
+    if SPLITS_PER_PROGRAM == 1:
+        i_split = i_group
+        # Splits past the block's last position are read by no row: nothing to write. NOTE:
+        # with IS_DIRECT (split 0 only) the program writes even a block with no position
+        # (max_pos < 0, only for malformed lengths with validate=False): its rows get the empty
+        # state (0, -inf), as under the fused plan, never unwritten memory.
+        if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
+            if i_split * split_tiles * BLOCK_N > max_pos:
+                return
+        _split_partial(
+            q_ptr, k_ptr, v_ptr, block_table_ptr, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+            qk_scale, split_tiles, Hq, num_pages, num_splits, i_split, i_b, q_start, kv_len,
+            tok, g, m_row, pos, min_pos, max_pos, i_kvh, d0,
+            stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+            stride_vh, stride_bt, G, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N,
+            IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, IS_DIRECT, BLOCK_DV,
+            TILES_PER_STEP)
+    else:
+        # The group's splits that some row reads: up to the block's last position. (The
+        # launcher never groups with IS_DIRECT: one split per row.) NOTE: a block with no
+        # position (max_pos < 0, malformed lengths with validate=False) walks no split, as
+        # above; its rows' partials are never read (the merge reads splits <= its position).
+        s_lo = i_group * SPLITS_PER_PROGRAM
+        # (Tile index, then split index: no product that could wrap in int32.)
+        s_hi = tl.minimum(s_lo + SPLITS_PER_PROGRAM, max_pos // BLOCK_N // split_tiles + 1)
+        s_hi = tl.where(max_pos < 0, s_lo, s_hi)
+        for i_split in range(s_lo, s_hi):
+            _split_partial(
+                q_ptr, k_ptr, v_ptr, block_table_ptr, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+                qk_scale, split_tiles, Hq, num_pages, num_splits, i_split, i_b, q_start,
+                kv_len, tok, g, m_row, pos, min_pos, max_pos, i_kvh, d0,
+                stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                stride_vh, stride_bt, G, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N,
+                IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, IS_DIRECT, BLOCK_DV,
+                TILES_PER_STEP)
+
+
+@triton.jit
+def _split_partial(
+    q_ptr, k_ptr, v_ptr, block_table_ptr, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+    qk_scale, split_tiles, Hq, num_pages, num_splits, i_split, i_b, q_start, kv_len,
+    tok, g, m_row, pos, min_pos, max_pos, i_kvh, d0,
+    stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_bt,
+    G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_PAGE_PER_TILE: tl.constexpr,
+    IS_K_ROWS: tl.constexpr,
+    IS_INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    IS_DIRECT: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    TILES_PER_STEP: tl.constexpr,
+):
+    """One split of one (query block, kv head, V column block): its raw state, stored as the
+    split's partial in the workspace, or with ``IS_DIRECT`` normalized into ``out`` / ``lse``."""
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     s_m, s_l, s_acc = _attend_split(
