@@ -4,19 +4,29 @@
 # FlashInfer wheels, carried for the bench; gpu_site/ for the tests). Each step packs its folder
 # into $OUT/STEP.tgz.
 #   walk: benchmarks/probe_round17.py walk (split sizes 1024 / 512 / 256 with programs walking
-#         1-8 consecutive splits and merge chunks of 8 or 32; bits against one split per program)
+#         1-8 consecutive splits and merge chunks of 8 or 32; bits against one split per program;
+#         call 1, at 574f80c: nested walking loops)
+#   flat: benchmarks/probe_round17.py flat (call 2: the walking programs' flat loop)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round17.sh walk}
+STEP=${1:?usage: sh benchmarks/gpu_round17.sh walk|flat}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
 
-step_walk() {
+probe() {
   s=$(date +%s)
-  timeout -s INT -k 15 420 python3 benchmarks/probe_round17.py $C walk > $C/walk.txt 2>&1
-  echo "probe walk rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/walk.txt | cut -c1-400
-  cp $C/walk.jsonl $OUT/ 2>/dev/null
+  timeout -s INT -k 15 420 python3 benchmarks/probe_round17.py $C $1 > $C/$1.txt 2>&1
+  echo "probe $1 rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/$1.txt | cut -c1-400
+  cp $C/$1.jsonl $OUT/ 2>/dev/null
 }
 
-run_step gpu_round17.sh "walk"
+step_walk() {
+  probe walk
+}
+
+step_flat() {
+  probe flat
+}
+
+run_step gpu_round17.sh "walk|flat"

@@ -1,28 +1,38 @@
 """Round-17 probe (H100): small splits without their long-context cost
 (reports/h100-round17/README.md).
 
-    python benchmarks/probe_round17.py OUT_DIR walk [WORKLOAD ...]
+    python benchmarks/probe_round17.py OUT_DIR walk|flat [WORKLOAD ...]
 
 Round 16 measured 512- and 256-token splits: they take the cost of invariance at batch 1 with
 1k / 8k tokens to 1.13x / 1.00x (512) and 1.05x / 1.10x (256), but long decode gets slower
-(batch 1 with 32k: 82 / 95 us against 70 at 1024). Two parts of that cost are scheduling, not
-arithmetic:
+(batch 1 with 32k: 82 / 95 us against 70 at 1024). Two parts of that cost looked like
+scheduling, not arithmetic:
 
 - the split kernel runs one program per split: at 256 tokens, 4 tiles each, so a long row is
   many short programs, each paying its pipeline's fill and its q load;
 - the merge folds a row's partials in split order, loading ``_MERGE_CHUNK`` (8) of them per
   step: 128 partials at 256 tokens with 32k are 16 rounds of loads in a chain.
 
-``walk``: for each workload and split size (1024, 512, 256), the split plan's one-split
-programs with merge chunks of 8 (the reference of that split size's bits) against programs
-that walk 2 or 4 consecutive splits (``Tuning(splits_per_program=...)``: each split from a
-fresh state, written as its own partial) and merge chunks of 32 (``_MERGE_CHUNK`` patched; the
-chunk size never changes the fold order), and for short rows two tiles per step. Bits of out
-and LSE against the reference at bf16 and fp16 (0 expected: scheduling only); at bf16 every
-cell timed (CUDA graphs, L2 flushed, medians of 20, three repeats interleaved cell by cell),
-with the 1024-token default and the control (``split_size=None``, ``kernels-heuristic``) in the
-same rows. The control's bits differ from each fixed split size's wherever its split count
-differs, which shows the comparison can fail. Writes ``walk.jsonl`` after each row.
+``walk`` (call 1, at experiment commit 574f80c: a program walks its splits in nested loops,
+one per split, each with its own software pipeline). For each workload and split size (1024,
+512, 256) the reference is the split plan with one split per program and merge chunks of 8.
+Against it: programs that walk 2, 4 or 8 consecutive splits
+(``Tuning(splits_per_program=...)``; each split from a fresh state, written as its own
+partial), merge chunks of 32 (``_MERGE_CHUNK`` patched; the chunk size never changes the fold
+order), and for short rows two tiles per step.
+
+``flat`` (call 2, at experiment commit 5c1a0f4: a walking program runs one flat loop over its
+splits' tiles, one pipeline across the boundaries, each split's partial written at its
+boundary): the same rows, merge chunks of 8 only.
+
+Both compare the bits of out and LSE with the reference at bf16 and fp16 (0 expected:
+scheduling only) and at bf16 time every cell (CUDA graphs, L2 flushed, medians of 20, three
+repeats interleaved cell by cell), with the 1024-token default and the control
+(``split_size=None``, ``kernels-heuristic``) in the same rows. The control's bits differ from
+each fixed split size's wherever its split count differs, which shows the comparison can fail.
+Writes ``MODE.jsonl`` after each row. Neither variant was kept (the report says why): at other
+commits ``kernels.Tuning`` has no ``splits_per_program`` and the probe exits, naming the two
+commits.
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ CELLS = {
     256: [(1, 32, None), (2, 32, None), (4, 8, None), (4, 32, None), (8, 32, None)],
 }
 SHORT_CELLS = [(1, 8, 2), (1, 32, 2)]
+FLAT_CELLS = {1024: [(2, 8, None)], 512: [(2, 8, None), (4, 8, None)],
+              256: [(2, 8, None), (4, 8, None), (8, 8, None)]}
 
 
 def _cell(batch, size: int, walk: int, chunk: int, step: int | None):
@@ -58,19 +70,20 @@ def _cell(batch, size: int, walk: int, chunk: int, step: int | None):
     return patched(fn, attention, "_MERGE_CHUNK", chunk)
 
 
-def walk(out_dir: str, specs: list[str]) -> None:
+def walk(out_dir: str, specs: list[str], mode: str = "walk") -> None:
+    cells_by_size, short_cells = (CELLS, SHORT_CELLS) if mode == "walk" else (FLAT_CELLS, [])
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
     for spec in specs or WORKLOADS:
         for dtype in (torch.bfloat16, torch.float16):
             batch = build_batch(_workload(spec), dtype=dtype)
-            for size, cell_specs in CELLS.items():
+            for size, cell_specs in cells_by_size.items():
                 ref = call(batch, "split", kernels.Tuning(splits_per_program=1),
                            split_size=size)
                 row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
                                  split_size=size)
                 cells = {f"w{w}c{c}" + ("" if t is None else f"t{t}"): _cell(batch, size, w, c, t)
-                         for w, c, t in cell_specs + (SHORT_CELLS if spec in SHORT else [])}
+                         for w, c, t in cell_specs + (short_cells if spec in SHORT else [])}
                 cells["auto"] = call(batch, "auto", split_size=size)
                 cells["control"] = call(batch, "auto", split_size=None)
                 if size != kernels.DEFAULT_SPLIT_SIZE:
@@ -78,13 +91,13 @@ def walk(out_dir: str, specs: list[str]) -> None:
                 bits_and_times(row, ref, cells, timer, timed=dtype == torch.bfloat16)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                save(out_dir, "walk.jsonl", rows)
+                save(out_dir, f"{mode}.jsonl", rows)
             del batch
             torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[2] != "walk":
-        sys.exit(f"usage: probe_round17.py OUT_DIR walk [WORKLOAD ...]; got {sys.argv[1:]}")
+    if len(sys.argv) < 3 or sys.argv[2] not in ("walk", "flat"):
+        sys.exit(f"usage: probe_round17.py OUT_DIR walk|flat [WORKLOAD ...]; got {sys.argv[1:]}")
     os.makedirs(sys.argv[1], exist_ok=True)
-    walk(sys.argv[1], sys.argv[3:])
+    walk(sys.argv[1], sys.argv[3:], sys.argv[2])
