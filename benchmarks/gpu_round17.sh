@@ -6,9 +6,12 @@
 #   walk: benchmarks/probe_round17.py walk (split sizes 1024 / 512 / 256 with programs walking
 #         1-8 consecutive splits and merge chunks of 8 or 32; bits against one split per program;
 #         call 1, at 574f80c: nested walking loops)
-#   flat: benchmarks/probe_round17.py flat (call 2: the walking programs' flat loop)
+#   flat: benchmarks/probe_round17.py flat (call 2, at 4580fa6: the walking programs' flat loop)
+#   final (call 3): at the round's last commit (the kernels' code as bf0cedd's), the full check
+#          at three dtypes and the control, then the bench (kernels, kernels:gluon=false, the
+#          control, FlashInfer's variants)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round17.sh walk|flat}
+STEP=${1:?usage: sh benchmarks/gpu_round17.sh walk|flat|final}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -29,4 +32,9 @@ step_flat() {
   probe flat
 }
 
-run_step gpu_round17.sh "walk|flat"
+step_final() {
+  full_check_and_control
+  bench
+}
+
+run_step gpu_round17.sh "walk|flat|final"

@@ -21,7 +21,7 @@ Against it: programs that walk 2, 4 or 8 consecutive splits
 partial), merge chunks of 32 (``_MERGE_CHUNK`` patched; the chunk size never changes the fold
 order), and for short rows two tiles per step.
 
-``flat`` (call 2, at experiment commit 5c1a0f4: a walking program runs one flat loop over its
+``flat`` (call 2, at experiment commit 4580fa6: a walking program runs one flat loop over its
 splits' tiles, one pipeline across the boundaries, each split's partial written at its
 boundary): the same rows, merge chunks of 8 only.
 
@@ -97,6 +97,10 @@ def walk(out_dir: str, specs: list[str], mode: str = "walk") -> None:
 
 
 if __name__ == "__main__":
+    if "splits_per_program" not in kernels.Tuning.__dataclass_fields__:
+        sys.exit("probe_round17.py: kernels.Tuning has no splits_per_program at this commit; "
+                 "the walking programs were measured at experiment commits 574f80c (walk) and "
+                 "4580fa6 (flat) and taken out (reports/h100-round17/README.md)")
     if len(sys.argv) < 3 or sys.argv[2] not in ("walk", "flat"):
         sys.exit(f"usage: probe_round17.py OUT_DIR walk|flat [WORKLOAD ...]; got {sys.argv[1:]}")
     os.makedirs(sys.argv[1], exist_ok=True)

@@ -48,7 +48,6 @@ from kernels.config import (
     prefill_like,
     rows_per_block,
     slot_order,
-    splits_per_program,
     tile_config,
     tiles_per_step,
     value_blocks,
@@ -159,10 +158,6 @@ class Tuning:
       KV tiles per loop step (both tiles' scores and exponentials ahead of the first ``p @ v``).
       The same arithmetic per row: bit-neutral on an H100 for half precision at head dim 128
       (kernels/README.md); ``None`` takes :func:`~kernels.config.tiles_per_step`' choice.
-    - ``splits_per_program`` (int >= 1; split plan only): consecutive splits of a row that one
-      program walks, each from a fresh state, writing each split's partial as a one-split
-      program would. Scheduling only, no arithmetic changes; ``None`` takes
-      :func:`~kernels.config.splits_per_program`' choice (1 with one split per row).
     - ``dependent_merge`` (bool; split plan with several splits only): launch the merge kernel
       as a programmatic dependent launch of the split kernel (``griddepcontrol``, sm_90 and
       later), so that it is scheduled while the split kernel finishes and waits for its writes
@@ -198,7 +193,6 @@ class Tuning:
     block_n: int | None = None
     value_blocks: int | None = None
     tiles_per_step: int | None = None
-    splits_per_program: int | None = None
     dependent_merge: bool | None = None
     slot_order: bool | None = None
     nested_loop: bool | None = None
@@ -213,7 +207,6 @@ class Tuning:
              "a power of two >= 16"),
             ("value_blocks", self.value_blocks, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8"),
             ("tiles_per_step", self.tiles_per_step, lambda v: v in (1, 2), "1 or 2"),
-            ("splits_per_program", self.splits_per_program, lambda v: v >= 1, "an int >= 1"),
         )
         for name, value, ok, expected in checks:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
@@ -257,7 +250,6 @@ class LaunchPlan:
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     value_blocks: int  # split plan: V column blocks per (slot, KV head, split); fused: 1
     tiles_per_step: int  # fully visible KV tiles per loop step (1 or 2); flat fused loop: 1
-    splits_per_program: int  # split plan: consecutive splits one program walks; fused: 1
     dependent_merge: bool  # split plan's merge as a programmatic dependent launch (sm_90+)
     slot_order: bool  # fused plan: requests with the most KV first (sorted on the device)
     nested_loop: bool  # fused plan: an inner loop per split, its fold after it (else one loop)
@@ -571,7 +563,7 @@ def plan_attention(
             decode=not prefill_like(T, G, B))
     num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
     num_warps = tuning.num_warps or launch.num_warps
-    v_blocks, step, walk = 1, 1, 1
+    v_blocks, step = 1, 1
     if plan == "split":
         # Split programs that do work: every query block times the longest row's splits, or
         # with statistics at most each block's own splits (its tiles / split_tiles, plus one).
@@ -587,11 +579,6 @@ def plan_attention(
         step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major,
                                                        block_m, num_warps, v_blocks,
                                                        several_splits=row_splits > 1)
-        walk = tuning.splits_per_program or splits_per_program(
-            q.dtype, D, live * Hkv * v_blocks, num_sms, row_splits, split_tokens, sm_major)
-        # One split per row in the workspace: the programs write the results themselves, one
-        # split each. Never more groups' worth than splits.
-        walk = 1 if num_splits == 1 else min(walk, num_splits)
     # Only where the hardware has griddepcontrol (sm_90+) and Triton exposes it (3.4+), and only
     # when there is a merge.
     has_pdl = HAS_GDC and sm_major is not None and sm_major >= 9
@@ -624,7 +611,6 @@ def plan_attention(
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
-        splits_per_program=walk,
         dependent_merge=dependent, slot_order=ordered, nested_loop=nested, gluon=use_gluon,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
@@ -756,12 +742,10 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         # its position, and those are always written.
         ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T, Hq, lp.num_splits, 2), dtype=torch.float32, device=q.device)
-    groups = _cdiv(lp.num_splits, lp.splits_per_program)
-    _unified_attention_split_kernel[(lp.num_slots, Hkv * lp.value_blocks, groups)](
+    _unified_attention_split_kernel[(lp.num_slots, Hkv * lp.value_blocks, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
         num_splits=lp.num_splits, IS_DIRECT=direct, BLOCK_DV=D // lp.value_blocks,
         TILES_PER_STEP=lp.tiles_per_step, IS_PDL=lp.dependent_merge,
-        SPLITS_PER_PROGRAM=lp.splits_per_program,
         **_attention_args(lp, q, k_cache, v_cache, block_table, qk_scale))
     if not direct:
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)

@@ -25,7 +25,6 @@ __all__ = [
     "decode_stages",
     "fused_loop",
     "slot_order",
-    "splits_per_program",
     "tile_config",
     "tiles_per_step",
     "value_blocks",
@@ -298,16 +297,6 @@ def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms
         return 2
     return 2 if (_small_split_grid(num_programs, num_sms) and not several_splits
                  and num_programs * value_blocks <= num_sms) else 1
-
-
-def splits_per_program(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,
-                       row_splits: int, split_tokens: int, sm_major: int | None = None) -> int:
-    """Consecutive splits of a row that one split-plan program walks (grid dim 2 divides by it).
-
-    Each split is still walked from a fresh state and written as its own partial, so the merge
-    and every bit stay the same (scheduling only). UNMEASURED so far: 1 everywhere."""
-    del dtype, head_dim, num_programs, num_sms, row_splits, split_tokens, sm_major
-    return 1
 
 
 def slot_order(num_programs: int, num_sms: int, num_tokens: int, group_size: int,

@@ -699,16 +699,9 @@ def _unified_attention_split_kernel(
     BLOCK_DV: tl.constexpr,  # V columns per program: HEAD_DIM, or a fraction of it
     TILES_PER_STEP: tl.constexpr,  # fully visible KV tiles per loop step: 1 or 2
     IS_PDL: tl.constexpr,  # the merge is a programmatic dependent launch (sm_90+)
-    SPLITS_PER_PROGRAM: tl.constexpr,  # consecutive splits a program walks (grid dim 2: groups)
 ):
-    """Split plan, phase 1: one program per (query-block slot, kv head x V column block, group
-    of ``SPLITS_PER_PROGRAM`` consecutive splits) writes each split's partial.
-
-    With ``SPLITS_PER_PROGRAM > 1`` a program walks its splits' tiles in one flat loop, each
-    split from a fresh state, and writes each split's partial as the one-split program would:
-    the same arithmetic per split, so the same bits (which program computes a split is
-    scheduling only; kernels/README.md). It gives long rows fewer, longer programs at a small
-    split size, with one software pipeline across the splits' boundaries.
+    """Split plan, phase 1: one program per (query-block slot, kv head x V column block, split)
+    writes a partial.
 
     With ``BLOCK_DV < HEAD_DIM`` the programs of one (slot, kv head, split) each compute the
     same scores, max and denominator and the ``p @ v`` of their own V columns: every column's
@@ -729,117 +722,18 @@ def _unified_attention_split_kernel(
     i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1) // (HEAD_DIM // BLOCK_DV)
     d0 = (tl.program_id(1) % (HEAD_DIM // BLOCK_DV)) * BLOCK_DV
-    i_group = tl.program_id(2)
+    i_split = tl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos = _block_rows(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
-    if SPLITS_PER_PROGRAM == 1:
-        i_split = i_group
-        # Splits past the block's last position are read by no row: nothing to write. NOTE:
-        # with IS_DIRECT (split 0 only) the program writes even a block with no position
-        # (max_pos < 0, only for malformed lengths with validate=False): its rows get the empty
-        # state (0, -inf), as under the fused plan, never unwritten memory.
-        if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
-            if i_split * split_tiles * BLOCK_N > max_pos:
-                return
-        _split_partial(
-            q_ptr, k_ptr, v_ptr, block_table_ptr, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
-            qk_scale, split_tiles, Hq, num_pages, num_splits, i_split, i_b, q_start, kv_len,
-            tok, g, m_row, pos, min_pos, max_pos, i_kvh, d0,
-            stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-            stride_vh, stride_bt, G, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N,
-            IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, IS_DIRECT, BLOCK_DV,
-            TILES_PER_STEP)
-    else:
-        # One flat loop over the group's tiles (one software pipeline across the split
-        # boundaries); at each boundary the split's raw state is written as its partial and
-        # reset: per split the operations of _attend_split, in the same order. Tiles from j_end
-        # on lie past the block's last position (masked for every row): skipped, and splits
-        # past it are read by no row. NOTE: a block with no position (max_pos < 0, malformed
-        # lengths with validate=False) walks no tile; its rows' partials are never read (the
-        # merge reads the splits at or below a row's position). The launcher never groups with
-        # IS_DIRECT (one split per row).
-        j_end = tl.where(max_pos < 0, 0, max_pos // BLOCK_N + 1)
-        j_lo = i_group * SPLITS_PER_PROGRAM * split_tiles
-        j_hi = tl.minimum(j_lo + SPLITS_PER_PROGRAM * split_tiles, j_end)
-        # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
-        j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
-        b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
-        p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
-        kv_off_h = i_kvh.to(tl.int64)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        for j in range(j_lo, j_mid):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
-            if (j + 1) % split_tiles == 0:
-                _store_partial(ws_o_ptr, ws_ml_ptr, m_i, l_i, acc, q_start, tok, g, m_row,
-                               i_kvh, Hq, num_splits, j // split_tiles, d0, G, HEAD_DIM,
-                               BLOCK_DV)
-                m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-                acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        for j in range(j_mid, j_hi):
-            m_i, l_i, acc = _attend_tile(
-                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
-            if (j + 1) % split_tiles == 0:
-                _store_partial(ws_o_ptr, ws_ml_ptr, m_i, l_i, acc, q_start, tok, g, m_row,
-                               i_kvh, Hq, num_splits, j // split_tiles, d0, G, HEAD_DIM,
-                               BLOCK_DV)
-                m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-                acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        if (j_hi > j_lo) & (j_hi % split_tiles != 0):
-            # The last split ends inside the block's range.
-            _store_partial(ws_o_ptr, ws_ml_ptr, m_i, l_i, acc, q_start, tok, g, m_row, i_kvh,
-                           Hq, num_splits, (j_hi - 1) // split_tiles, d0, G, HEAD_DIM, BLOCK_DV)
-
-
-@triton.jit
-def _store_partial(ws_o_ptr, ws_ml_ptr, s_m, s_l, s_acc, q_start, tok, g, m_row, i_kvh, Hq,
-                   num_splits, i_split, d0, G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_DV: tl.constexpr):
-    """Split ``i_split``'s raw state into the workspace (V columns ``[d0, d0 + BLOCK_DV)``; m
-    and l from the program of column 0)."""
-    o_d = d0 + tl.arange(0, BLOCK_DV)
-    i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
-    tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], s_acc, mask=m_row[:, None])
-    m_ml = m_row & (tok * 0 + d0 == 0)
-    tl.store(ws_ml_ptr + 2 * i_ws, s_m, mask=m_ml)
-    tl.store(ws_ml_ptr + 2 * i_ws + 1, s_l, mask=m_ml)
-
-
-@triton.jit
-def _split_partial(
-    q_ptr, k_ptr, v_ptr, block_table_ptr, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
-    qk_scale, split_tiles, Hq, num_pages, num_splits, i_split, i_b, q_start, kv_len,
-    tok, g, m_row, pos, min_pos, max_pos, i_kvh, d0,
-    stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_bt,
-    G: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    PAGE_SHIFT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IS_PAGE_PER_TILE: tl.constexpr,
-    IS_K_ROWS: tl.constexpr,
-    IS_INTERPRET: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    IS_DIRECT: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    TILES_PER_STEP: tl.constexpr,
-):
-    """One split of one (query block, kv head, V column block): its raw state, stored as the
-    split's partial in the workspace, or with ``IS_DIRECT`` normalized into ``out`` / ``lse``."""
+    # Splits past the block's last position are read by no row: nothing to write. NOTE: with
+    # IS_DIRECT (split 0 only) the program writes even a block with no position (max_pos < 0,
+    # only for malformed lengths with validate=False): its rows get the empty state (0, -inf),
+    # as under the fused plan, never unwritten memory.
+    if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
+        if i_split * split_tiles * BLOCK_N > max_pos:
+            return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     s_m, s_l, s_acc = _attend_split(
@@ -853,8 +747,12 @@ def _split_partial(
         _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM,
                    d0, BLOCK_DV)
     else:
-        _store_partial(ws_o_ptr, ws_ml_ptr, s_m, s_l, s_acc, q_start, tok, g, m_row, i_kvh, Hq,
-                       num_splits, i_split, d0, G, HEAD_DIM, BLOCK_DV)
+        o_d = d0 + tl.arange(0, BLOCK_DV)
+        i_ws = ((q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+        tl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], s_acc, mask=m_row[:, None])
+        m_ml = m_row & (tok * 0 + d0 == 0)  # m and l from the program of column 0
+        tl.store(ws_ml_ptr + 2 * i_ws, s_m, mask=m_ml)
+        tl.store(ws_ml_ptr + 2 * i_ws + 1, s_l, mask=m_ml)
 
 
 @triton.jit(do_not_specialize=["split_tokens", "B", "num_splits", "max_kv_len"])

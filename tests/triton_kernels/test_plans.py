@@ -76,55 +76,6 @@ def test_eight_value_blocks_give_the_same_bits(dtype: torch.dtype, make_batch, a
         assert_same_bits(cut, one, f"8 value blocks vs 1, split size {size}")
 
 
-@pytest.mark.parametrize("walk", [2, 3])
-@pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)
-def test_splits_per_program_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
-                                               assert_same_bits, device, seed: int,
-                                               split_tiles: int, page_size: int,
-                                               walk: int) -> None:
-    """A split-plan program walking 2 or 3 consecutive splits (each from a fresh state, each
-    written as its own partial) vs one split per program, over a workspace full of NaN: every
-    partial a row reads is written, with the one-split program's bits."""
-    batch = make_batch(dtype, _random_shape(seed), PageLayout(page_size, "shuffled", seed=seed))
-    split = split_tiles * tile_config(dtype, 64).block_n
-    one = unified_attention(*args_of(batch), split_size=split, plan="split",
-                            tuning=Tuning(splits_per_program=1))
-    junk = torch.full((1 << 20,), float("nan"), device=device)
-    del junk
-    walked = unified_attention(*args_of(batch), split_size=split, plan="split",
-                               tuning=Tuning(splits_per_program=walk))
-    assert_same_bits(walked, one, f"{walk} splits per program vs 1, split size {split}")
-
-
-def test_the_launch_walks_the_plans_splits_per_program(dtype: torch.dtype, make_batch, args_of,
-                                                       monkeypatch) -> None:
-    """The split kernel gets the plan's splits per program and a grid of that many fewer
-    programs (a launcher that dropped either would compare one split per program with itself,
-    or leave splits unwritten); one split per row (direct stores) keeps one split each."""
-    real = kernels.attention._unified_attention_split_kernel
-    seen: list[tuple[int, int]] = []
-
-    class Spy:
-        def __getitem__(self, grid: tuple[int, ...]):
-            def launch(*args: object, **kwargs: object) -> None:
-                seen.append((grid[2], kwargs["SPLITS_PER_PROGRAM"]))
-                real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(kernels.attention, "_unified_attention_split_kernel", Spy())
-    block_n = tile_config(dtype, 64).block_n
-    batch = make_batch(dtype, [(1, 5 * block_n)])  # 5 splits of one tile
-    for walk in (2, 8, None):
-        lp = plan_attention(*args_of(batch), plan="split", split_size=block_n,
-                            tuning=Tuning(splits_per_program=walk))
-        assert lp.splits_per_program == (1 if walk is None else min(walk, 5))
-        unified_attention(*args_of(batch), plan="split", split_size=block_n,
-                          tuning=Tuning(splits_per_program=walk))
-    unified_attention(*args_of(batch), plan="split", split_size=8 * block_n,
-                      tuning=Tuning(splits_per_program=4))
-    assert seen == [(3, 2), (1, 5), (5, 1), (1, 1)]
-
-
 def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_batch, args_of,
                                                      monkeypatch) -> None:
     """V column blocks and tiles per loop step: forced by Tuning for the split plan only, else

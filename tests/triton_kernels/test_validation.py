@@ -184,11 +184,7 @@ def test_bad_option(args: Args, name: str, value: Any) -> None:
                                               ("dependent_merge", 1), ("dependent_merge", "yes"),
                                               ("slot_order", 0), ("nested_loop", "yes"),
                                               ("tiles_per_step", 4), ("tiles_per_step", 0),
-                                              ("tiles_per_step", True),
-                                              ("splits_per_program", 0),
-                                              ("splits_per_program", -2),
-                                              ("splits_per_program", 2.0),
-                                              ("splits_per_program", True)])
+                                              ("tiles_per_step", True)])
 def test_bad_tuning(field: str, value: Any) -> None:
     _raises(f"Tuning.{field}", lambda: Tuning(**{field: value}))
 
