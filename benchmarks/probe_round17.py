@@ -23,7 +23,8 @@ order), and for short rows two tiles per step.
 
 ``flat`` (call 2, at experiment commit 4580fa6: a walking program runs one flat loop over its
 splits' tiles, one pipeline across the boundaries, each split's partial written at its
-boundary): the same rows, merge chunks of 8 only.
+boundary): the same rows, merge chunks of 8 only. The probe cannot tell the two forms apart: at
+4580fa6 its ``walk`` mode would time the flat loop.
 
 Both compare the bits of out and LSE with the reference at bf16 and fp16 (0 expected:
 scheduling only) and at bf16 time every cell (CUDA graphs, L2 flushed, medians of 20, three
