@@ -7,11 +7,12 @@
 #         1-8 consecutive splits and merge chunks of 8 or 32; bits against one split per program;
 #         call 1, at 574f80c: nested walking loops)
 #   flat: benchmarks/probe_round17.py flat (call 2, at 4580fa6: the walking programs' flat loop)
+#   stages (call 4): benchmarks/probe_round17.py stages (one split per program at 3 and 4 stages)
 #   final (call 3): at the round's last commit (the kernels' code as bf0cedd's), the full check
 #          at three dtypes and the control, then the bench (kernels, kernels:gluon=false, the
 #          control, FlashInfer's variants)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round17.sh walk|flat|final}
+STEP=${1:?usage: sh benchmarks/gpu_round17.sh walk|flat|stages|final}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -32,9 +33,13 @@ step_flat() {
   probe flat
 }
 
+step_stages() {
+  probe stages
+}
+
 step_final() {
   full_check_and_control
   bench
 }
 
-run_step gpu_round17.sh "walk|flat|final"
+run_step gpu_round17.sh "walk|flat|stages|final"

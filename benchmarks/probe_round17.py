@@ -1,7 +1,7 @@
 """Round-17 probe (H100): small splits without their long-context cost
 (reports/h100-round17/README.md).
 
-    python benchmarks/probe_round17.py OUT_DIR walk|flat [WORKLOAD ...]
+    python benchmarks/probe_round17.py OUT_DIR walk|flat|stages [WORKLOAD ...]
 
 Round 16 measured 512- and 256-token splits: they take the cost of invariance at batch 1 with
 1k / 8k tokens to 1.13x / 1.00x (512) and 1.05x / 1.10x (256), but long decode gets slower
@@ -26,14 +26,20 @@ splits' tiles, one pipeline across the boundaries, each split's partial written 
 boundary): the same rows, merge chunks of 8 only. The probe cannot tell the two forms apart: at
 4580fa6 its ``walk`` mode would time the flat loop.
 
-Both compare the bits of out and LSE with the reference at bf16 and fp16 (0 expected:
+``stages`` (call 4, at this commit's kernels: no walking programs): the same rows with one split
+per program at 3 and 4 pipeline stages instead of the rule's 5. Offline (Triton 3.6, sm_90a) the
+split kernel takes 115,712 bytes of shared memory at 5 stages and 82,944 at 3 or 4, with 216-222
+registers: one program per SM at 5 stages, two at 3-4, so one program's fill and stores may
+overlap another's tiles. The question is whether that hides the per-split cost of small splits.
+
+All three compare the bits of out and LSE with the reference at bf16 and fp16 (0 expected:
 scheduling only) and at bf16 time every cell (CUDA graphs, L2 flushed, medians of 20, three
 repeats interleaved cell by cell), with the 1024-token default and the control
 (``split_size=None``, ``kernels-heuristic``) in the same rows. The control's bits differ from
 each fixed split size's wherever its split count differs, which shows the comparison can fail.
-Writes ``MODE.jsonl`` after each row. Neither variant was kept (the report says why): at other
-commits ``kernels.Tuning`` has no ``splits_per_program`` and the probe exits, naming the two
-commits.
+Writes ``MODE.jsonl`` after each row. Neither walking variant was kept (the report says why):
+at other commits ``kernels.Tuning`` has no ``splits_per_program``, and the ``walk`` and
+``flat`` modes exit, naming the two commits.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ CELLS = {
     256: [(1, 32, None), (2, 32, None), (4, 8, None), (4, 32, None), (8, 32, None)],
 }
 SHORT_CELLS = [(1, 8, 2), (1, 32, 2)]
+#: ``stages``: per split size, the stages of one-split-per-program cells (the reference: 5).
+STAGE_CELLS = {size: [3, 4] for size in (1024, 512, 256)}
 FLAT_CELLS = {1024: [(2, 8, None)], 512: [(2, 8, None), (4, 8, None)],
               256: [(2, 8, None), (4, 8, None), (8, 8, None)]}
 
@@ -71,20 +79,33 @@ def _cell(batch, size: int, walk: int, chunk: int, step: int | None):
     return patched(fn, attention, "_MERGE_CHUNK", chunk)
 
 
-def walk(out_dir: str, specs: list[str], mode: str = "walk") -> None:
+def _ref(batch, size: int, mode: str):
+    """One split per program, merge chunks of 8, the rule's stages."""
+    if mode == "stages":
+        return call(batch, "split", split_size=size)
+    return call(batch, "split", kernels.Tuning(splits_per_program=1), split_size=size)
+
+
+def _cells(batch, spec: str, size: int, mode: str) -> dict:
+    if mode == "stages":
+        return {f"s{st}": call(batch, "split", kernels.Tuning(num_stages=st), split_size=size)
+                for st in STAGE_CELLS[size]}
     cells_by_size, short_cells = (CELLS, SHORT_CELLS) if mode == "walk" else (FLAT_CELLS, [])
+    return {f"w{w}c{c}" + ("" if t is None else f"t{t}"): _cell(batch, size, w, c, t)
+            for w, c, t in cells_by_size[size] + (short_cells if spec in SHORT else [])}
+
+
+def walk(out_dir: str, specs: list[str], mode: str = "walk") -> None:
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
     for spec in specs or WORKLOADS:
         for dtype in (torch.bfloat16, torch.float16):
             batch = build_batch(_workload(spec), dtype=dtype)
-            for size, cell_specs in cells_by_size.items():
-                ref = call(batch, "split", kernels.Tuning(splits_per_program=1),
-                           split_size=size)
+            for size in (1024, 512, 256):
+                ref = _ref(batch, size, mode)
                 row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
                                  split_size=size)
-                cells = {f"w{w}c{c}" + ("" if t is None else f"t{t}"): _cell(batch, size, w, c, t)
-                         for w, c, t in cell_specs + (short_cells if spec in SHORT else [])}
+                cells = _cells(batch, spec, size, mode)
                 cells["auto"] = call(batch, "auto", split_size=size)
                 cells["control"] = call(batch, "auto", split_size=None)
                 if size != kernels.DEFAULT_SPLIT_SIZE:
@@ -98,11 +119,13 @@ def walk(out_dir: str, specs: list[str], mode: str = "walk") -> None:
 
 
 if __name__ == "__main__":
-    if "splits_per_program" not in kernels.Tuning.__dataclass_fields__:
+    walking = len(sys.argv) > 2 and sys.argv[2] in ("walk", "flat")
+    if walking and "splits_per_program" not in kernels.Tuning.__dataclass_fields__:
         sys.exit("probe_round17.py: kernels.Tuning has no splits_per_program at this commit; "
                  "the walking programs were measured at experiment commits 574f80c (walk) and "
                  "4580fa6 (flat) and taken out (reports/h100-round17/README.md)")
-    if len(sys.argv) < 3 or sys.argv[2] not in ("walk", "flat"):
-        sys.exit(f"usage: probe_round17.py OUT_DIR walk|flat [WORKLOAD ...]; got {sys.argv[1:]}")
+    if len(sys.argv) < 3 or sys.argv[2] not in ("walk", "flat", "stages"):
+        sys.exit(f"usage: probe_round17.py OUT_DIR walk|flat|stages [WORKLOAD ...]; "
+                 f"got {sys.argv[1:]}")
     os.makedirs(sys.argv[1], exist_ok=True)
     walk(sys.argv[1], sys.argv[3:], sys.argv[2])
