@@ -7,8 +7,9 @@
 #         1-8 consecutive splits and merge chunks of 8 or 32; bits against one split per program;
 #         call 1, at 574f80c: nested walking loops)
 #   flat: benchmarks/probe_round17.py flat (call 2, at 4580fa6: the walking programs' flat loop)
-#   stages (call 4): benchmarks/probe_round17.py stages (one split per program at 3 and 4 stages)
-#   final (call 3): at the round's last commit (the kernels' code as bf0cedd's), the full check
+#   stages (call 4, at 573332d): benchmarks/probe_round17.py stages (one split per program at 3
+#          and 4 stages)
+#   final (call 3, at d89a927; no kernel code changed after it): the full check
 #          at three dtypes and the control, then the bench (kernels, kernels:gluon=false, the
 #          control, FlashInfer's variants)
 set -u

@@ -26,11 +26,12 @@ splits' tiles, one pipeline across the boundaries, each split's partial written 
 boundary): the same rows, merge chunks of 8 only. The probe cannot tell the two forms apart: at
 4580fa6 its ``walk`` mode would time the flat loop.
 
-``stages`` (call 4, at this commit's kernels: no walking programs): the same rows with one split
-per program at 3 and 4 pipeline stages instead of the rule's 5. Offline (Triton 3.6, sm_90a) the
-split kernel takes 115,712 bytes of shared memory at 5 stages and 82,944 at 3 or 4, with 216-222
-registers: one program per SM at 5 stages, two at 3-4, so one program's fill and stores may
-overlap another's tiles. The question is whether that hides the per-split cost of small splits.
+``stages`` (call 4, at 573332d, whose kernels have no walking programs): the same rows with one
+split per program at 3 and 4 pipeline stages instead of the rule's 5. Offline (Triton 3.6,
+sm_90a) the long rows' split kernel takes 82,944 bytes of shared memory at 3 or 4 stages
+against 115,712 at 5. The question was whether less shared memory per program hides the
+per-split cost of small splits. (Two programs fit an H100 SM at 5 stages too, so for those
+rows this changes the pipeline depth, not the occupancy.)
 
 All three compare the bits of out and LSE with the reference at bf16 and fp16 (0 expected:
 scheduling only) and at bf16 time every cell (CUDA graphs, L2 flushed, medians of 20, three
