@@ -96,7 +96,8 @@ def _cells(batch, spec: str, size: int, mode: str) -> dict:
             for w, c, t in cells_by_size[size] + (short_cells if spec in SHORT else [])}
 
 
-def walk(out_dir: str, specs: list[str], mode: str = "walk") -> None:
+def run(out_dir: str, specs: list[str], mode: str) -> None:
+    """Every row of MODE (walk, flat or stages) into OUT_DIR/MODE.jsonl."""
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
     for spec in specs or WORKLOADS:
@@ -129,4 +130,4 @@ if __name__ == "__main__":
         sys.exit(f"usage: probe_round17.py OUT_DIR walk|flat|stages [WORKLOAD ...]; "
                  f"got {sys.argv[1:]}")
     os.makedirs(sys.argv[1], exist_ok=True)
-    walk(sys.argv[1], sys.argv[3:], sys.argv[2])
+    run(sys.argv[1], sys.argv[3:], sys.argv[2])
