@@ -1,0 +1,32 @@
+#!/bin/sh
+# The round-18 H100 runs (reports/h100-round18/README.md), one step per device call (each under
+# 10 minutes): sh benchmarks/gpu_round18.sh STEP, with $OUT the output folder (.whl/, the
+# FlashInfer wheels, carried for the bench; gpu_site/ for the tests). Each step packs its folder
+# into $OUT/STEP.tgz.
+#   probe: the Gluon kernel's GPU tests (fp16, bf16), then benchmarks/probe_round18.py (the
+#          consumer loop's scheduling switches against the default: bits and times)
+#   final: the Gluon tests, the full check at three dtypes and the control, kernels-fused
+#          counted, then the bench (kernels, kernels:gluon=false, the control, FlashInfer's
+#          variants)
+#   san: the Gluon tests, then compute-sanitizer memcheck and initcheck
+set -u
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|final|san}
+INV="python3 -m invariance.cli"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+
+. benchmarks/gpu_full_check.sh
+
+step_probe() {
+  gluon_tests 200
+  s=$(date +%s)
+  timeout -s INT -k 15 420 python3 benchmarks/probe_round18.py $C > $C/probe.txt 2>&1
+  echo "probe rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/probe.txt | cut -c1-600
+  cp $C/schedules.jsonl $OUT/ 2>/dev/null
+}
+
+step_final() {
+  final_checks 200
+  bench
+}
+
+run_step gpu_round18.sh "probe|final|san"
