@@ -9,8 +9,11 @@
 #          counted, then the bench (kernels, kernels:gluon=false, the control, FlashInfer's
 #          variants)
 #   san: the Gluon tests, then compute-sanitizer memcheck and initcheck
+#   ab: benchmarks/peer_ab.py (interleaved rounds): kernels against FlashInfer's FA3 and FA2 on
+#       prefill-varlen, mixed64 and four 4k prompts, and kernels against the control on
+#       batch-1 decode
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|final|san}
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|final|san|ab}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -29,4 +32,14 @@ step_final() {
   bench
 }
 
-run_step gpu_round18.sh "probe|final|san"
+step_ab() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  s=$(date +%s)
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 330 python3 benchmarks/peer_ab.py $C/peers --workload prefill-varlen --workload mixed64 --workload prefill:4kx8 > $C/peers.txt 2>&1
+  echo "peers rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-400 $C/peers.txt | grep -v Warn | tail -8
+  s=$(date +%s)
+  timeout -s INT -k 15 120 python3 benchmarks/peer_ab.py $C/control --backend kernels --backend kernels-heuristic --workload decode-b1-ctx1k --workload decode-b1-ctx8k --workload decode-b8-ctx8k > $C/control.txt 2>&1
+  echo "control rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-400 $C/control.txt | tail -4
+}
+
+run_step gpu_round18.sh "probe|final|san|ab"

@@ -8,8 +8,9 @@ while ``p @ v`` runs, and hands K and V over by separate pipelines (K released o
 are done). The Gluon consumer did the rescale before the next scores, the row sum after
 ``p @ v``, and released K and V together. Each of these moves only the order of the same
 operations on the same values (and the barriers), so the bits must not change; each is a
-switch of ``kernels._gluon`` (``RESCALE_LATE``, ``ROWSUM_EARLY``, ``RELEASE_LATE``,
-``KV_SPLIT``). On prefill-like workloads (round 14's), the default launch against each
+switch of ``kernels._gluon`` (``SWITCH_NAMES``). Call 1 flipped ``CALL1``'s sets; the SASS
+then showed ptxas placing the ``p @ v`` wait ahead of the next tile's exponentials in every
+build, so call 3 flips ``CALL3``'s, which keep them ahead of the wait. On prefill-like workloads (round 14's), the default launch against each
 switch set: bits of out and LSE at bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed,
 medians of 20, three repeats interleaved cell by cell). Writes ``schedules.jsonl`` after each
 workload.
@@ -24,11 +25,21 @@ import kernels._gluon
 from benchmarks.probe_round4 import call, patched
 from benchmarks.probe_round13 import probe_prefill
 
-SWITCH_NAMES = ("RESCALE_LATE", "ROWSUM_EARLY", "RELEASE_LATE", "KV_SPLIT")
-#: Switch sets flipped on together, one cell per tuple.
-SWITCHES = (("RESCALE_LATE",), ("ROWSUM_EARLY",), ("RELEASE_LATE",), ("KV_SPLIT",),
-            ("RESCALE_LATE", "ROWSUM_EARLY"), ("RESCALE_LATE", "ROWSUM_EARLY", "KV_SPLIT"),
-            SWITCH_NAMES)
+SWITCH_NAMES = ("RESCALE_LATE", "ROWSUM_EARLY", "RELEASE_LATE", "KV_SPLIT", "KEEP_P", "EXP_FIRST",
+                "EXP_FENCE", "K_AFTER_EXP")
+#: Call 1's switch sets (one cell per tuple): FA3's order, each move alone and together.
+CALL1 = (("RESCALE_LATE",), ("ROWSUM_EARLY",), ("RELEASE_LATE",), ("KV_SPLIT",),
+         ("RESCALE_LATE", "ROWSUM_EARLY"), ("RESCALE_LATE", "ROWSUM_EARLY", "KV_SPLIT"),
+         ("RESCALE_LATE", "ROWSUM_EARLY", "RELEASE_LATE", "KV_SPLIT"))
+#: The sets that keep the next tile's exponentials ahead of the ``p @ v`` wait in the SASS
+#: (reports/h100-round18/cpu/): K released under a branch after them (a block boundary ptxas
+#: does not hoist the wait across), the weights passed through the wait.
+OVERLAP = ("KV_SPLIT", "K_AFTER_EXP", "EXP_FIRST", "ROWSUM_EARLY")
+#: Call 3's: the overlap, with the rescale or the V release moved too, without EXP_FIRST, and
+#: K's release moved alone (the exponentials after the wait: the control for the branch).
+CALL3 = (OVERLAP, (*OVERLAP, "RESCALE_LATE"), (*OVERLAP, "RELEASE_LATE"),
+         ("KV_SPLIT", "K_AFTER_EXP", "ROWSUM_EARLY"), ("KV_SPLIT", "K_AFTER_EXP"))
+SWITCHES = CALL3
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
 
 

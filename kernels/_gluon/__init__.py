@@ -24,6 +24,11 @@ RESCALE_LATE = False
 ROWSUM_EARLY = False
 RELEASE_LATE = False
 KV_SPLIT = False
+KEEP_P = False
+EXP_FIRST = False
+EXP_FENCE = False
+CONSUMER_REGS = 232
+K_AFTER_EXP = False
 
 
 @functools.cache
@@ -92,4 +97,6 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
         RESCALE_LATE=RESCALE_LATE, ROWSUM_EARLY=ROWSUM_EARLY, RELEASE_LATE=RELEASE_LATE,
-        KV_SPLIT=KV_SPLIT, num_warps=4)
+        KV_SPLIT=KV_SPLIT, KEEP_P=KEEP_P,
+        EXP_FIRST=EXP_FIRST, EXP_FENCE=EXP_FENCE,
+        CONSUMER_REGS=CONSUMER_REGS, K_AFTER_EXP=K_AFTER_EXP, num_warps=4)

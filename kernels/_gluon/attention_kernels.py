@@ -105,7 +105,8 @@ def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, h
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               RESCALE_LATE: gl.constexpr, ROWSUM_EARLY: gl.constexpr,
-              RELEASE_LATE: gl.constexpr, KV_SPLIT: gl.constexpr):
+              RELEASE_LATE: gl.constexpr, KV_SPLIT: gl.constexpr, KEEP_P: gl.constexpr,
+              EXP_FIRST: gl.constexpr, EXP_FENCE: gl.constexpr, K_AFTER_EXP: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
 
@@ -166,7 +167,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, h
             p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
             b_s = warpgroup_mma_wait(1, deps=[s_tok])
-            if KV_SPLIT:  # noqa: SIM102 (a constexpr, then a runtime condition)
+            if KV_SPLIT and not K_AFTER_EXP:  # noqa: SIM102 (a constexpr, then a runtime one)
                 if j + 1 < n_tiles:
                     mbarrier.arrive(empty.index(jn % STAGES))
             if jn >= j_mid:
@@ -177,7 +178,22 @@ def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, h
             m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
             if ROWSUM_EARLY:
                 l_next = _sum(gl.where(new_split, gl.full_like(l_i, 0.0), l_i), alpha, b_p_n)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            if KV_SPLIT and K_AFTER_EXP:  # noqa: SIM102 (a constexpr, then a runtime one)
+                # K's release under a branch: a block boundary that ptxas does not schedule
+                # the p @ v wait above, so the exponentials stay ahead of it.
+                if j + 1 < n_tiles:
+                    mbarrier.arrive(empty.index(jn % STAGES))
+            if EXP_FENCE:
+                gl.thread_barrier()
+            if KEEP_P:
+                acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+            elif EXP_FIRST:
+                if ROWSUM_EARLY:
+                    acc, b_p_n, l_next = warpgroup_mma_wait(0, deps=[acc_tok, b_p_n, l_next])
+                else:
+                    acc, b_p_n = warpgroup_mma_wait(0, deps=[acc_tok, b_p_n])
+            else:
+                acc = warpgroup_mma_wait(0, deps=[acc_tok])
             if not RELEASE_LATE:
                 mbarrier.arrive(empty_v.index(j % STAGES))
             if new_split | (j + 1 == n_tiles):
@@ -287,6 +303,11 @@ def _fused_prefill_kernel(
     ROWSUM_EARLY: gl.constexpr = False,
     RELEASE_LATE: gl.constexpr = False,
     KV_SPLIT: gl.constexpr = False,
+    KEEP_P: gl.constexpr = False,
+    EXP_FIRST: gl.constexpr = False,
+    EXP_FENCE: gl.constexpr = False,
+    CONSUMER_REGS: gl.constexpr = 232,
+    K_AFTER_EXP: gl.constexpr = False,
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -331,11 +352,11 @@ def _fused_prefill_kernel(
         (_consumer, (q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, 0, i_qblk,
                      q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
                      G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, RESCALE_LATE, ROWSUM_EARLY,
-                     RELEASE_LATE, KV_SPLIT)),
+                     RELEASE_LATE, KV_SPLIT, KEEP_P, EXP_FIRST, EXP_FENCE, K_AFTER_EXP)),
         (_consumer, (q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, 1, i_qblk,
                      q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
                      G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, RESCALE_LATE, ROWSUM_EARLY,
-                     RELEASE_LATE, KV_SPLIT)),
+                     RELEASE_LATE, KV_SPLIT, KEEP_P, EXP_FIRST, EXP_FENCE, K_AFTER_EXP)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, ready_v, empty_v, n_tiles, p_bt,
                    kv_len, num_pages, i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES,
-                   KV_SPLIT))], [4, 1], [232, 24])
+                   KV_SPLIT))], [4, 1], [CONSUMER_REGS, 24])
