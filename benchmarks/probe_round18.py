@@ -10,10 +10,11 @@ are done). The Gluon consumer did the rescale before the next scores, the row su
 operations on the same values (and the barriers), so the bits must not change; each is a
 switch of ``kernels._gluon`` (``SWITCH_NAMES``). Call 1 flipped ``CALL1``'s sets; the SASS
 then showed ptxas placing the ``p @ v`` wait ahead of the next tile's exponentials in every
-build, so call 3 flips ``CALL3``'s, which keep them ahead of the wait. On prefill-like workloads (round 14's), the default launch against each
-switch set: bits of out and LSE at bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed,
-medians of 20, three repeats interleaved cell by cell). Writes ``schedules.jsonl`` after each
-workload.
+build, so call 3 flips ``CALL3``'s, which keep them ahead of the wait.
+
+On prefill-like workloads (round 14's), the default launch against each switch set: bits of
+out and LSE at bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three
+repeats interleaved cell by cell). Writes ``schedules.jsonl`` after each workload.
 """
 
 from __future__ import annotations
