@@ -4,7 +4,9 @@
 # FlashInfer wheels, carried for the bench; gpu_site/ for the tests). Each step packs its folder
 # into $OUT/STEP.tgz.
 #   probe: the Gluon kernel's GPU tests (fp16, bf16), then benchmarks/probe_round18.py (the
-#          consumer loop's scheduling switches against the default: bits and times)
+#          consumer loop's scheduling switches against the default: bits and times; call 1,
+#          its CALL1 switch sets)
+#   overlap: benchmarks/probe_round18.py alone (call 3: its CALL3 switch sets)
 #   final: the Gluon tests, the full check at three dtypes and the control, kernels-fused
 #          counted, then the bench (kernels, kernels:gluon=false, the control, FlashInfer's
 #          variants)
@@ -13,7 +15,7 @@
 #       prefill-varlen, mixed64 and four 4k prompts, and kernels against the control on
 #       batch-1 decode
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|final|san|ab}
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|final|san|ab}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -21,6 +23,10 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 step_probe() {
   gluon_tests 200
+  step_overlap
+}
+
+step_overlap() {
   s=$(date +%s)
   timeout -s INT -k 15 420 python3 benchmarks/probe_round18.py $C > $C/probe.txt 2>&1
   echo "probe rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/probe.txt | cut -c1-600
@@ -42,4 +48,4 @@ step_ab() {
   echo "control rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-400 $C/control.txt | tail -4
 }
 
-run_step gpu_round18.sh "probe|final|san|ab"
+run_step gpu_round18.sh "probe|overlap|final|san|ab"
