@@ -7,6 +7,8 @@
 #          consumer loop's scheduling switches against the default: bits and times; call 1,
 #          its CALL1 switch sets)
 #   overlap: benchmarks/probe_round18.py alone (call 3: its CALL3 switch sets)
+#   power: benchmarks/peer_ab.py --sustain 3: kernels and FlashInfer's FA3 and FA2 on prefill,
+#          each also replayed back to back for 3 s, with the SM clock and power meanwhile
 #   final: the Gluon tests, the full check at three dtypes and the control, kernels-fused
 #          counted, then the bench (kernels, kernels:gluon=false, the control, FlashInfer's
 #          variants)
@@ -15,7 +17,7 @@
 #       prefill-varlen, mixed64 and four 4k prompts, and kernels against the control on
 #       batch-1 decode
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|final|san|ab}
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|final|san|ab}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -48,4 +50,11 @@ step_ab() {
   echo "control rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-400 $C/control.txt | tail -4
 }
 
-run_step gpu_round18.sh "probe|overlap|final|san|ab"
+step_power() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  s=$(date +%s)
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 400 python3 benchmarks/peer_ab.py $C/power --rounds 5 --sustain 3 --workload prefill-varlen --workload prefill:4kx8 --workload mixed64 > $C/power.txt 2>&1
+  echo "power rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/power.txt | grep -v Warn | tail -12
+}
+
+run_step gpu_round18.sh "probe|overlap|power|final|san|ab"
