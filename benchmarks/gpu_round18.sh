@@ -2,13 +2,16 @@
 # The round-18 H100 runs (reports/h100-round18/README.md), one step per device call (each under
 # 10 minutes): sh benchmarks/gpu_round18.sh STEP, with $OUT the output folder (.whl/, the
 # FlashInfer wheels, carried for the bench; gpu_site/ for the tests). Each step packs its folder
-# into $OUT/STEP.tgz.
+# into $OUT/STEP.tgz. The probe and overlap steps need the switches of the experiment commits
+# (call 1: 1324497; call 3: 9e63351 and later, to b5f528d); ab and power run on any tree.
 #   probe: the Gluon kernel's GPU tests (fp16, bf16), then benchmarks/probe_round18.py (the
 #          consumer loop's scheduling switches against the default: bits and times; call 1,
 #          its CALL1 switch sets)
 #   overlap: benchmarks/probe_round18.py alone (call 3: its CALL3 switch sets)
 #   power: benchmarks/peer_ab.py --sustain 3: kernels and FlashInfer's FA3 and FA2 on prefill,
 #          each also replayed back to back for 3 s, with the SM clock and power meanwhile
+#   check (call 5, the final tree): the Gluon tests, the full check at three dtypes and the
+#          control
 #   final: the Gluon tests, the full check at three dtypes and the control, kernels-fused
 #          counted, then the bench (kernels, kernels:gluon=false, the control, FlashInfer's
 #          variants)
@@ -17,7 +20,7 @@
 #       prefill-varlen, mixed64 and four 4k prompts, and kernels against the control on
 #       batch-1 decode
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|final|san|ab}
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|check|final|san|ab}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -33,6 +36,11 @@ step_overlap() {
   timeout -s INT -k 15 420 python3 benchmarks/probe_round18.py $C > $C/probe.txt 2>&1
   echo "probe rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/probe.txt | cut -c1-600
   cp $C/schedules.jsonl $OUT/ 2>/dev/null
+}
+
+step_check() {
+  gluon_tests 200
+  full_check_and_control
 }
 
 step_final() {
@@ -57,4 +65,4 @@ step_power() {
   echo "power rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/power.txt | grep -v Warn | tail -12
 }
 
-run_step gpu_round18.sh "probe|overlap|power|final|san|ab"
+run_step gpu_round18.sh "probe|overlap|power|check|final|san|ab"

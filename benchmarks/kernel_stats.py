@@ -5,6 +5,7 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
         [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
         [--fused-loop nested|flat] [--no-gluon] [--ptx-hash] [--dot-waits] [--copy-waits]
+        [--sass-order] [--gluon-switch NAME=VALUE ...]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -26,6 +27,10 @@ prefill kernel (kernels/_gluon, Triton 3.6 only) would run.
 and its exponentials in loop order (reports/h100-round12/cpu/dot-waits.md): which exponentials
 run while a dot is in flight. ``--copy-waits`` adds the software pipeline's asynchronous copies
 and their waits (reports/h100-round15/cpu/): how many steps ahead a loop loads.
+
+``--sass-order`` adds each kernel's ``wgmma`` instructions, their waits, exponentials, row
+shuffles, barriers and spills in SASS order (ptxas, then nvdisasm): where ptxas placed a wait,
+which the PTX order does not decide (reports/h100-round18/cpu/).
 
 A compile statistic, not a time: it says which settings spill, not which are faster. The
 kernels are compiled with the same constexprs and alignment specialisation as a real launch
@@ -117,6 +122,60 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
     return stats
 
 
+_SASS_KEYS = (
+    (re.compile(r"HGMMA\.(\d+x\d+x\d+)"), "mma{}"),
+    (re.compile(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)"), "wait{}"),
+    (re.compile(r"MUFU\.EX2"), "exp2"),
+    (re.compile(r"SHFL\.BFLY"), "shfl"),
+    (re.compile(r"BAR\.SYNC"), "bar"),
+    (re.compile(r"SYNCS\.ARRIVE"), "arrive"),
+    (re.compile(r"SYNCS\.PHASECHK"), "mbarwait"),
+    (re.compile(r"\b(?:STL|LDL)\b"), "spill"),
+)
+
+
+def _sass_order(ptx: str) -> str:
+    """The kernel's tensor-core instructions, their waits, exponentials, row shuffles, barriers
+    and spills in SASS order (ptxas for sm_90a, then nvdisasm, both from Triton's own
+    toolchain), runs counted: where ptxas put each ``wgmma`` wait against the exponentials
+    (reports/h100-round18/cpu/)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    nvdisasm = os.path.join(os.path.dirname(ptxas), "nvdisasm")
+    with tempfile.TemporaryDirectory() as d:
+        src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        subprocess.run([ptxas, "-arch=sm_90a", src, "-o", cubin], check=True,
+                       capture_output=True)
+        sass = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True,
+                              text=True).stdout
+    return _sass_tokens(sass)
+
+
+def _sass_tokens(sass: str) -> str:
+    """``nvdisasm`` output reduced to :data:`_SASS_KEYS`' tokens in order, a run of one token
+    counted (``exp2x32``), ``|`` where a basic block starts."""
+    tokens: list[str] = []
+    for line in sass.splitlines():
+        if re.match(r"\s*\.L_x_\d+:", line):
+            tokens.append("|")  # a basic block starts (a label: a branch target)
+            continue
+        for pattern, fmt in _SASS_KEYS:
+            m = pattern.search(line)
+            if m:
+                tokens.append(fmt.format(*m.groups()))
+                break
+    runs: list[list[Any]] = []
+    for t in tokens:
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    return " ".join(t if n == 1 or t == "|" else f"{t}x{n}" for t, n in runs)
+
+
 def _ptx_hash(ptx: str) -> str:
     """A hash of the PTX without its debug lines (``.loc``, ``.file``, comments, DWARF sections
     and labels), which move with every edit of the source: two builds with the same hash
@@ -190,7 +249,8 @@ def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], An
 
 
 def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
-          ptx_hash: bool = False, copies: bool = False) -> list[dict[str, Any]]:
+          ptx_hash: bool = False, copies: bool = False,
+          sass_order: bool = False) -> list[dict[str, Any]]:
     inputs, lens = _inputs(name, dtype)
     saved = {k: getattr(ka, k) for k in ("_interpreting", "_sm_major", "_num_sms", "_capturing")}
     try:
@@ -237,7 +297,8 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
                          shared=k.metadata.shared,
                          dot_waits=_dot_waits(k.asm["ttgir"], copies),
                          **(dict(ptx=_ptx_hash(k.asm["ptx"])) if ptx_hash
-                            else _ptxas_stats(k.asm["ptx"]))))
+                            else _ptxas_stats(k.asm["ptx"])),
+                         **(dict(sass_order=_sass_order(k.asm["ptx"])) if sass_order else {})))
     return rows
 
 
@@ -268,7 +329,23 @@ def main() -> None:
                         "their waits too (where a loop issues its loads and waits for them; "
                         "Triton's cp.async pipeline only: the Gluon kernel's TMA copies and "
                         "mbarrier waits are not listed)")
+    p.add_argument("--sass-order", action="store_true",
+                   help="also print, per kernel, its wgmma instructions, their waits, "
+                        "exponentials, row shuffles, barriers and spills in SASS order "
+                        "('|' starts a basic block): where ptxas placed each wait")
+    p.add_argument("--gluon-switch", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a module switch of kernels._gluon (an int or True/False) before "
+                        "compiling; the switches of round 18's probe exist only at its "
+                        "experiment commits (reports/h100-round18/README.md)")
     a = p.parse_args()
+    import kernels._gluon as kg
+    for item in a.gluon_switch:
+        key, sep, value = item.partition("=")
+        if not sep or not hasattr(kg, key):
+            p.error(f"--gluon-switch: expected NAME=VALUE with NAME a kernels._gluon "
+                    f"attribute, got {item!r}")
+        setattr(kg, key, {"True": True, "False": False}.get(value, value)
+                if not value.lstrip("-").isdigit() else int(value))
     # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
     fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
                   value_blocks=a.value_blocks, tiles_per_step=a.tiles_per_step, block_n=a.block_n)
@@ -286,7 +363,7 @@ def main() -> None:
     print("|---" * (6 if a.ptx_hash else 7) + "|")
     for name in a.workload or list(WORKLOADS):
         for r in stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash,
-                       a.copy_waits):
+                       a.copy_waits, a.sass_order):
             compiled = (f"{r['ptx']} | " if a.ptx_hash else
                         f"{r['regs']} | {r['spill_stores']}/{r['spill_loads']} | ")
             print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"
@@ -294,6 +371,8 @@ def main() -> None:
                   f"| {r['kernel']} | {compiled}{r['shared']} |", flush=True)
             if a.dot_waits or a.copy_waits:
                 print(f"  {r['kernel']}: {r['dot_waits']}", flush=True)
+            if a.sass_order:
+                print(f"  {r['kernel']} SASS: {r['sass_order']}", flush=True)
 
 
 if __name__ == "__main__":

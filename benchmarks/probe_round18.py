@@ -10,7 +10,9 @@ are done). The Gluon consumer did the rescale before the next scores, the row su
 operations on the same values (and the barriers), so the bits must not change; each is a
 switch of ``kernels._gluon`` (``SWITCH_NAMES``). Call 1 flipped ``CALL1``'s sets; the SASS
 then showed ptxas placing the ``p @ v`` wait ahead of the next tile's exponentials in every
-build, so call 3 flips ``CALL3``'s, which keep them ahead of the wait.
+build, so call 3 flips ``CALL3``'s, which keep them ahead of the wait. None was faster, and
+the switches were taken out again: this script runs at commit 9e63351 (call 1's four switches
+also at 1324497) and, elsewhere, exits naming those commits.
 
 On prefill-like workloads (round 14's), the default launch against each switch set: bits of
 out and LSE at bf16 and fp16, times at bf16 (CUDA graphs, L2 flushed, medians of 20, three
@@ -57,7 +59,9 @@ def _cells(batch, lp: kernels.LaunchPlan) -> dict:
 def main(out_dir: str, specs: list[str]) -> None:
     missing = [name for name in SWITCH_NAMES if not hasattr(kernels._gluon, name)]
     if missing:
-        sys.exit(f"probe_round18.py: kernels._gluon has no {missing}")
+        sys.exit(f"probe_round18.py: kernels._gluon has no {missing}; round 18 took its "
+                 "switches out again: call 1's four live at commit 1324497, all eight at "
+                 "9e63351 (reports/h100-round18/README.md)")
     on = [name for name in SWITCH_NAMES if getattr(kernels._gluon, name)]
     if on:
         sys.exit(f"probe_round18.py: the default must have every switch off, got {on} on")

@@ -407,9 +407,15 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
     assert cells[1:4] == ["split", "64/64/4/5/8/2", "unified_attention_split_kernel"], cells
     assert 32 <= int(cells[4]) <= 255 and int(cells[6]) > 0, cells
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
-                           "--workload", "decode-b1-ctx1k", "--dot-waits"],
+                           "--workload", "decode-b1-ctx1k", "--dot-waits", "--sass-order"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # --sass-order (reports/h100-round18/cpu/): the split kernel's SASS has its score wgmma
+    # (m64n64k16, 8 along the head dim), a wait for it, and exponentials.
+    sass = [line for line in proc.stdout.splitlines()
+            if line.startswith("  unified_attention_split_kernel SASS: ")]
+    assert len(sass) == 1, proc.stdout
+    assert "mma64x64x16x8" in sass[0] and "wait0" in sass[0] and "exp2" in sass[0], sass[0]
     # The split kernel's loops: each with its score dots and its exponentials.
     waits = [line for line in proc.stdout.splitlines()
              if line.startswith("  unified_attention_split_kernel: ")]
@@ -435,6 +441,92 @@ def test_ptx_hash_ignores_debug_lines_only() -> None:
     assert _ptx_hash(moved) == _ptx_hash(ptx)
     assert _ptx_hash(ptx.replace("fma.rn.f32", "mul.rn.f32")) != _ptx_hash(ptx)
     assert _ptx_hash(ptx.replace("%r1, 0", "%r1, 1")) != _ptx_hash(ptx)
+
+
+def test_sass_tokens_keep_the_order_and_count_runs() -> None:
+    """benchmarks/kernel_stats.py --sass-order's reading of nvdisasm output: wgmma shapes,
+    wait depths, exponentials, shuffles, barriers and spills in order, runs counted, a label
+    as a block start; other instructions dropped."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.kernel_stats import _sass_tokens
+    finally:
+        sys.path.remove(str(ROOT))
+    sass = "\n".join([
+        "        /*0100*/   HGMMA.64x128x16.F32.BF16 R24, R120, gdesc[UR8].tnspB, R24 ;",
+        "        /*0110*/   HGMMA.64x128x16.F32.BF16 R24, R124, gdesc[UR8].tnspB, R24 ;",
+        "        /*0120*/   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
+        "        /*0130*/   FSEL R89, R89, -INF , !P5 ;",
+        ".L_x_12:",
+        "        /*0140*/   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+        "        /*0150*/   BAR.SYNC.DEFER_BLOCKING 0x2, 0x80 ;",
+        "        /*0160*/   @!P4 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR18+0x280d0], RZ ;",
+        "        /*0170*/   SHFL.BFLY PT, R123, R120, 0x2, 0x1f ;",
+        "        /*0180*/   MUFU.EX2 R4, R24 ;",
+        "        /*0190*/   MUFU.EX2 R5, R5 ;",
+        "        /*01a0*/   MUFU.EX2 R6, R6 ;",
+        "        /*01b0*/   STL [R1], R2 ;",
+        "        /*01c0*/   SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [UR14+0x280b0], R88 ;",
+    ])
+    assert _sass_tokens(sass) == ("mma64x128x16x2 wait1 | wait0 bar arrive shfl exp2x3 spill "
+                                  "mbarwait")
+    assert _sass_tokens(sass.replace("gsb0, 0x0", "gsb0, 0x1")).startswith(
+        "mma64x128x16x2 wait1 | wait1 bar")
+
+
+def test_kernel_stats_gluon_switch_names_a_bad_switch() -> None:
+    """benchmarks/kernel_stats.py --gluon-switch: a name kernels._gluon lacks (round 18's
+    switches live only at its experiment commits) or a missing value is a usage error naming
+    it, before anything compiles."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    for bad in ("NO_SUCH_SWITCH=1", "RING_SLOTS"):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
+                               "--workload", "prefill-varlen", "--gluon-switch", bad],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+        assert proc.returncode == 2, (bad, proc.stdout[-500:], proc.stderr[-1000:])
+        assert "--gluon-switch" in proc.stderr and repr(bad) in proc.stderr, proc.stderr
+
+
+def test_peer_ab_reads_nvidia_smi_and_averages_each_window(tmp_path) -> None:
+    """benchmarks/peer_ab.py --sustain (reports/h100-round18/, section 4): nvidia-smi's lines
+    read as (time, MHz, W), malformed ones skipped, and each window's mean clock and power
+    over its samples after the first half second, with the energy per call."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import peer_ab
+    finally:
+        sys.path.remove(str(ROOT))
+    (tmp_path / "smi.csv").write_text(
+        "2026/11/24 23:10:00.000, 1980 MHz, 100.00 W, 40\n"
+        "2026/11/24 23:10:00.800, 1500 MHz, 700.00 W, 60\n"
+        "garbage\n"
+        "2026/11/24 23:10:01.200, 1600 MHz, 690.00 W, 61\n"
+        "2026/11/24 23:10:02.500, 1980 MHz, 120.00 W, 55\n")
+    samples = peer_ab._smi_samples(str(tmp_path / "smi.csv"))
+    assert [(round(t - samples[0][0], 3), c, w) for t, c, w in samples] == [
+        (0.0, 1980.0, 100.0), (0.8, 1500.0, 700.0), (1.2, 1600.0, 690.0), (2.5, 1980.0, 120.0)]
+    t0 = samples[0][0]
+    windows = [dict(workload="w", backend="b", us_per_call=1000.0, t0=t0, t1=t0 + 1.5)]
+    peer_ab._sustain_report(str(tmp_path), windows)
+    w = windows[0]
+    # The first sample (before t0 + 0.5) and the last (after t1) are left out.
+    assert (w["samples"], w["sm_mhz"], w["watts"]) == (2, 1550, 695.0), w
+    assert w["joules_per_call"] == round(695.0 * 1000.0e-6, 4), w
+    assert (tmp_path / "sustain.jsonl").read_text().count("\n") == 1
+
+
+def test_peer_ab_rejects_bad_arguments_before_cuda() -> None:
+    """benchmarks/peer_ab.py: --rounds / --iters below 1 or a negative --sustain are usage
+    errors naming the arguments and the values, before any GPU work."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    for args in (["--rounds", "0"], ["--iters", "0"], ["--sustain", "-1"]):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_ab.py"), "out",
+                               *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=120)
+        assert proc.returncode == 2, (args, proc.stderr[-1000:])
+        assert "--rounds and --iters" in proc.stderr and args[1] in proc.stderr, proc.stderr
 
 
 def test_dot_waits_orders_dots_waits_and_exponentials() -> None:

@@ -16,19 +16,6 @@ GLUON_TRITON = "3.6."
 #: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
 #: scheduling only, like Triton's pipeline stages.
 RING_SLOTS = 4
-#: Scheduling switches of the consumer loop (round 18's probe; the same bits by construction,
-#: kernels/_gluon/attention_kernels.py ``_consumer``): rescale acc after the next scores are
-#: issued, the denominator while ``p @ v`` runs, V slots released a step later, K and V on
-#: their own barriers.
-RESCALE_LATE = False
-ROWSUM_EARLY = False
-RELEASE_LATE = False
-KV_SPLIT = False
-KEEP_P = False
-EXP_FIRST = False
-EXP_FENCE = False
-CONSUMER_REGS = 232
-K_AFTER_EXP = False
 
 
 @functools.cache
@@ -96,7 +83,4 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
-        RESCALE_LATE=RESCALE_LATE, ROWSUM_EARLY=ROWSUM_EARLY, RELEASE_LATE=RELEASE_LATE,
-        KV_SPLIT=KV_SPLIT, KEEP_P=KEEP_P,
-        EXP_FIRST=EXP_FIRST, EXP_FENCE=EXP_FENCE,
-        CONSUMER_REGS=CONSUMER_REGS, K_AFTER_EXP=K_AFTER_EXP, num_warps=4)
+        num_warps=4)

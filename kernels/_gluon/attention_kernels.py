@@ -11,9 +11,12 @@ as the Triton fused kernel with its nested loop (``_unified_attention_fused_kern
   over by mbarriers (``ready``: the TMA bytes arrived; ``empty``: both warpgroups are done with
   the slot);
 - each consumer warpgroup issues the next tile's score ``wgmma`` together with this tile's
-  ``p @ v`` and computes the next tile's online-softmax weights while both run (FA3's order),
-  so the exponentials overlap tensor-core work, which Triton 3.6's own pipeline never does
-  (reports/h100-round12/cpu/dot-waits.md).
+  ``p @ v`` (FA3's issue order), waits for the scores, then computes the next tile's
+  online-softmax weights. In the SASS (Triton 3.6's ptxas) the ``p @ v`` wait lands ahead of
+  those exponentials, so they overlap the other warpgroup's tensor-core work, not this one's
+  ``p @ v``; builds that keep them ahead of the wait (same bits) were 5-14% slower
+  (reports/h100-round18/README.md). Triton 3.6's own pipeline waits for every score ``wgmma``
+  at once (reports/h100-round12/cpu/dot-waits.md).
 
 Bits: per row the same operations in the same order as the Triton kernel (ARCHITECTURE.md,
 "Numerics contract"; kernels/README.md, "The Gluon prefill tile"): the same tiles at absolute
@@ -100,22 +103,12 @@ def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, half, i_qblk,
-              q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              RESCALE_LATE: gl.constexpr, ROWSUM_EARLY: gl.constexpr,
-              RELEASE_LATE: gl.constexpr, KV_SPLIT: gl.constexpr, KEEP_P: gl.constexpr,
-              EXP_FIRST: gl.constexpr, EXP_FENCE: gl.constexpr, K_AFTER_EXP: gl.constexpr):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
-    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
-
-    Scheduling switches (the same operations on the same values, only their order and the
-    barriers move): ``RESCALE_LATE`` rescales acc after the next scores are issued (FA3's place)
-    instead of before; ``ROWSUM_EARLY`` updates the denominator while ``p @ v`` runs;
-    ``RELEASE_LATE`` releases a tile's V slot after the next scores are issued; ``KV_SPLIT``
-    hands K and V over by their own barriers (``ready_v``/``empty_v``), K released as soon as
-    its scores are done (FA3's two pipelines)."""
+    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
     S_L: gl.constexpr = WG_S_L
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -139,15 +132,11 @@ def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, h
         mbarrier.wait(ready.index(0), 0)
         s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
         b_s = warpgroup_mma_wait(0, deps=[s_tok])
-        if KV_SPLIT:
-            mbarrier.arrive(empty.index(0))
         if j_mid <= 0:
             b_s = _masked(b_s, 0, pos, BLOCK_N)
         m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = _sum(l_i, alpha, b_p)
-        alpha_o = gl.convert_layout(alpha, ROW_O)
-        if not RESCALE_LATE:
-            acc = acc * alpha_o[:, None]
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         for j in range(0, n_tiles):
             # The next tile's scores (past the last tile: its own again, a dummy never used)
             # and this tile's p @ v, issued together.
@@ -155,47 +144,19 @@ def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, h
             mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
             s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
                                   is_async=True)
-            if RELEASE_LATE:  # noqa: SIM102 (a constexpr, then a runtime condition)
-                if j > 0:
-                    mbarrier.arrive(empty_v.index((j - 1) % STAGES))
-            if RESCALE_LATE:
-                acc = acc * alpha_o[:, None]
-            if KV_SPLIT:
-                mbarrier.wait(ready_v.index(j % STAGES), (j // STAGES) & 1)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
             p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
             b_s = warpgroup_mma_wait(1, deps=[s_tok])
-            if KV_SPLIT and not K_AFTER_EXP:  # noqa: SIM102 (a constexpr, then a runtime one)
-                if j + 1 < n_tiles:
-                    mbarrier.arrive(empty.index(jn % STAGES))
             if jn >= j_mid:
                 b_s = _masked(b_s, jn, pos, BLOCK_N)
             # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
             new_split = (j + 1) % split_tiles == 0
             m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
             m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
-            if ROWSUM_EARLY:
-                l_next = _sum(gl.where(new_split, gl.full_like(l_i, 0.0), l_i), alpha, b_p_n)
-            if KV_SPLIT and K_AFTER_EXP:  # noqa: SIM102 (a constexpr, then a runtime one)
-                # K's release under a branch: a block boundary that ptxas does not schedule
-                # the p @ v wait above, so the exponentials stay ahead of it.
-                if j + 1 < n_tiles:
-                    mbarrier.arrive(empty.index(jn % STAGES))
-            if EXP_FENCE:
-                gl.thread_barrier()
-            if KEEP_P:
-                acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
-            elif EXP_FIRST:
-                if ROWSUM_EARLY:
-                    acc, b_p_n, l_next = warpgroup_mma_wait(0, deps=[acc_tok, b_p_n, l_next])
-                else:
-                    acc, b_p_n = warpgroup_mma_wait(0, deps=[acc_tok, b_p_n])
-            else:
-                acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            if not RELEASE_LATE:
-                mbarrier.arrive(empty_v.index(j % STAGES))
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(j % STAGES))
             if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
                 f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
@@ -204,13 +165,8 @@ def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, h
                 acc = zero_o
             if j + 1 < n_tiles:
                 m_i = m_new
-                if ROWSUM_EARLY:  # noqa: SIM108 (l_next exists only then)
-                    l_i = l_next
-                else:
-                    l_i = _sum(l_i, alpha, b_p_n)
-                alpha_o = gl.convert_layout(alpha, ROW_O)
-                if not RESCALE_LATE:
-                    acc = acc * alpha_o[:, None]
+                l_i = _sum(l_i, alpha, b_p_n)
+                acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
                 b_p = b_p_n
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
     o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
@@ -221,52 +177,28 @@ def _consumer(q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, h
 
 
 @gluon.jit
-def _loader(k_desc, v_desc, k_s, v_s, ready, empty, ready_v, empty_v, n_tiles, p_bt, kv_len,
-            num_pages, i_kvh, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
-            BLOCK_N: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
-            KV_SPLIT: gl.constexpr):
+def _loader(k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages, i_kvh,
+            HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+            BOX: gl.constexpr, STAGES: gl.constexpr):
     """One warp: tile ``t``'s K and V by TMA into slot ``t % STAGES`` once both warpgroups have
-    released that slot's previous tile (``KV_SPLIT``: K and V each by their own barriers).
-    ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from the caches seen as
-    ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``. Page ids as the Triton kernels read them:
-    block-table entries of keys past ``kv_len`` are never read (page 0 instead: its V rows are
-    zeroed by the consumers, its K rows masked), ids clamped into the cache."""
-    TILE_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth // 8
+    released that slot's previous tile. ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from
+    the caches seen as ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``. Page ids as the Triton kernels
+    read them: block-table entries of keys past ``kv_len`` are never read (page 0 instead: its
+    V rows are zeroed by the consumers, its K rows masked), ids clamped into the cache."""
     for t in range(0, n_tiles):
         s = t % STAGES
-        if KV_SPLIT:
-            phase = ((t // STAGES) & 1) ^ 1
-            mbarrier.wait(empty.index(s), phase, pred=t >= STAGES)
-            mbarrier.expect(ready.index(s), TILE_BYTES)
-            for i in gl.static_range(BLOCK_N // BOX):
-                key = t * BLOCK_N + i * BOX
-                page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
-                page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-                row = page * PAGE_SIZE + key % PAGE_SIZE
-                tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
-                                                k_s.index(s).slice(i * BOX, BOX))
-            mbarrier.wait(empty_v.index(s), phase, pred=t >= STAGES)
-            mbarrier.expect(ready_v.index(s), TILE_BYTES)
-            for i in gl.static_range(BLOCK_N // BOX):
-                key = t * BLOCK_N + i * BOX
-                page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
-                page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-                row = page * PAGE_SIZE + key % PAGE_SIZE
-                tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM],
-                                                ready_v.index(s),
-                                                v_s.index(s).slice(i * BOX, BOX))
-        else:
-            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-            mbarrier.expect(ready.index(s), 2 * TILE_BYTES)
-            for i in gl.static_range(BLOCK_N // BOX):
-                key = t * BLOCK_N + i * BOX
-                page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
-                page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-                row = page * PAGE_SIZE + key % PAGE_SIZE
-                tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
-                                                k_s.index(s).slice(i * BOX, BOX))
-                tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
-                                                v_s.index(s).slice(i * BOX, BOX))
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(ready.index(s), 2 * BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth
+                        // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = t * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            k_s.index(s).slice(i * BOX, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            v_s.index(s).slice(i * BOX, BOX))
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len"])
@@ -299,15 +231,6 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
-    RESCALE_LATE: gl.constexpr = False,  # scheduling switches (_consumer), the same bits
-    ROWSUM_EARLY: gl.constexpr = False,
-    RELEASE_LATE: gl.constexpr = False,
-    KV_SPLIT: gl.constexpr = False,
-    KEEP_P: gl.constexpr = False,
-    EXP_FIRST: gl.constexpr = False,
-    EXP_FENCE: gl.constexpr = False,
-    CONSUMER_REGS: gl.constexpr = 232,
-    K_AFTER_EXP: gl.constexpr = False,
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -334,14 +257,6 @@ def _fused_prefill_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
-    ready_v = ready
-    empty_v = empty
-    if KV_SPLIT:
-        ready_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready_v.index(i), count=1)
-            mbarrier.init(empty_v.index(i), count=2)
     fence_async_shared()
     # Tiles 0 .. n_tiles - 1 (from j_end on, masked for every row: skipped); those before j_mid
     # are seen entirely by every row (unmasked), as in the Triton kernel.
@@ -349,14 +264,11 @@ def _fused_prefill_kernel(
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
     gl.warp_specialize([
-        (_consumer, (q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, 0, i_qblk,
-                     q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
-                     G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, RESCALE_LATE, ROWSUM_EARLY,
-                     RELEASE_LATE, KV_SPLIT, KEEP_P, EXP_FIRST, EXP_FENCE, K_AFTER_EXP)),
-        (_consumer, (q_s, k_s, v_s, ready, empty, ready_v, empty_v, out_ptr, lse_ptr, 1, i_qblk,
-                     q_start, q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
-                     G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, RESCALE_LATE, ROWSUM_EARLY,
-                     RELEASE_LATE, KV_SPLIT, KEEP_P, EXP_FIRST, EXP_FENCE, K_AFTER_EXP)),
-        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, ready_v, empty_v, n_tiles, p_bt,
-                   kv_len, num_pages, i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES,
-                   KV_SPLIT))], [4, 1], [CONSUMER_REGS, 24])
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
+                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
