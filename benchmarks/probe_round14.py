@@ -31,13 +31,20 @@ SWITCHES = (("PAIR_RELEASE",), ("SPLIT_COUNTER",), ("PAIR_RELEASE", "SPLIT_COUNT
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
 
 
-def _cells(batch, lp: kernels.LaunchPlan) -> dict:
+def switch_cells(batch, switch_sets) -> dict:
+    """One cell per tuple of ``kernels._gluon`` switch names: the default launch with those
+    switches flipped while it launches, named by the lowercase names joined with ``+``."""
     cells = {}
-    for names in SWITCHES:
+    for names in switch_sets:
         fn = call(batch)
         for name in names:
             fn = patched(fn, kernels._gluon, name, not getattr(kernels._gluon, name))
         cells["+".join(names).lower()] = fn
+    return cells
+
+
+def _cells(batch, lp: kernels.LaunchPlan) -> dict:
+    cells = switch_cells(batch, SWITCHES)
     cells["triton"] = call(batch, tuning=kernels.Tuning(gluon=False))
     return cells
 
