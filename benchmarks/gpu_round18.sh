@@ -10,6 +10,8 @@
 #   overlap: benchmarks/probe_round18.py alone (call 3: its CALL3 switch sets)
 #   power: benchmarks/peer_ab.py --sustain 3: kernels and FlashInfer's FA3 and FA2 on prefill,
 #          each also replayed back to back for 3 s, with the SM clock and power meanwhile
+#   power2 (call 6): the same with --sustain 4 --sustain-passes 3 (three 4 s windows per
+#          backend, rotated; power.draw.instant, the first second of each left out)
 #   check (call 5, the final tree): the Gluon tests, the full check at three dtypes and the
 #          control
 #   final: the Gluon tests, the full check at three dtypes and the control, kernels-fused
@@ -20,7 +22,7 @@
 #       prefill-varlen, mixed64 and four 4k prompts, and kernels against the control on
 #       batch-1 decode
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|check|final|san|ab}
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|power2|check|final|san|ab}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -36,6 +38,13 @@ step_overlap() {
   timeout -s INT -k 15 420 python3 benchmarks/probe_round18.py $C > $C/probe.txt 2>&1
   echo "probe rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/probe.txt | cut -c1-600
   cp $C/schedules.jsonl $OUT/ 2>/dev/null
+}
+
+step_power2() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  s=$(date +%s)
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 500 python3 benchmarks/peer_ab.py $C/power --rounds 5 --sustain 4 --sustain-passes 3 --workload prefill-varlen --workload prefill:4kx8 --workload mixed64 > $C/power.txt 2>&1
+  echo "power2 rc=$? wall $(( $(date +%s) - s )) s"; grep -v Warn $C/power.txt | cut -c1-260 | tail -30
 }
 
 step_check() {
@@ -65,4 +74,4 @@ step_power() {
   echo "power rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/power.txt | grep -v Warn | tail -12
 }
 
-run_step gpu_round18.sh "probe|overlap|power|check|final|san|ab"
+run_step gpu_round18.sh "probe|overlap|power|power2|check|final|san|ab"

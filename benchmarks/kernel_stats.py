@@ -124,7 +124,7 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
 
 _SASS_KEYS = (
     (re.compile(r"HGMMA\.(\d+x\d+x\d+)"), "mma{}"),
-    (re.compile(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)"), "wait{}"),
+    (re.compile(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)"), "wait{}"),
     (re.compile(r"MUFU\.EX2"), "exp2"),
     (re.compile(r"SHFL\.BFLY"), "shfl"),
     (re.compile(r"BAR\.SYNC"), "bar"),
@@ -134,24 +134,23 @@ _SASS_KEYS = (
 )
 
 
-def _sass_order(ptx: str) -> str:
+def _sass_order(cubin: bytes) -> str:
     """The kernel's tensor-core instructions, their waits, exponentials, row shuffles, barriers
-    and spills in SASS order (ptxas for sm_90a, then nvdisasm, both from Triton's own
-    toolchain), runs counted: where ptxas put each ``wgmma`` wait against the exponentials
+    and spills in SASS order (the cubin Triton built, disassembled by the nvdisasm of Triton's
+    own toolchain), runs counted: where ptxas put each ``wgmma`` wait against the exponentials
     (reports/h100-round18/cpu/)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = get_ptxas(90).path
-    nvdisasm = os.path.join(os.path.dirname(ptxas), "nvdisasm")
+    nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
     with tempfile.TemporaryDirectory() as d:
-        src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
-        with open(src, "w") as f:
-            f.write(ptx)
-        subprocess.run([ptxas, "-arch=sm_90a", src, "-o", cubin], check=True,
-                       capture_output=True)
-        sass = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True,
-                              text=True).stdout
-    return _sass_tokens(sass)
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        done = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True,
+                              check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{nvdisasm} failed ({done.returncode}): {done.stderr[-600:]}")
+    return _sass_tokens(done.stdout)
 
 
 def _sass_tokens(sass: str) -> str:
@@ -165,7 +164,8 @@ def _sass_tokens(sass: str) -> str:
         for pattern, fmt in _SASS_KEYS:
             m = pattern.search(line)
             if m:
-                tokens.append(fmt.format(*m.groups()))
+                groups = [str(int(g, 16)) if g.startswith("0x") else g for g in m.groups()]
+                tokens.append(fmt.format(*groups))
                 break
     runs: list[list[Any]] = []
     for t in tokens:
@@ -298,8 +298,32 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
                          dot_waits=_dot_waits(k.asm["ttgir"], copies),
                          **(dict(ptx=_ptx_hash(k.asm["ptx"])) if ptx_hash
                             else _ptxas_stats(k.asm["ptx"])),
-                         **(dict(sass_order=_sass_order(k.asm["ptx"])) if sass_order else {})))
+                         **(dict(sass_order=_sass_order(k.asm["cubin"])) if sass_order
+                            else {})))
     return rows
+
+
+def _set_gluon_switches(p: argparse.ArgumentParser, items: list[str]) -> None:
+    """``--gluon-switch NAME=VALUE``: set a bool or int module switch of ``kernels._gluon``
+    (a bool from ``true``/``false``/``1``/``0``, an int from digits); anything else is a usage
+    error naming the switch, the value expected and the value given."""
+    import kernels._gluon as kg
+
+    for item in items:
+        key, sep, value = item.partition("=")
+        current = getattr(kg, key, None)
+        if not sep or not key.isupper() or not isinstance(current, (bool, int)):
+            p.error(f"--gluon-switch: expected NAME=VALUE with NAME a bool or int switch of "
+                    f"kernels._gluon (round 18's live at its experiment commits), got {item!r}")
+        if isinstance(current, bool):
+            parsed: bool | int | None = {"true": True, "1": True, "false": False,
+                                         "0": False}.get(value.lower())
+        else:
+            parsed = int(value) if re.fullmatch(r"-?\d+", value) else None
+        if parsed is None:
+            p.error(f"--gluon-switch: expected {key} as {type(current).__name__} (it is "
+                    f"{current!r}), got {value!r}")
+        setattr(kg, key, parsed)
 
 
 def main() -> None:
@@ -338,14 +362,8 @@ def main() -> None:
                         "compiling; the switches of round 18's probe exist only at its "
                         "experiment commits (reports/h100-round18/README.md)")
     a = p.parse_args()
-    import kernels._gluon as kg
-    for item in a.gluon_switch:
-        key, sep, value = item.partition("=")
-        if not sep or not hasattr(kg, key):
-            p.error(f"--gluon-switch: expected NAME=VALUE with NAME a kernels._gluon "
-                    f"attribute, got {item!r}")
-        setattr(kg, key, {"True": True, "False": False}.get(value, value)
-                if not value.lstrip("-").isdigit() else int(value))
+    if a.gluon_switch:
+        _set_gluon_switches(p, a.gluon_switch)
     # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
     fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
                   value_blocks=a.value_blocks, tiles_per_step=a.tiles_per_step, block_n=a.block_n)

@@ -2,30 +2,38 @@
 reports/h100-round18/README.md).
 
     python benchmarks/peer_ab.py OUT_DIR [--rounds N] [--iters N] [--backend NAME ...]
-        [--workload NAME ...]
+        [--workload NAME ...] [--sustain S [--sustain-passes P]]
 
 One bench run times each backend once per workload (a median of ``--iters`` replays), so a
 ratio between two backends carries the GPU's drift between those two medians: prefill-varlen's
 ratio to FlashInfer's FA3 moved 1.04-1.12x across three runs of the same code. Here every
 backend is captured once (CUDA graph, as ``invariance bench``) and timed ``--rounds`` times, the
 backends in a rotated order each round (L2 flushed before every replay, as the bench), so each
-round gives one ratio per backend against the first, measured seconds apart. Writes
-``ab.jsonl`` (one row per workload: every round's times, in us) and prints the median, minimum
-and maximum of the per-round ratios. ``nvidia-smi``'s SM clock and power are sampled every
-100 ms into ``smi.csv`` when it is on the PATH; with ``--sustain S`` each backend is then also
-replayed back to back for S seconds (no flush), and ``sustain.jsonl`` gives its time per call
-with the mean SM clock and power over that window: at the H100's 700 W cap the clock falls
-under load, so a kernel's energy per call sets part of its speed.
+round gives one ratio per backend against the first, measured within a fraction of a second.
+Writes ``ab.jsonl`` (one row per workload: every round's times, in us) and prints the median,
+minimum and maximum of the per-round ratios.
+
+``nvidia-smi``'s SM clock and power (``power.draw.instant`` where the driver has it, else
+``power.draw``, a one-second average) are sampled every 100 ms into ``smi.csv`` (UTC stamps)
+when it is on the PATH. With ``--sustain S`` (which needs it) each backend is also replayed
+back to back for S seconds (no flush), in ``--sustain-passes`` passes with the backends in a
+rotated order, and ``sustain.jsonl`` gives each window's time per call with the mean SM clock
+and power nvidia-smi saw over it, its first second left out: at the H100's 700 W limit the
+clock falls under load, so the clock and the cycles per call (time x clock) say whether a
+kernel is slower for its power or for its work per cycle.
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -33,6 +41,12 @@ import torch
 
 from invariance.backends import resolve
 from invariance.bench import CudaTimer, build_batch, select_workloads
+
+#: Seconds of each sustained window left out of its clock and power means: the ramp from the
+#: previous backend (and ``power.draw``'s one-second averaging window, where it is used).
+SETTLE_S = 1.0
+#: Fewest nvidia-smi samples a window's means are reported from.
+MIN_SAMPLES = 5
 
 
 def main() -> None:
@@ -45,11 +59,25 @@ def main() -> None:
     p.add_argument("--sustain", type=float, default=0.0,
                    help="also replay each backend back to back for this many seconds (no L2 "
                         "flush) and report its time per call with the SM clock and power "
-                        "nvidia-smi saw meanwhile")
+                        "nvidia-smi saw meanwhile (needs nvidia-smi)")
+    p.add_argument("--sustain-passes", type=int, default=1,
+                   help="sustained windows per backend, the backends rotated in each pass")
     a = p.parse_args()
-    if a.rounds < 1 or a.iters < 1 or a.sustain < 0:
-        p.error(f"--rounds and --iters: expected >= 1, --sustain >= 0, got {a.rounds}, "
-                f"{a.iters} and {a.sustain}")
+    if a.rounds < 1:
+        p.error(f"--rounds: expected >= 1, got {a.rounds}")
+    if a.iters < 1:
+        p.error(f"--iters: expected >= 1, got {a.iters}")
+    least = SETTLE_S + MIN_SAMPLES * 0.1
+    if not (a.sustain == 0 or (math.isfinite(a.sustain) and a.sustain >= least)):
+        p.error(f"--sustain: expected 0 (off) or a finite number of seconds >= {least} "
+                f"({SETTLE_S} s settling, then {MIN_SAMPLES} samples of 100 ms), got "
+                f"{a.sustain}")
+    if a.sustain_passes < 1:
+        p.error(f"--sustain-passes: expected >= 1, got {a.sustain_passes}")
+    smi_path = shutil.which("nvidia-smi")
+    if a.sustain and smi_path is None:
+        p.error(f"--sustain: needs nvidia-smi on the PATH for the clock and power, got "
+                f"--sustain {a.sustain} and no nvidia-smi")
     names = a.backend or ["kernels", "flashinfer-fa3", "flashinfer"]
     specs = a.workload or ["prefill-varlen", "mixed64"]
     # Bench names, or lengths specs such as prefill:4kx8 (invariance bench --lengths).
@@ -58,50 +86,67 @@ def main() -> None:
     os.makedirs(a.out_dir, exist_ok=True)
     timer = CudaTimer(iters=a.iters, warmup=3)
     backends = [resolve(n) for n in names]
+    windows: list[dict[str, Any]] = []
     with open(os.path.join(a.out_dir, "smi.csv"), "w") as smi_out:
         smi = None
-        if shutil.which("nvidia-smi"):
+        if smi_path is not None:
             smi = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                 "--format=csv,noheader", "-lms", "100"], stdout=smi_out)
+                [smi_path, f"--query-gpu=timestamp,clocks.sm,{_power_field(smi_path)},"
+                 "temperature.gpu", "--format=csv,noheader", "-lms", "100"],
+                stdout=smi_out, env=os.environ | {"TZ": "UTC"})
         try:
             windows = _run(a.out_dir, names, backends, workloads, timer, a.rounds, a.iters,
-                           a.sustain)
+                           a.sustain, a.sustain_passes)
         finally:
             if smi is not None:
                 smi.terminate()
                 smi.wait()
-    if windows and smi is not None:
+    if windows:
         _sustain_report(a.out_dir, windows)
 
 
+def _power_field(smi: str) -> str:
+    """``power.draw.instant`` if this driver's nvidia-smi knows it, else ``power.draw``."""
+    done = subprocess.run([smi, "--query-gpu=power.draw.instant", "--format=csv,noheader"],
+                          capture_output=True, text=True, check=False)
+    ok = done.returncode == 0 and "W" in done.stdout
+    return "power.draw.instant" if ok else "power.draw"
+
+
 def _smi_samples(path: str) -> list[tuple[float, float, float]]:
-    """(epoch seconds, SM MHz, watts) of each line nvidia-smi wrote (its local-time stamps)."""
+    """(epoch seconds, SM MHz, watts) of each line nvidia-smi wrote (UTC stamps: it runs with
+    ``TZ=UTC``); lines that do not parse are skipped."""
     out = []
     with open(path) as f:
         for line in f:
             parts = [x.strip() for x in line.split(",")]
             try:
-                t = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
-                t += float("0." + parts[0].split(".")[1]) if "." in parts[0] else 0.0
-                out.append((t, float(parts[1].split()[0]), float(parts[2].split()[0])))
+                stamp, _, frac = parts[0].partition(".")
+                t = calendar.timegm(time.strptime(stamp, "%Y/%m/%d %H:%M:%S"))
+                out.append((t + (float("0." + frac) if frac else 0.0),
+                            float(parts[1].split()[0]), float(parts[2].split()[0])))
             except (IndexError, ValueError):
                 continue
     return out
 
 
 def _sustain_report(out_dir: str, windows: list[dict[str, Any]]) -> None:
-    """Mean SM clock and power over each sustained window (its first half second left out),
-    into ``sustain.jsonl`` and printed."""
+    """Mean SM clock and power over each sustained window, its first :data:`SETTLE_S` left
+    out, with the cycles per call (time x mean clock), into ``sustain.jsonl`` and printed. A
+    window with fewer than :data:`MIN_SAMPLES` samples gets no means, and a warning."""
     samples = _smi_samples(os.path.join(out_dir, "smi.csv"))
     with open(os.path.join(out_dir, "sustain.jsonl"), "w") as f:
         for w in windows:
-            inside = [(c, pw) for t, c, pw in samples if w["t0"] + 0.5 <= t <= w["t1"]]
-            if inside:
+            inside = [(c, pw) for t, c, pw in samples if w["t0"] + SETTLE_S <= t <= w["t1"]]
+            w["samples"] = len(inside)
+            if len(inside) >= MIN_SAMPLES:
                 w["sm_mhz"] = round(statistics.mean(c for c, _ in inside))
                 w["watts"] = round(statistics.mean(pw for _, pw in inside), 1)
-                w["joules_per_call"] = round(w["watts"] * w["us_per_call"] * 1e-6, 4)
-            w["samples"] = len(inside)
+                w["mcycles_per_call"] = round(w["us_per_call"] * w["sm_mhz"] * 1e-6, 3)
+            else:
+                print(f"peer_ab.py: {w['workload']} {w['backend']}: {len(inside)} nvidia-smi "
+                      f"samples in the window, expected >= {MIN_SAMPLES}: no means",
+                      file=sys.stderr)
             f.write(json.dumps(w) + "\n")
             print(json.dumps(w), flush=True)
 
@@ -125,7 +170,8 @@ def _sustained(g: Any, seconds: float) -> tuple[float, float, float]:
 
 
 def _run(out_dir: str, names: list[str], backends: list[Any], workloads: list[Any],
-         timer: CudaTimer, rounds: int, iters: int, sustain: float) -> list[dict[str, Any]]:
+         timer: CudaTimer, rounds: int, iters: int, sustain: float,
+         passes: int) -> list[dict[str, Any]]:
     rows = []
     windows: list[dict[str, Any]] = []
     for w in workloads:
@@ -141,10 +187,11 @@ def _run(out_dir: str, names: list[str], backends: list[Any], workloads: list[An
             row[f"{names[0]}/{n}"] = dict(median=round(statistics.median(ratios), 4),
                                          min=round(min(ratios), 4), max=round(max(ratios), 4))
         row["median_us"] = {n: statistics.median(t) for n, t in times.items()}
-        for name, g in zip(names, graphs, strict=True) if sustain > 0 else ():
-            us, t0, t1 = _sustained(g, sustain)
-            windows.append(dict(workload=w.name, backend=name, us_per_call=round(us, 1),
-                                t0=t0, t1=t1))
+        for k in range(passes if sustain > 0 else 0):
+            for i in [(i + k) % len(names) for i in range(len(names))]:
+                us, t0, t1 = _sustained(graphs[i], sustain)
+                windows.append(dict(workload=w.name, backend=names[i], sustain_pass=k,
+                                    us_per_call=round(us, 1), t0=t0, t1=t1))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "us"}), flush=True)
         del batch, graphs
@@ -152,6 +199,7 @@ def _run(out_dir: str, names: list[str], backends: list[Any], workloads: list[An
         with open(os.path.join(out_dir, "ab.jsonl"), "w") as f:
             f.writelines(json.dumps(x) + "\n" for x in rows)
     return windows
+
 
 if __name__ == "__main__":
     main()

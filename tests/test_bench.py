@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -476,57 +477,80 @@ def test_sass_tokens_keep_the_order_and_count_runs() -> None:
 
 def test_kernel_stats_gluon_switch_names_a_bad_switch() -> None:
     """benchmarks/kernel_stats.py --gluon-switch: a name kernels._gluon lacks (round 18's
-    switches live only at its experiment commits) or a missing value is a usage error naming
-    it, before anything compiles."""
+    switches live only at its experiment commits), one that is not a bool or int switch, a
+    missing value or a value of the wrong type is a usage error naming it, before anything
+    compiles."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    for bad in ("NO_SUCH_SWITCH=1", "RING_SLOTS"):
+    for bad, said in (("NO_SUCH_SWITCH=1", "'NO_SUCH_SWITCH=1'"), ("RING_SLOTS", "'RING_SLOTS'"),
+                      ("GLUON_TRITON=3.7.", "'GLUON_TRITON=3.7.'"),
+                      ("RING_SLOTS=abc", "expected RING_SLOTS as int (it is 4), got 'abc'"),
+                      ("RING_SLOTS=--5", "got '--5'"), ("RING_SLOTS=2.5", "got '2.5'")):
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
                                "--workload", "prefill-varlen", "--gluon-switch", bad],
                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
         assert proc.returncode == 2, (bad, proc.stdout[-500:], proc.stderr[-1000:])
-        assert "--gluon-switch" in proc.stderr and repr(bad) in proc.stderr, proc.stderr
+        assert "--gluon-switch" in proc.stderr and said in proc.stderr, proc.stderr
 
 
-def test_peer_ab_reads_nvidia_smi_and_averages_each_window(tmp_path) -> None:
+def test_peer_ab_reads_nvidia_smi_and_averages_each_window(tmp_path, monkeypatch) -> None:
     """benchmarks/peer_ab.py --sustain (reports/h100-round18/, section 4): nvidia-smi's lines
-    read as (time, MHz, W), malformed ones skipped, and each window's mean clock and power
-    over its samples after the first half second, with the energy per call."""
+    (UTC stamps) read as (time, MHz, W) on the clock time.time() keeps, malformed ones skipped,
+    and each window's mean clock and power over its samples from SETTLE_S after its start to
+    its end (both ends included), with the cycles per call; a window with too few samples gets
+    no means."""
     sys.path.insert(0, str(ROOT))
     try:
         from benchmarks import peer_ab
     finally:
         sys.path.remove(str(ROOT))
-    (tmp_path / "smi.csv").write_text(
-        "2026/11/24 23:10:00.000, 1980 MHz, 100.00 W, 40\n"
-        "2026/11/24 23:10:00.800, 1500 MHz, 700.00 W, 60\n"
-        "garbage\n"
-        "2026/11/24 23:10:01.200, 1600 MHz, 690.00 W, 61\n"
-        "2026/11/24 23:10:02.500, 1980 MHz, 120.00 W, 55\n")
-    samples = peer_ab._smi_samples(str(tmp_path / "smi.csv"))
-    assert [(round(t - samples[0][0], 3), c, w) for t, c, w in samples] == [
-        (0.0, 1980.0, 100.0), (0.8, 1500.0, 700.0), (1.2, 1600.0, 690.0), (2.5, 1980.0, 120.0)]
-    t0 = samples[0][0]
-    windows = [dict(workload="w", backend="b", us_per_call=1000.0, t0=t0, t1=t0 + 1.5)]
+    now = float(int(time.time()))
+
+    def line(dt: float, mhz: int, watts: float) -> str:
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(now + int(dt)))
+        return f"{stamp}.{round((dt % 1) * 1000):03d}, {mhz} MHz, {watts:.2f} W, 50\n"
+
+    lines = [line(0.9, 1980, 100.0), line(1.0, 1500, 700.0), "garbage\n"]
+    lines += [line(1.0 + 0.1 * i, 1600, 690.0) for i in range(1, 4)]
+    lines += [line(1.5, 1700, 680.0), line(1.6, 1980, 120.0)]
+    (tmp_path / "smi.csv").write_text("".join(lines))
+    # The stamps are UTC whatever this process's time zone (a local-time parse would be 9 h off).
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        samples = peer_ab._smi_samples(str(tmp_path / "smi.csv"))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert len(samples) == 7 and abs(samples[0][0] - (now + 0.9)) < 1e-6, samples
+    assert samples[1][1:] == (1500.0, 700.0), samples
+    windows = [dict(workload="w", backend="b", us_per_call=1000.0, t0=now, t1=now + 1.5),
+               dict(workload="w", backend="c", us_per_call=1000.0, t0=now, t1=now + 1.2)]
     peer_ab._sustain_report(str(tmp_path), windows)
     w = windows[0]
-    # The first sample (before t0 + 0.5) and the last (after t1) are left out.
-    assert (w["samples"], w["sm_mhz"], w["watts"]) == (2, 1550, 695.0), w
-    assert w["joules_per_call"] == round(695.0 * 1000.0e-6, 4), w
-    assert (tmp_path / "sustain.jsonl").read_text().count("\n") == 1
+    # From t0 + 1 s to t1: 1500, 1600 x 3, 1700 MHz (the 0.9 s and 1.6 s samples left out).
+    assert (w["samples"], w["sm_mhz"], w["watts"]) == (5, 1600, 690.0), w
+    assert w["mcycles_per_call"] == 1.6, w
+    assert windows[1]["samples"] == 3 and "sm_mhz" not in windows[1], windows[1]
+    assert (tmp_path / "sustain.jsonl").read_text().count("\n") == 2
 
 
 def test_peer_ab_rejects_bad_arguments_before_cuda() -> None:
-    """benchmarks/peer_ab.py: --rounds / --iters below 1 or a negative --sustain are usage
-    errors naming the arguments and the values, before any GPU work."""
+    """benchmarks/peer_ab.py: --rounds / --iters / --sustain-passes below 1, a --sustain that
+    is negative, not finite or too short for its samples are usage errors naming the argument,
+    the value expected and the value given, before any GPU work."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    for args in (["--rounds", "0"], ["--iters", "0"], ["--sustain", "-1"]):
+    for args, said in ((["--rounds", "0"], "--rounds: expected >= 1, got 0"),
+                       (["--iters", "0"], "--iters: expected >= 1, got 0"),
+                       (["--sustain", "-1"], "got -1.0"), (["--sustain", "nan"], "got nan"),
+                       (["--sustain", "inf"], "got inf"), (["--sustain", "1"], "got 1.0"),
+                       (["--sustain-passes", "0"], "--sustain-passes: expected >= 1, got 0")):
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_ab.py"), "out",
                                *args], capture_output=True, text=True, cwd=ROOT, env=env,
                               timeout=120)
         assert proc.returncode == 2, (args, proc.stderr[-1000:])
-        assert "--rounds and --iters" in proc.stderr and args[1] in proc.stderr, proc.stderr
+        assert said in proc.stderr and args[0] in proc.stderr, (args, proc.stderr)
 
 
 def test_dot_waits_orders_dots_waits_and_exponentials() -> None:
