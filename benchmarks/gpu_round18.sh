@@ -19,7 +19,7 @@
 #          variants)
 #   san: the Gluon tests, then compute-sanitizer memcheck and initcheck
 #   ab: benchmarks/peer_ab.py (interleaved rounds): kernels against FlashInfer's FA3 and FA2 on
-#       prefill-varlen, mixed64 and four 4k prompts, and kernels against the control on
+#       prefill-varlen, mixed64 and eight 4k prompts, and kernels against the control on
 #       batch-1 decode
 set -u
 STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|power2|check|final|san|ab}

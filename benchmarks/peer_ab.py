@@ -89,9 +89,10 @@ def main() -> None:
     windows: list[dict[str, Any]] = []
     with open(os.path.join(a.out_dir, "smi.csv"), "w") as smi_out:
         smi = None
+        power_field = _power_field(smi_path) if smi_path is not None else ""
         if smi_path is not None:
             smi = subprocess.Popen(
-                [smi_path, f"--query-gpu=timestamp,clocks.sm,{_power_field(smi_path)},"
+                [smi_path, f"--query-gpu=timestamp,clocks.sm,{power_field},"
                  "temperature.gpu", "--format=csv,noheader", "-lms", "100"],
                 stdout=smi_out, env=os.environ | {"TZ": "UTC"})
         try:
@@ -102,6 +103,8 @@ def main() -> None:
                 smi.terminate()
                 smi.wait()
     if windows:
+        for w in windows:
+            w["power_field"] = power_field
         _sustain_report(a.out_dir, windows)
 
 

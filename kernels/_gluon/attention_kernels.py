@@ -13,8 +13,8 @@ as the Triton fused kernel with its nested loop (``_unified_attention_fused_kern
 - each consumer warpgroup issues the next tile's score ``wgmma`` together with this tile's
   ``p @ v`` (FA3's issue order), waits for the scores, then computes the next tile's
   online-softmax weights. In the SASS (Triton 3.6's ptxas) the ``p @ v`` wait lands ahead of
-  those exponentials, so they overlap the other warpgroup's tensor-core work, not this one's
-  ``p @ v``; builds that keep them ahead of the wait (same bits) were 5-14% slower
+  those exponentials, so they can overlap only the other warpgroup's tensor-core work, not this
+  one's ``p @ v``; builds that keep them ahead of the wait (same bits) were 5-14% slower
   (reports/h100-round18/README.md). Triton 3.6's own pipeline waits for every score ``wgmma``
   at once (reports/h100-round12/cpu/dot-waits.md).
 
