@@ -12,6 +12,8 @@
 #          each also replayed back to back for 3 s, with the SM clock and power meanwhile
 #   power2 (call 6): the same with --sustain 4 --sustain-passes 3 (three 4 s windows per
 #          backend, rotated; power.draw.instant, the first second of each left out)
+#   smoke (call 7): peer_ab.py after the second review (kernels against the control on one
+#          decode batch, two 2 s windows each): nvidia-smi's GPU selection and settled timing
 #   check (call 5, the final tree): the Gluon tests, the full check at three dtypes and the
 #          control
 #   final: the Gluon tests, the full check at three dtypes and the control, kernels-fused
@@ -22,7 +24,7 @@
 #       prefill-varlen, mixed64 and eight 4k prompts, and kernels against the control on
 #       batch-1 decode
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|power2|check|final|san|ab}
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|power2|smoke|check|final|san|ab}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -45,6 +47,12 @@ step_power2() {
   s=$(date +%s)
   PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 500 python3 benchmarks/peer_ab.py $C/power --rounds 5 --sustain 4 --sustain-passes 3 --workload prefill-varlen --workload prefill:4kx8 --workload mixed64 > $C/power.txt 2>&1
   echo "power2 rc=$? wall $(( $(date +%s) - s )) s"; grep -v Warn $C/power.txt | cut -c1-260 | tail -30
+}
+
+step_smoke() {
+  s=$(date +%s)
+  timeout -s INT -k 15 200 python3 benchmarks/peer_ab.py $C/smoke --rounds 3 --backend kernels --backend kernels-heuristic --workload decode-b8-ctx8k --sustain 2 --sustain-passes 2 > $C/smoke.txt 2>&1
+  echo "smoke rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/smoke.txt | tail -8; head -2 $C/smoke/smi.csv
 }
 
 step_check() {
@@ -74,4 +82,4 @@ step_power() {
   echo "power rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/power.txt | grep -v Warn | tail -12
 }
 
-run_step gpu_round18.sh "probe|overlap|power|power2|check|final|san|ab"
+run_step gpu_round18.sh "probe|overlap|power|power2|smoke|check|final|san|ab"

@@ -136,18 +136,19 @@ _SASS_KEYS = (
 
 def _sass_order(cubin: bytes) -> str:
     """The kernel's tensor-core instructions, their waits, exponentials, row shuffles, barriers
-    and spills in SASS order (the cubin Triton built, disassembled by the nvdisasm of Triton's
-    own toolchain), runs counted: where ptxas put each ``wgmma`` wait against the exponentials
+    and spills in SASS order (the cubin Triton built, disassembled by Triton's nvdisasm), runs
+    counted: where ptxas put each ``wgmma`` wait against the exponentials
     (reports/h100-round18/cpu/)."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
+    nvdisasm = triton.knobs.nvidia.nvdisasm.path  # Triton's own (or TRITON_NVDISASM_PATH)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        done = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True,
-                              check=False)
+        try:
+            done = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True,
+                                  check=False)
+        except OSError as exc:
+            raise RuntimeError(f"nvdisasm {nvdisasm!r} could not run: {exc}") from exc
     if done.returncode != 0:
         raise RuntimeError(f"{nvdisasm} failed ({done.returncode}): {done.stderr[-600:]}")
     return _sass_tokens(done.stdout)

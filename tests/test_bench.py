@@ -473,6 +473,8 @@ def test_sass_tokens_keep_the_order_and_count_runs() -> None:
                                   "mbarwait")
     assert _sass_tokens(sass.replace("gsb0, 0x0", "gsb0, 0x1")).startswith(
         "mma64x128x16x2 wait1 | wait1 bar")
+    # Wait depths are hexadecimal.
+    assert " wait10 " in _sass_tokens(sass.replace("gsb0, 0x0", "gsb0, 0xa"))
 
 
 def test_kernel_stats_gluon_switch_names_a_bad_switch() -> None:
@@ -490,15 +492,44 @@ def test_kernel_stats_gluon_switch_names_a_bad_switch() -> None:
                                "--workload", "prefill-varlen", "--gluon-switch", bad],
                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
         assert proc.returncode == 2, (bad, proc.stdout[-500:], proc.stderr[-1000:])
-        assert "--gluon-switch" in proc.stderr and said in proc.stderr, proc.stderr
+        assert "--gluon-switch: expected" in proc.stderr and said in proc.stderr, proc.stderr
+
+
+def test_set_gluon_switches_parses_bools_and_ints(monkeypatch) -> None:
+    """benchmarks/kernel_stats.py's --gluon-switch setter: a bool switch from true/false/1/0,
+    an int switch from digits (negative too); a float or a word for an int, or a word for a
+    bool, is a usage error naming the switch, its type and current value and the value given."""
+    import argparse
+
+    import kernels._gluon as kg
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.kernel_stats import _set_gluon_switches
+    finally:
+        sys.path.remove(str(ROOT))
+    monkeypatch.setattr(kg, "TEST_FLAG", False, raising=False)
+    monkeypatch.setattr(kg, "RING_SLOTS", 4)
+    p = argparse.ArgumentParser()
+    _set_gluon_switches(p, ["TEST_FLAG=true", "RING_SLOTS=-3"])
+    assert kg.TEST_FLAG is True and kg.RING_SLOTS == -3  # type: ignore[attr-defined]
+    _set_gluon_switches(p, ["TEST_FLAG=0", "RING_SLOTS=5"])
+    assert kg.TEST_FLAG is False and kg.RING_SLOTS == 5  # type: ignore[attr-defined]
+    errors: list[str] = []
+    monkeypatch.setattr(p, "error", lambda msg: (errors.append(msg), sys.exit(2)))
+    for bad, said in (("TEST_FLAG=yes", "expected TEST_FLAG as bool (it is False), got 'yes'"),
+                      ("RING_SLOTS=5.0", "expected RING_SLOTS as int (it is 5), got '5.0'")):
+        errors.clear()
+        with pytest.raises(SystemExit):
+            _set_gluon_switches(p, [bad])
+        assert errors and said in errors[0], errors
 
 
 def test_peer_ab_reads_nvidia_smi_and_averages_each_window(tmp_path, monkeypatch) -> None:
     """benchmarks/peer_ab.py --sustain (reports/h100-round18/, section 4): nvidia-smi's lines
     (UTC stamps) read as (time, MHz, W) on the clock time.time() keeps, malformed ones skipped,
-    and each window's mean clock and power over its samples from SETTLE_S after its start to
-    its end (both ends included), with the cycles per call; a window with too few samples gets
-    no means."""
+    and each window's mean clock and power over its samples from its timed start (after
+    SETTLE_S) to its end, both included, with the cycles per call; a window with too few
+    samples gets no means and makes the report say so."""
     sys.path.insert(0, str(ROOT))
     try:
         from benchmarks import peer_ab
@@ -524,33 +555,53 @@ def test_peer_ab_reads_nvidia_smi_and_averages_each_window(tmp_path, monkeypatch
         time.tzset()
     assert len(samples) == 7 and abs(samples[0][0] - (now + 0.9)) < 1e-6, samples
     assert samples[1][1:] == (1500.0, 700.0), samples
-    windows = [dict(workload="w", backend="b", us_per_call=1000.0, t0=now, t1=now + 1.5),
-               dict(workload="w", backend="c", us_per_call=1000.0, t0=now, t1=now + 1.2)]
-    peer_ab._sustain_report(str(tmp_path), windows)
+    windows = [dict(workload="w", backend="b", us_per_call=1000.0, t0=now + 1.0, t1=now + 1.5),
+               dict(workload="w", backend="c", us_per_call=1000.0, t0=now + 1.0, t1=now + 1.2)]
+    assert peer_ab._sustain_report(str(tmp_path), windows) is False
+    assert peer_ab._sustain_report(str(tmp_path), windows[:1]) is True
     w = windows[0]
-    # From t0 + 1 s to t1: 1500, 1600 x 3, 1700 MHz (the 0.9 s and 1.6 s samples left out).
+    # From t0 to t1: 1500, 1600 x 3, 1700 MHz (the 0.9 s and 1.6 s samples left out).
     assert (w["samples"], w["sm_mhz"], w["watts"]) == (5, 1600, 690.0), w
     assert w["mcycles_per_call"] == 1.6, w
     assert windows[1]["samples"] == 3 and "sm_mhz" not in windows[1], windows[1]
-    assert (tmp_path / "sustain.jsonl").read_text().count("\n") == 2
+    assert (tmp_path / "sustain.jsonl").read_text().count("\n") == 1
 
 
-def test_peer_ab_rejects_bad_arguments_before_cuda() -> None:
-    """benchmarks/peer_ab.py: --rounds / --iters / --sustain-passes below 1, a --sustain that
-    is negative, not finite or too short for its samples are usage errors naming the argument,
-    the value expected and the value given, before any GPU work."""
+def test_peer_ab_rejects_bad_arguments_before_cuda(tmp_path) -> None:
+    """benchmarks/peer_ab.py: --rounds / --iters / --sustain-passes below 1 (or above 1 without
+    --sustain), a --sustain that is negative, not finite or too short for its samples, a
+    --sustain without nvidia-smi, an unknown or repeated --backend and an unknown --workload
+    are usage errors naming the argument, the value expected and the value given, before any
+    GPU work and before the output folder is made."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    for args, said in ((["--rounds", "0"], "--rounds: expected >= 1, got 0"),
-                       (["--iters", "0"], "--iters: expected >= 1, got 0"),
-                       (["--sustain", "-1"], "got -1.0"), (["--sustain", "nan"], "got nan"),
-                       (["--sustain", "inf"], "got inf"), (["--sustain", "1"], "got 1.0"),
-                       (["--sustain-passes", "0"], "--sustain-passes: expected >= 1, got 0")):
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_ab.py"), "out",
-                               *args], capture_output=True, text=True, cwd=ROOT, env=env,
+    no_smi = dict(env, PATH=str(tmp_path / "empty"))
+    out = tmp_path / "out"
+    for args, said, e in (
+            (["--rounds", "0"], "--rounds: expected >= 1, got 0", env),
+            (["--iters", "0"], "--iters: expected >= 1, got 0", env),
+            (["--sustain", "-1"], "--sustain: expected 0 (off) or a finite", env),
+            (["--sustain", "nan"], "got nan", env), (["--sustain", "inf"], "got inf", env),
+            (["--sustain", "1"], "got 1.0", env),
+            (["--sustain-passes", "0"], "--sustain-passes: expected >= 1", env),
+            (["--sustain-passes", "3"], "got 3 (--sustain 0.0)", env),
+            (["--sustain", "4"], "--sustain: needs nvidia-smi on the PATH", no_smi),
+            (["--backend", "kernels", "--backend", "kernels"],
+             "--backend: expected distinct backends, got ['kernels', 'kernels']", env),
+            (["--backend", "no-such-backend"], "--backend: ", env),
+            (["--workload", "no-such-workload"], "--workload: ", env)):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_ab.py"), str(out),
+                               *args], capture_output=True, text=True, cwd=ROOT, env=e,
                               timeout=120)
         assert proc.returncode == 2, (args, proc.stderr[-1000:])
-        assert said in proc.stderr and args[0] in proc.stderr, (args, proc.stderr)
+        assert said in proc.stderr, (args, proc.stderr)
+        assert not out.exists(), args
+    # The unknown names are named back.
+    for arg, name in (("--backend", "no-such-backend"), ("--workload", "no-such-workload")):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_ab.py"), str(out),
+                               arg, name], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=120)
+        assert proc.returncode == 2 and name in proc.stderr.splitlines()[-1], proc.stderr
 
 
 def test_dot_waits_orders_dots_waits_and_exponentials() -> None:
