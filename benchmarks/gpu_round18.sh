@@ -14,6 +14,8 @@
 #          backend, rotated; power.draw.instant, the first second of each left out)
 #   smoke (call 7): peer_ab.py after the second review (kernels against the control on one
 #          decode batch, two 2 s windows each): nvidia-smi's GPU selection and settled timing
+#   last (call 8, the final tree): the full check at three dtypes and the control, then the
+#          bench (kernels, kernels:gluon=false, the control, FlashInfer's variants)
 #   check (call 5, the final tree): the Gluon tests, the full check at three dtypes and the
 #          control
 #   final: the Gluon tests, the full check at three dtypes and the control, kernels-fused
@@ -24,7 +26,7 @@
 #       prefill-varlen, mixed64 and eight 4k prompts, and kernels against the control on
 #       batch-1 decode
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|power2|smoke|check|final|san|ab}
+STEP=${1:?usage: sh benchmarks/gpu_round18.sh probe|overlap|power|power2|smoke|last|check|final|san|ab}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -55,6 +57,11 @@ step_smoke() {
   echo "smoke rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/smoke.txt | tail -8; head -2 $C/smoke/smi.csv
 }
 
+step_last() {
+  full_check_and_control
+  bench
+}
+
 step_check() {
   gluon_tests 200
   full_check_and_control
@@ -82,4 +89,4 @@ step_power() {
   echo "power rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/power.txt | grep -v Warn | tail -12
 }
 
-run_step gpu_round18.sh "probe|overlap|power|power2|smoke|check|final|san|ab"
+run_step gpu_round18.sh "probe|overlap|power|power2|smoke|last|check|final|san|ab"
