@@ -26,8 +26,13 @@ gluon_tests() {
   echo "gluon tests rc=$?"; grep -E "passed|failed|FAILED|Error|^[.sFE]+ " $C/tests-gluon.txt | tail -8
 }
 
-bench() {
+# FlashInfer's carried wheels (.whl/) into /tmp/site, for PYTHONPATH=$PWD:/tmp/site.
+flashinfer_site() {
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+}
+
+bench() {
+  flashinfer_site
   PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 420 $INV bench --backend kernels --backend kernels:gluon=false --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
   echo "bench rc=$?"
   tail -5 $C/bench.txt

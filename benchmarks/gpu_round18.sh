@@ -44,11 +44,17 @@ step_overlap() {
   cp $C/schedules.jsonl $OUT/ 2>/dev/null
 }
 
-step_power2() {
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+# peer_ab.py with sustained windows ($@: its --sustain options) on the three prefill-like
+# workloads, into $C/power.
+power_run() {
+  flashinfer_site
   s=$(date +%s)
-  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 500 python3 benchmarks/peer_ab.py $C/power --rounds 5 --sustain 4 --sustain-passes 3 --workload prefill-varlen --workload prefill:4kx8 --workload mixed64 > $C/power.txt 2>&1
-  echo "power2 rc=$? wall $(( $(date +%s) - s )) s"; grep -v Warn $C/power.txt | cut -c1-260 | tail -30
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 500 python3 benchmarks/peer_ab.py $C/power --rounds 5 "$@" --workload prefill-varlen --workload prefill:4kx8 --workload mixed64 > $C/power.txt 2>&1
+  echo "power rc=$? wall $(( $(date +%s) - s )) s"; grep -v Warn $C/power.txt | cut -c1-300 | tail -30
+}
+
+step_power2() {
+  power_run --sustain 4 --sustain-passes 3
 }
 
 step_smoke() {
@@ -73,7 +79,7 @@ step_final() {
 }
 
 step_ab() {
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  flashinfer_site
   s=$(date +%s)
   PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 330 python3 benchmarks/peer_ab.py $C/peers --workload prefill-varlen --workload mixed64 --workload prefill:4kx8 > $C/peers.txt 2>&1
   echo "peers rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-400 $C/peers.txt | grep -v Warn | tail -8
@@ -83,10 +89,7 @@ step_ab() {
 }
 
 step_power() {
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  s=$(date +%s)
-  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 400 python3 benchmarks/peer_ab.py $C/power --rounds 5 --sustain 3 --workload prefill-varlen --workload prefill:4kx8 --workload mixed64 > $C/power.txt 2>&1
-  echo "power rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-300 $C/power.txt | grep -v Warn | tail -12
+  power_run --sustain 3
 }
 
 run_step gpu_round18.sh "probe|overlap|power|power2|smoke|last|check|final|san|ab"
