@@ -16,6 +16,10 @@ GLUON_TRITON = "3.6."
 #: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
 #: scheduling only, like Triton's pipeline stages.
 RING_SLOTS = 4
+#: Round 19's experiment (reports/h100-round19/README.md): the two consumer warpgroups take turns
+#: issuing their ``wgmma`` through two hardware named barriers (``bar.sync`` / ``bar.arrive``,
+#: FA3's warp-scheduler barriers), so one's softmax runs while the other's dots do.
+PINGPONG = False
 
 
 @functools.cache
@@ -83,4 +87,4 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
-        num_warps=4)
+        PINGPONG=PINGPONG, num_warps=4)

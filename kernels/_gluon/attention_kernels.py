@@ -95,6 +95,29 @@ def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
+def _turn_wait(half):
+    """Wait for this warpgroup's turn: ``bar.sync`` on its named barrier (8 + half) of both
+    consumer warpgroups' 256 threads (this one's 128 wait, the other's 128 arrive)."""
+    if half == 0:
+        gl.inline_asm_elementwise("bar.sync 8, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("bar.sync 9, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _turn_pass(half):
+    """Give the other warpgroup its turn: ``bar.arrive`` on its named barrier (9 - half)."""
+    if half == 0:
+        gl.inline_asm_elementwise("bar.arrive 9, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("bar.arrive 8, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
 def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
     """Raw scores of tile ``t`` with ``-inf`` where a row does not see the key (``key > pos``),
     as ``_tile_scores``' masked path."""
@@ -106,7 +129,8 @@ def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
 def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              PINGPONG: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
     S_L: gl.constexpr = WG_S_L
@@ -142,12 +166,20 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
             # and this tile's p @ v, issued together.
             jn = gl.minimum(j + 1, n_tiles - 1)
             mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
+            if PINGPONG:  # noqa: SIM102 (a constexpr branch around a runtime one)
+                # Warpgroup 0 goes first; each waits for the other's issue of the previous
+                # step (warpgroup 1 does not pass after its last: the counts stay balanced).
+                if (half == 1) | (j >= 1):
+                    _turn_wait(half)
             s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
                                   is_async=True)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
             p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
+            if PINGPONG:  # noqa: SIM102 (a constexpr branch around a runtime one)
+                if (half == 0) | (j + 1 < n_tiles):
+                    _turn_pass(half)
             b_s = warpgroup_mma_wait(1, deps=[s_tok])
             if jn >= j_mid:
                 b_s = _masked(b_s, jn, pos, BLOCK_N)
@@ -231,6 +263,7 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
+    PINGPONG: gl.constexpr,  # round 19's experiment: the consumers take turns (_turn_wait)
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -266,9 +299,9 @@ def _fused_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])

@@ -1,0 +1,65 @@
+#!/bin/sh
+# The round-19 H100 runs (reports/h100-round19/README.md), one step per device call (each under
+# 10 minutes): sh benchmarks/gpu_round19.sh STEP, with $OUT the output folder and .whl/ (the
+# FlashInfer wheels) carried. Each step packs its folder into $OUT/STEP.tgz.
+#   ncu: Nsight Compute on the prefill kernel of `kernels` (the Gluon tile) and of FlashInfer's
+#        FA3 on the same batches (prefill-varlen, eight 4k prompts), clocks locked to base
+#        (ncu's default), the same sections for both: where the cycles go on each side
+#   pp: benchmarks/probe_round19.py at the experiment commit (kernels._gluon.PINGPONG): bits and
+#       interleaved times of the consumers taking turns on named barriers, then ncu on it
+set -u
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+
+. benchmarks/gpu_full_check.sh
+
+SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats --section SourceCounters"
+METRICS="sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__cycles_elapsed.max,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_uniform.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,sm__sass_inst_executed_op_shared_ld.sum,lts__t_bytes.sum,dram__bytes_read.sum"
+
+# ncu on backend $1, workload $2: the kernels whose name matches "prefill" (any case) of the
+# eager call and the first replay, into $C/ncu-$1-$2.{ncu-rep,txt} and the SASS source page.
+profile() {
+  s=$(date +%s)
+  PYTHONPATH=$PWD:/tmp/site timeout 240 ncu $SECTIONS --metrics $METRICS --import-source no -k 'regex:(?i)prefill' --launch-count 2 -o $C/ncu-$1-$2 python3 benchmarks/profile_peer.py $1 $2 > $C/ncu-run-$1-$2.txt 2>&1
+  echo "ncu $1 $2 rc=$? wall $(( $(date +%s) - s )) s"
+  ncu -i $C/ncu-$1-$2.ncu-rep > $C/ncu-$1-$2.txt 2>&1
+  ncu -i $C/ncu-$1-$2.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $C/ncu-source-$1-$2.csv.gz
+  grep -E "^  [A-Za-z_].*\(|Duration|Elapsed Cycles|SM Frequency|hmma|pipe_xu|pipe_fma|Issue Slots Busy|No Eligible|Registers Per|Block Size|Grid Size|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Issued|inst_executed.sum" $C/ncu-$1-$2.txt | head -40
+}
+
+step_ncu() {
+  step_info > $C/gpu.txt 2>&1
+  flashinfer_site
+  s=$(date +%s)
+  # FlashInfer compiles its kernels on first use (nvcc), outside the profile.
+  PYTHONPATH=$PWD:/tmp/site timeout 300 python3 benchmarks/profile_peer.py flashinfer-fa3 prefill-varlen > $C/warm.txt 2>&1
+  echo "warm rc=$? wall $(( $(date +%s) - s )) s"; tail -2 $C/warm.txt
+  for w in prefill-varlen prefill:4kx8; do
+    profile kernels $w
+    profile flashinfer-fa3 $w
+  done
+}
+
+step_pp() {
+  step_info > $C/gpu.txt 2>&1
+  s=$(date +%s)
+  timeout -s INT -k 15 360 python3 benchmarks/probe_round19.py $C probe > $C/probe.txt 2>&1
+  echo "probe rc=$? wall $(( $(date +%s) - s )) s"
+  python3 -c "
+import json
+for l in open('$C/pingpong.jsonl'):
+    r = json.loads(l); print(r['workload'], r['dtype'], r['bits_differing'], r.get('pingpong/default'))"
+  s=$(date +%s)
+  timeout 200 ncu $SECTIONS --metrics $METRICS --import-source no -k regex:_fused_prefill_kernel --launch-count 1 -o $C/ncu-pingpong-prefill-varlen python3 benchmarks/probe_round19.py $C target prefill-varlen > $C/ncu-run-pingpong.txt 2>&1
+  echo "ncu pingpong rc=$? wall $(( $(date +%s) - s )) s"
+  ncu -i $C/ncu-pingpong-prefill-varlen.ncu-rep > $C/ncu-pingpong-prefill-varlen.txt 2>&1
+  ncu -i $C/ncu-pingpong-prefill-varlen.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $C/ncu-source-pingpong-prefill-varlen.csv.gz
+  grep -E "Duration|Elapsed Cycles|SM Frequency|hmma|Issue Slots Busy|Warp Cycles Per Issued" $C/ncu-pingpong-prefill-varlen.txt | head -12
+}
+
+step_info() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
+  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+}
+
+run_step gpu_round19.sh "ncu|pp"

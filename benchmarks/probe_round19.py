@@ -1,0 +1,87 @@
+"""Round-19 probe (H100): the Gluon prefill kernel's consumers taking turns through hardware
+named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
+
+    python benchmarks/probe_round19.py OUT_DIR probe [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
+
+Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
+samples on ``wgmma`` waits and 10% of ours; FA3's two consumer warpgroups take turns issuing
+their ``wgmma`` (``bar.sync`` before, ``bar.arrive`` for the other after), ours issue when
+ready. Round 14 measured a turn-taking built on mbarriers (a spin wait and a warpgroup
+``bar.sync`` per hand-over) and found no gain. ``kernels._gluon.PINGPONG`` (in the experiment
+commit only) takes turns on two named barriers instead. Turns move only when a warpgroup issues,
+never what it computes, so the bits must not change.
+
+``probe``: for each workload at bf16 and fp16, the bits of out and LSE with the switch on against
+the default; at bf16 the times of both (CUDA graphs, L2 flushed, medians of 20), interleaved in
+``REPEATS`` repeats. Writes ``pingpong.jsonl`` after each workload. ``target``: the switched
+launch twice, for ``ncu`` to profile.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+
+import kernels._gluon
+from benchmarks.probe_round4 import call, patched, save, time_interleaved
+from benchmarks.probe_round5 import _bits_vs
+from benchmarks.probe_round11 import _workload
+from benchmarks.tile_sweep import _graphed as graphed
+from invariance.bench import CudaTimer, build_batch
+
+WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
+REPEATS = 11
+
+
+def _switched(batch):
+    return patched(call(batch), kernels._gluon, "PINGPONG", True)
+
+
+def probe(out_dir: str, specs: list[str]) -> None:
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or WORKLOADS:
+        for dtype in (torch.bfloat16, torch.float16):
+            batch = build_batch(_workload(spec), dtype=dtype)
+            ref, cell = call(batch), _switched(batch)
+            row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec)
+            row["bits_differing"] = {"pingpong": _bits_vs(ref(), cell())}
+            if dtype == torch.bfloat16:
+                time_interleaved(row, [("default", graphed(ref)), ("pingpong", graphed(cell))],
+                                 timer, repeats=REPEATS)
+                ratios = [p / d for p, d in zip(row["us_pingpong"], row["us_default"],
+                                                strict=True)]
+                row["pingpong/default"] = dict(median=round(statistics.median(ratios), 4),
+                                               min=round(min(ratios), 4),
+                                               max=round(max(ratios), 4))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del batch
+            torch.cuda.empty_cache()
+            save(out_dir, "pingpong.jsonl", rows)
+
+
+def target(spec: str) -> None:
+    batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+    fn = _switched(batch)
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    if not hasattr(kernels._gluon, "PINGPONG"):
+        sys.exit("probe_round19.py: kernels._gluon has no PINGPONG; round 19 took the switch "
+                 "out again: it lives at the experiment commit (reports/h100-round19/README.md)")
+    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "target") or (
+            sys.argv[2] == "target" and len(sys.argv) != 4):
+        sys.exit(f"usage: probe_round19.py OUT_DIR probe [WORKLOAD ...] | OUT_DIR target "
+                 f"WORKLOAD; got {sys.argv[1:]}")
+    if sys.argv[2] == "probe":
+        probe(sys.argv[1], sys.argv[3:])
+    else:
+        target(sys.argv[3])
