@@ -7,8 +7,12 @@
 #        (ncu's default), the same sections for both: where the cycles go on each side
 #   pp: benchmarks/probe_round19.py at the experiment commit (kernels._gluon.PINGPONG): bits and
 #       interleaved times of the consumers taking turns on named barriers, then ncu on it
+#   fold: benchmarks/probe_round19.py fold at the experiment commit (FOLDLESS, Q_REGS): the
+#         tile without the split fold's state, and with q in registers, at one split per row
+#   rate: benchmarks/wgmma_rate.py: one tile step's wgmma group alone (scores at 64 and 128
+#         keys, q from shared memory or registers; p @ v), cycles per group
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp}
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|rate}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
@@ -57,9 +61,23 @@ for l in open('$C/pingpong.jsonl'):
   grep -E "Duration|Elapsed Cycles|SM Frequency|hmma|Issue Slots Busy|Warp Cycles Per Issued" $C/ncu-pingpong-prefill-varlen.txt | head -12
 }
 
+step_fold() {
+  step_info > $C/gpu.txt 2>&1
+  s=$(date +%s)
+  timeout -s INT -k 15 400 python3 benchmarks/probe_round19.py $C fold > $C/fold.txt 2>&1
+  echo "fold rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-700 $C/fold.txt | grep -v Warn | tail -8
+}
+
+step_rate() {
+  step_info > $C/gpu.txt 2>&1
+  s=$(date +%s)
+  timeout 300 python3 benchmarks/wgmma_rate.py --json $C/rate.jsonl > $C/rate.txt 2>&1
+  echo "rate rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-400 $C/rate.txt | tail -12
+}
+
 step_info() {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 }
 
-run_step gpu_round19.sh "ncu|pp"
+run_step gpu_round19.sh "ncu|pp|fold|rate"

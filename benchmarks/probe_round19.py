@@ -2,6 +2,7 @@
 named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
 
     python benchmarks/probe_round19.py OUT_DIR probe [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR fold [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -16,6 +17,13 @@ never what it computes, so the bits must not change.
 the default; at bf16 the times of both (CUDA graphs, L2 flushed, medians of 20), interleaved in
 ``REPEATS`` repeats. Writes ``pingpong.jsonl`` after each workload. ``target``: the switched
 launch twice, for ``ncu`` to profile.
+
+``fold`` (call 4): what the split fold's state costs the tile. With a split larger than any row
+(``ONE_SPLIT`` tokens) every row is one split, the fold a pass-through, and
+``kernels._gluon.FOLDLESS`` drops the fold state from the consumers (64 fp32 registers per
+thread); with them free, ``Q_REGS`` (q in registers for the score ``wgmma``, which spills next to
+the fold state) fits. Bits of each against the one-split default (they must agree), times of
+all and of the default at its own 1024-token split (other bits, time only), in ``fold.jsonl``.
 """
 
 from __future__ import annotations
@@ -34,7 +42,13 @@ from benchmarks.tile_sweep import _graphed as graphed
 from invariance.bench import CudaTimer, build_batch
 
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
+FOLD_WORKLOADS = ["prefill-varlen", "prefill:4kx8", "mixed64"]
 REPEATS = 11
+#: KV tokens per split for ``fold``: more than any row of its workloads (16k at most).
+ONE_SPLIT = 65536
+#: ``fold``'s cells: the ``kernels._gluon`` switches each turns on, at ``ONE_SPLIT``.
+FOLD_CELLS = {"foldless": ("FOLDLESS",), "foldless+q_regs": ("FOLDLESS", "Q_REGS"),
+              "foldless+q_regs+pingpong": ("FOLDLESS", "Q_REGS", "PINGPONG")}
 
 
 def _switched(batch):
@@ -65,6 +79,41 @@ def probe(out_dir: str, specs: list[str]) -> None:
             save(out_dir, "pingpong.jsonl", rows)
 
 
+def fold(out_dir: str, specs: list[str]) -> None:
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or FOLD_WORKLOADS:
+        for dtype in (torch.bfloat16, torch.float16):
+            batch = build_batch(_workload(spec), dtype=dtype)
+            ref = call(batch, split_size=ONE_SPLIT)
+            cells = {}
+            for name, switches in FOLD_CELLS.items():
+                fn = call(batch, split_size=ONE_SPLIT)
+                for sw in switches:
+                    fn = patched(fn, kernels._gluon, sw, True)
+                cells[name] = fn
+            row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
+                             split=ONE_SPLIT)
+            ref_out = ref()
+            row["bits_differing"] = {n: _bits_vs(ref_out, f()) for n, f in cells.items()}
+            if dtype == torch.bfloat16:
+                graphs = [("one_split", graphed(ref)), ("split1024", graphed(call(batch)))]
+                graphs += [(n, graphed(f)) for n, f in cells.items()]
+                time_interleaved(row, graphs, timer, repeats=REPEATS)
+                for n, _ in graphs[1:]:
+                    ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_one_split"],
+                                                    strict=True)]
+                    row[f"{n}/one_split"] = dict(median=round(statistics.median(ratios), 4),
+                                                 min=round(min(ratios), 4),
+                                                 max=round(max(ratios), 4))
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}),
+                  flush=True)
+            del batch
+            torch.cuda.empty_cache()
+            save(out_dir, "fold.jsonl", rows)
+
+
 def target(spec: str) -> None:
     batch = build_batch(_workload(spec), dtype=torch.bfloat16)
     fn = _switched(batch)
@@ -74,14 +123,18 @@ def target(spec: str) -> None:
 
 
 if __name__ == "__main__":
-    if not hasattr(kernels._gluon, "PINGPONG"):
-        sys.exit("probe_round19.py: kernels._gluon has no PINGPONG; round 19 took the switch "
-                 "out again: it lives at the experiment commit (reports/h100-round19/README.md)")
-    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "target") or (
+    missing = [n for n in ("PINGPONG", "FOLDLESS", "Q_REGS") if not hasattr(kernels._gluon, n)]
+    if missing:
+        sys.exit(f"probe_round19.py: kernels._gluon has no {missing}; round 19 took its switches "
+                 "out again: they live at its experiment commits "
+                 "(reports/h100-round19/README.md)")
+    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit(f"usage: probe_round19.py OUT_DIR probe [WORKLOAD ...] | OUT_DIR target "
+        sys.exit(f"usage: probe_round19.py OUT_DIR probe|fold [WORKLOAD ...] | OUT_DIR target "
                  f"WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "fold":
+        fold(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])

@@ -20,6 +20,11 @@ RING_SLOTS = 4
 #: issuing their ``wgmma`` through two hardware named barriers (``bar.sync`` / ``bar.arrive``,
 #: FA3's warp-scheduler barriers), so one's softmax runs while the other's dots do.
 PINGPONG = False
+#: Round 19's experiment: no fold state in the consumers (valid only when every row is one split:
+#: the probe launches with a split larger than any row), to measure what the fold's registers cost.
+FOLDLESS = False
+#: Round 19's experiment: q in registers for the score ``wgmma`` (its A operand).
+Q_REGS = False
 
 
 @functools.cache
@@ -87,4 +92,4 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
-        PINGPONG=PINGPONG, num_warps=4)
+        PINGPONG=PINGPONG, FOLDLESS=FOLDLESS, Q_REGS=Q_REGS, num_warps=4)

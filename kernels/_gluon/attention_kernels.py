@@ -130,7 +130,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PINGPONG: gl.constexpr):
+              PINGPONG: gl.constexpr, FOLDLESS: gl.constexpr, Q_REGS: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
     S_L: gl.constexpr = WG_S_L
@@ -142,6 +142,10 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
     o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
     _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     q_h = q_s.slice(half * HALF, HALF)
+    if Q_REGS:  # noqa: SIM108 (a constexpr branch: the load exists only with Q_REGS)
+        q_op = q_h.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    else:
+        q_op = q_h
     zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
     zero_o = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
     # The running fold of finished splits (rows in acc's layout) and the current split's state.
@@ -154,7 +158,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
     if n_tiles > 0:
         # Tile 0's scores and weights, and the rescale before its p @ v.
         mbarrier.wait(ready.index(0), 0)
-        s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
+        s_tok = warpgroup_mma(q_op, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
         b_s = warpgroup_mma_wait(0, deps=[s_tok])
         if j_mid <= 0:
             b_s = _masked(b_s, 0, pos, BLOCK_N)
@@ -171,7 +175,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                 # step (warpgroup 1 does not pass after its last: the counts stay balanced).
                 if (half == 1) | (j >= 1):
                     _turn_wait(half)
-            s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
+            s_tok = warpgroup_mma(q_op, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
                                   is_async=True)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
@@ -189,7 +193,9 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
             m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(j % STAGES))
-            if new_split | (j + 1 == n_tiles):
+            if FOLDLESS:
+                pass
+            elif new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
                 f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
                                         gl.convert_layout(l_i, ROW_O), acc)
@@ -200,6 +206,10 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                 l_i = _sum(l_i, alpha, b_p_n)
                 acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
                 b_p = b_p_n
+    if FOLDLESS:
+        f_m = gl.convert_layout(m_i, ROW_O)
+        f_l = gl.convert_layout(l_i, ROW_O)
+        f_acc = acc
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
     o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
@@ -264,6 +274,8 @@ def _fused_prefill_kernel(
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
     PINGPONG: gl.constexpr,  # round 19's experiment: the consumers take turns (_turn_wait)
+    FOLDLESS: gl.constexpr,  # round 19's experiment: no fold state (one split per row only)
+    Q_REGS: gl.constexpr,  # round 19's experiment: q in registers for the score wgmma
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -299,9 +311,9 @@ def _fused_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
