@@ -9,10 +9,12 @@
 #       interleaved times of the consumers taking turns on named barriers, then ncu on it
 #   fold: benchmarks/probe_round19.py fold at the experiment commit (FOLDLESS, Q_REGS): the
 #         tile without the split fold's state, and with q in registers, at one split per row
+#   bn128: benchmarks/probe_round19.py bn128 at the experiment commit: a 128-key Gluon tile
+#          (no fold state, p kept as the 16-bit operand) against the 64-key one, one split
 #   rate: benchmarks/wgmma_rate.py: one tile step's wgmma group alone (scores at 64 and 128
 #         keys, q from shared memory or registers; p @ v), cycles per group
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|rate}
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|rate}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
@@ -68,6 +70,13 @@ step_fold() {
   echo "fold rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-700 $C/fold.txt | grep -v Warn | tail -8
 }
 
+step_bn128() {
+  step_info > $C/gpu.txt 2>&1
+  s=$(date +%s)
+  timeout -s INT -k 15 400 python3 benchmarks/probe_round19.py $C bn128 > $C/bn128.txt 2>&1
+  echo "bn128 rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-1500 $C/bn128.txt | grep -v Warn | tail -6
+}
+
 step_rate() {
   step_info > $C/gpu.txt 2>&1
   s=$(date +%s)
@@ -80,4 +89,4 @@ step_info() {
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 }
 
-run_step gpu_round19.sh "ncu|pp|fold|rate"
+run_step gpu_round19.sh "ncu|pp|fold|bn128|rate"

@@ -3,6 +3,7 @@ named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
 
     python benchmarks/probe_round19.py OUT_DIR probe [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR fold [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR bn128 [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -24,6 +25,14 @@ launch twice, for ``ncu`` to profile.
 thread); with them free, ``Q_REGS`` (q in registers for the score ``wgmma``, which spills next to
 the fold state) fits. Bits of each against the one-split default (they must agree), times of
 all and of the default at its own 1024-token split (other bits, time only), in ``fold.jsonl``.
+
+``bn128`` (call 5): is a 128-key Gluon tile faster per key, once its registers fit? At one split
+per row, ``FOLDLESS`` and ``KEEP_P`` (p carried as the 16-bit operand) let the 128-key tile
+(3 ring slots of 64 KB) compile without spills. Launched directly (``launch_fused_prefill`` with
+``block_n=128``; the launcher keeps the Gluon tile at 64 keys), plain slot order, against the same
+direct launch at 64 keys. A 128-key tile is another numerics contract (other bits): its cells
+report the largest difference from the 64-key result (a sanity check), the 64-key cells their
+bits. In ``bn128.jsonl``.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import sys
 
 import torch
 
+import kernels
 import kernels._gluon
 from benchmarks.probe_round4 import call, patched, save, time_interleaved
 from benchmarks.probe_round5 import _bits_vs
@@ -114,6 +124,79 @@ def fold(out_dir: str, specs: list[str]) -> None:
             save(out_dir, "fold.jsonl", rows)
 
 
+#: ``bn128``'s cells: (block_n, the ``kernels._gluon`` switches set).
+BN128_CELLS = {
+    "g64": (64, {}),
+    "g64-foldless-keepp": (64, {"FOLDLESS": True, "KEEP_P": True}),
+    "g128-foldless-keepp": (128, {"FOLDLESS": True, "KEEP_P": True}),
+    "g128-foldless-keepp-r240": (128, {"FOLDLESS": True, "KEEP_P": True, "CONSUMER_REGS": 240}),
+    "g128-foldless-keepp-pingpong": (128, {"FOLDLESS": True, "KEEP_P": True, "PINGPONG": True}),
+    "g128-fold-keepp-r240": (128, {"KEEP_P": True, "CONSUMER_REGS": 240}),
+}
+
+
+def _direct(batch, lp, block_n: int, switches: dict):
+    """The Gluon kernel launched directly at ``block_n`` keys, one split per row."""
+    from kernels._gluon import launch_fused_prefill
+
+    T, Hq, _ = batch.q.shape
+    qk_scale = batch.sm_scale * 1.4426950408889634
+
+    def fn():
+        saved = {k: getattr(kernels._gluon, k) for k in switches}
+        for k, v in switches.items():
+            setattr(kernels._gluon, k, v)
+        try:
+            out = torch.empty_like(batch.q)
+            lse = torch.empty(T, Hq, dtype=torch.float32, device=batch.q.device)
+            launch_fused_prefill(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                 batch.kv_lens, batch.block_table, batch.cu_seqlens_q, out, lse,
+                                 qk_scale, num_slots=lp.num_slots,
+                                 split_tiles=ONE_SPLIT // block_n, block_m=lp.block_m,
+                                 block_q=lp.block_q, block_n=block_n, is_slot_order=False)
+            return out, lse
+        finally:
+            for k, v in saved.items():
+                setattr(kernels._gluon, k, v)
+    return fn
+
+
+def bn128(out_dir: str, specs: list[str]) -> None:
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or FOLD_WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        lens = (batch.q_lens(), batch.kv_lens.tolist())
+        lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                    batch.kv_lens, batch.block_table, validate=False,
+                                    host_lens=lens, split_size=ONE_SPLIT)
+        ref_out = call(batch, split_size=ONE_SPLIT)()
+        cells = {n: _direct(batch, lp, bn, sw) for n, (bn, sw) in BN128_CELLS.items()}
+        row: dict = dict(dtype="bfloat16", workload=spec, split=ONE_SPLIT, gluon=lp.gluon,
+                         bits_differing={}, max_abs_diff={})
+        for n, f in cells.items():
+            got = f()
+            if BN128_CELLS[n][0] == 64:
+                row["bits_differing"][n] = _bits_vs(ref_out, got)
+            d_out = (got[0].float() - ref_out[0].float()).abs()
+            d_lse = (got[1] - ref_out[1]).abs()
+            row["max_abs_diff"][n] = dict(out=float(d_out.max()), lse=float(d_lse.max()),
+                                          nonfinite=int((~torch.isfinite(got[0])).sum()
+                                                        + (~torch.isfinite(got[1])).sum()))
+        graphs = [(n, graphed(f)) for n, f in cells.items()]
+        time_interleaved(row, graphs, timer, repeats=REPEATS)
+        for n, _ in graphs[1:]:
+            ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_g64"], strict=True)]
+            row[f"{n}/g64"] = dict(median=round(statistics.median(ratios), 4),
+                                   min=round(min(ratios), 4), max=round(max(ratios), 4))
+        row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n in cells}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+        save(out_dir, "bn128.jsonl", rows)
+
+
 def target(spec: str) -> None:
     batch = build_batch(_workload(spec), dtype=torch.bfloat16)
     fn = _switched(batch)
@@ -123,18 +206,21 @@ def target(spec: str) -> None:
 
 
 if __name__ == "__main__":
-    missing = [n for n in ("PINGPONG", "FOLDLESS", "Q_REGS") if not hasattr(kernels._gluon, n)]
+    missing = [n for n in ("PINGPONG", "FOLDLESS", "Q_REGS", "KEEP_P", "CONSUMER_REGS",
+                           "RING_SLOTS_128") if not hasattr(kernels._gluon, n)]
     if missing:
         sys.exit(f"probe_round19.py: kernels._gluon has no {missing}; round 19 took its switches "
                  "out again: they live at its experiment commits "
                  "(reports/h100-round19/README.md)")
-    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "target") or (
+    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit(f"usage: probe_round19.py OUT_DIR probe|fold [WORKLOAD ...] | OUT_DIR target "
-                 f"WORKLOAD; got {sys.argv[1:]}")
+        sys.exit(f"usage: probe_round19.py OUT_DIR probe|fold|bn128 [WORKLOAD ...] | OUT_DIR "
+                 f"target WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "fold":
         fold(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "bn128":
+        bn128(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])

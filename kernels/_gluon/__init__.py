@@ -25,6 +25,14 @@ PINGPONG = False
 FOLDLESS = False
 #: Round 19's experiment: q in registers for the score ``wgmma`` (its A operand).
 Q_REGS = False
+#: Round 19's experiment: ring slots of a 128-key tile (64 KB each; a fourth does not fit).
+RING_SLOTS_128 = 3
+#: Registers per thread of the second consumer warpgroup (``setmaxnreg``; 240 is the most the
+#: 12-warp CTA allows with 24 for the loader's).
+CONSUMER_REGS = 232
+#: Round 19's experiment: p carried between steps as the 16-bit ``p @ v`` operand (32 registers
+#: per thread at 128 keys) instead of the fp32 weights (64).
+KEEP_P = False
 
 
 @functools.cache
@@ -91,5 +99,7 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
-        PINGPONG=PINGPONG, FOLDLESS=FOLDLESS, Q_REGS=Q_REGS, num_warps=4)
+        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order,
+        STAGES=RING_SLOTS if block_n == 64 else RING_SLOTS_128,
+        PINGPONG=PINGPONG, FOLDLESS=FOLDLESS, Q_REGS=Q_REGS,
+        CONSUMER_REGS=CONSUMER_REGS, KEEP_P=KEEP_P, num_warps=4)

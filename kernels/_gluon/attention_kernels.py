@@ -118,10 +118,10 @@ def _turn_pass(half):
 
 
 @gluon.jit
-def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
+def _masked(b_s, t, pos, BLOCK_N: gl.constexpr, S_L: gl.constexpr):
     """Raw scores of tile ``t`` with ``-inf`` where a row does not see the key (``key > pos``),
     as ``_tile_scores``' masked path."""
-    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WG_S_L))
+    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     return gl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
 
 
@@ -130,10 +130,13 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PINGPONG: gl.constexpr, FOLDLESS: gl.constexpr, Q_REGS: gl.constexpr):
+              PINGPONG: gl.constexpr, FOLDLESS: gl.constexpr, Q_REGS: gl.constexpr,
+              KEEP_P: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
-    S_L: gl.constexpr = WG_S_L
+    # Round 19's 128-key experiment: the score layout follows BLOCK_N (WG_S_L at 64).
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -161,10 +164,12 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
         s_tok = warpgroup_mma(q_op, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
         b_s = warpgroup_mma_wait(0, deps=[s_tok])
         if j_mid <= 0:
-            b_s = _masked(b_s, 0, pos, BLOCK_N)
+            b_s = _masked(b_s, 0, pos, BLOCK_N, S_L)
         m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
         l_i = _sum(l_i, alpha, b_p)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        if KEEP_P:
+            p_c = gl.convert_layout(b_p.to(k_s.dtype), P_L)
         for j in range(0, n_tiles):
             # The next tile's scores (past the last tile: its own again, a dummy never used)
             # and this tile's p @ v, issued together.
@@ -179,14 +184,17 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                                   is_async=True)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
-            p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+            if KEEP_P:  # noqa: SIM108 (constexpr: p_c exists only with KEEP_P)
+                p = p_c
+            else:
+                p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
             if PINGPONG:  # noqa: SIM102 (a constexpr branch around a runtime one)
                 if (half == 0) | (j + 1 < n_tiles):
                     _turn_pass(half)
             b_s = warpgroup_mma_wait(1, deps=[s_tok])
             if jn >= j_mid:
-                b_s = _masked(b_s, jn, pos, BLOCK_N)
+                b_s = _masked(b_s, jn, pos, BLOCK_N, S_L)
             # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
             new_split = (j + 1) % split_tiles == 0
             m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
@@ -205,7 +213,10 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                 m_i = m_new
                 l_i = _sum(l_i, alpha, b_p_n)
                 acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-                b_p = b_p_n
+                if KEEP_P:
+                    p_c = gl.convert_layout(b_p_n.to(k_s.dtype), P_L)
+                else:
+                    b_p = b_p_n
     if FOLDLESS:
         f_m = gl.convert_layout(m_i, ROW_O)
         f_l = gl.convert_layout(l_i, ROW_O)
@@ -276,6 +287,8 @@ def _fused_prefill_kernel(
     PINGPONG: gl.constexpr,  # round 19's experiment: the consumers take turns (_turn_wait)
     FOLDLESS: gl.constexpr,  # round 19's experiment: no fold state (one split per row only)
     Q_REGS: gl.constexpr,  # round 19's experiment: q in registers for the score wgmma
+    CONSUMER_REGS: gl.constexpr,  # registers per thread of the worker consumer warpgroup
+    KEEP_P: gl.constexpr,  # round 19's experiment: p carried between steps as the bf16 operand
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -311,9 +324,11 @@ def _fused_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS,
+                     KEEP_P)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS,
+                     KEEP_P)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
-                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
+                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [CONSUMER_REGS, 24])
