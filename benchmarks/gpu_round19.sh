@@ -11,10 +11,12 @@
 #         tile without the split fold's state, and with q in registers, at one split per row
 #   bn128: benchmarks/probe_round19.py bn128 at the experiment commit: a 128-key Gluon tile
 #          (no fold state, p kept as the 16-bit operand) against the 64-key one, one split
+#   bn128g: benchmarks/probe_round19.py bn128g: the 128-key tile at the 1024-token split, its fold
+#           acc in registers or in a global workspace, against the 64-key default
 #   rate: benchmarks/wgmma_rate.py: one tile step's wgmma group alone (scores at 64 and 128
 #         keys, q from shared memory or registers; p @ v), cycles per group
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|rate}
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|rate}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
@@ -77,6 +79,13 @@ step_bn128() {
   echo "bn128 rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-1500 $C/bn128.txt | grep -v Warn | tail -6
 }
 
+step_bn128g() {
+  step_info > $C/gpu.txt 2>&1
+  s=$(date +%s)
+  timeout -s INT -k 15 400 python3 benchmarks/probe_round19.py $C bn128g > $C/bn128g.txt 2>&1
+  echo "bn128g rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-2500 $C/bn128g.txt | grep -v Warn | tail -6
+}
+
 step_rate() {
   step_info > $C/gpu.txt 2>&1
   s=$(date +%s)
@@ -89,4 +98,4 @@ step_info() {
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 }
 
-run_step gpu_round19.sh "ncu|pp|fold|bn128|rate"
+run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|rate"

@@ -4,6 +4,7 @@ named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
     python benchmarks/probe_round19.py OUT_DIR probe [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR fold [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR bn128 [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR bn128g [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -135,8 +136,8 @@ BN128_CELLS = {
 }
 
 
-def _direct(batch, lp, block_n: int, switches: dict):
-    """The Gluon kernel launched directly at ``block_n`` keys, one split per row."""
+def _direct(batch, lp, block_n: int, switches: dict, split: int = ONE_SPLIT, ws=None):
+    """The Gluon kernel launched directly at ``block_n`` keys, ``split`` KV tokens per split."""
     from kernels._gluon import launch_fused_prefill
 
     T, Hq, _ = batch.q.shape
@@ -152,8 +153,9 @@ def _direct(batch, lp, block_n: int, switches: dict):
             launch_fused_prefill(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
                                  batch.kv_lens, batch.block_table, batch.cu_seqlens_q, out, lse,
                                  qk_scale, num_slots=lp.num_slots,
-                                 split_tiles=ONE_SPLIT // block_n, block_m=lp.block_m,
-                                 block_q=lp.block_q, block_n=block_n, is_slot_order=False)
+                                 split_tiles=split // block_n, block_m=lp.block_m,
+                                 block_q=lp.block_q, block_n=block_n, is_slot_order=False,
+                                 ws=ws)
             return out, lse
         finally:
             for k, v in saved.items():
@@ -197,6 +199,60 @@ def bn128(out_dir: str, specs: list[str]) -> None:
         save(out_dir, "bn128.jsonl", rows)
 
 
+#: ``bn128g``'s cells at the contract's 1024-token split: (block_n, switches, split, workspace).
+BN128G_CELLS = {
+    "g128-fold-r240": (128, {"KEEP_P": True, "CONSUMER_REGS": 240}, 1024, False),
+    "g128-foldglobal": (128, {"KEEP_P": True, "FOLD_GLOBAL": True}, 1024, True),
+    "g128-foldglobal-r240": (128, {"KEEP_P": True, "FOLD_GLOBAL": True, "CONSUMER_REGS": 240},
+                             1024, True),
+    "g128-foldless-onesplit": (128, {"KEEP_P": True, "FOLDLESS": True}, ONE_SPLIT, False),
+}
+
+
+def bn128g(out_dir: str, specs: list[str]) -> None:
+    """Call 6: the 128-key tile with the split fold (1024 tokens): its fold acc in registers
+    (spills) or in a global workspace (``FOLD_GLOBAL``), against the 64-key default launch."""
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or FOLD_WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        lens = (batch.q_lens(), batch.kv_lens.tolist())
+        lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                    batch.kv_lens, batch.block_table, validate=False,
+                                    host_lens=lens)
+        Hkv = batch.k_cache.shape[2]
+        ws = torch.empty(lp.num_slots * Hkv * 2, 64, batch.q.shape[2], dtype=torch.float32,
+                         device=batch.q.device)
+        cells = {"g64-default": call(batch)}
+        for n, (bn, sw, split, use_ws) in BN128G_CELLS.items():
+            cells[n] = _direct(batch, lp, bn, sw, split, ws if use_ws else None)
+        row: dict = dict(dtype="bfloat16", workload=spec, gluon=lp.gluon, plan=lp.plan,
+                         workspace_mb=round(ws.numel() * 4 / 2**20))
+        ref = cells["g128-fold-r240"]()
+        row["bits_vs_g128-fold-r240"] = {n: _bits_vs(ref, cells[n]())
+                                         for n in ("g128-foldglobal", "g128-foldglobal-r240")}
+        base = cells["g64-default"]()
+        row["max_abs_diff_vs_g64"] = {}
+        for n, f in cells.items():
+            got = f()
+            row["max_abs_diff_vs_g64"][n] = dict(
+                out=float((got[0].float() - base[0].float()).abs().max()),
+                lse=float((got[1] - base[1]).abs().max()),
+                nonfinite=int((~torch.isfinite(got[0])).sum() + (~torch.isfinite(got[1])).sum()))
+        graphs = [(n, graphed(f)) for n, f in cells.items()]
+        time_interleaved(row, graphs, timer, repeats=REPEATS)
+        for n, _ in graphs[1:]:
+            ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_g64-default"], strict=True)]
+            row[f"{n}/g64-default"] = dict(median=round(statistics.median(ratios), 4),
+                                           min=round(min(ratios), 4), max=round(max(ratios), 4))
+        row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n in cells}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+        del batch, ws
+        torch.cuda.empty_cache()
+        save(out_dir, "bn128g.jsonl", rows)
+
+
 def target(spec: str) -> None:
     batch = build_batch(_workload(spec), dtype=torch.bfloat16)
     fn = _switched(batch)
@@ -207,20 +263,22 @@ def target(spec: str) -> None:
 
 if __name__ == "__main__":
     missing = [n for n in ("PINGPONG", "FOLDLESS", "Q_REGS", "KEEP_P", "CONSUMER_REGS",
-                           "RING_SLOTS_128") if not hasattr(kernels._gluon, n)]
+                           "RING_SLOTS_128", "FOLD_GLOBAL") if not hasattr(kernels._gluon, n)]
     if missing:
         sys.exit(f"probe_round19.py: kernels._gluon has no {missing}; round 19 took its switches "
                  "out again: they live at its experiment commits "
                  "(reports/h100-round19/README.md)")
-    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "target") or (
+    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit(f"usage: probe_round19.py OUT_DIR probe|fold|bn128 [WORKLOAD ...] | OUT_DIR "
-                 f"target WORKLOAD; got {sys.argv[1:]}")
+        sys.exit(f"usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g [WORKLOAD ...] | "
+                 f"OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "fold":
         fold(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "bn128":
         bn128(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "bn128g":
+        bn128g(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])

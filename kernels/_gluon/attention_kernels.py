@@ -126,12 +126,12 @@ def _masked(b_s, t, pos, BLOCK_N: gl.constexpr, S_L: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, ws_ptr, half, i_qblk, q_start, q_len,
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               PINGPONG: gl.constexpr, FOLDLESS: gl.constexpr, Q_REGS: gl.constexpr,
-              KEEP_P: gl.constexpr):
+              KEEP_P: gl.constexpr, FOLD_GLOBAL: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
     # Round 19's 128-key experiment: the score layout follows BLOCK_N (WG_S_L at 64).
@@ -158,6 +158,14 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
+    if FOLD_GLOBAL:
+        # Round 19's experiment: this warpgroup's running fold acc in a global workspace
+        # (one [64, D] fp32 block per program and warpgroup), read and written at split ends.
+        o_wr = gl.arange(0, HALF, layout=ROW_O)
+        o_wd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+        ws = ws_ptr + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * 2
+                       + half).to(gl.int64) * (HALF * HEAD_DIM)
+        ws_offs = o_wr[:, None] * HEAD_DIM + o_wd[None, :]
     if n_tiles > 0:
         # Tile 0's scores and weights, and the rescale before its p @ v.
         mbarrier.wait(ready.index(0), 0)
@@ -201,22 +209,47 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
             m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(j % STAGES))
-            if FOLDLESS:
-                pass
-            elif new_split | (j + 1 == n_tiles):
-                # The split ends with tile j: fold it, start a fresh state.
-                f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
-                                        gl.convert_layout(l_i, ROW_O), acc)
-                l_i = gl.full_like(l_i, 0.0)
-                acc = zero_o
-            if j + 1 < n_tiles:
-                m_i = m_new
-                l_i = _sum(l_i, alpha, b_p_n)
-                acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-                if KEEP_P:
+            if FOLD_GLOBAL:
+                # The next tile's row sum and 16-bit p first (its fp32 weights die), then the
+                # fold with the previous fold read from the workspace (KEEP_P required).
+                ends = new_split | (j + 1 == n_tiles)
+                if j + 1 < n_tiles:
+                    l_n = _sum(gl.where(ends, gl.full_like(l_i, 0.0), l_i), alpha, b_p_n)
                     p_c = gl.convert_layout(b_p_n.to(k_s.dtype), P_L)
                 else:
-                    b_p = b_p_n
+                    l_n = l_i
+                if ends:
+                    if j >= split_tiles:  # noqa: SIM108 (a runtime branch: no load otherwise)
+                        f_prev = gl.load(ws + ws_offs)
+                    else:
+                        f_prev = zero_o
+                    f_m, f_l, f_new = _fold(f_m, f_l, f_prev, gl.convert_layout(m_i, ROW_O),
+                                            gl.convert_layout(l_i, ROW_O), acc)
+                    gl.store(ws + ws_offs, f_new)
+                    acc = zero_o
+                if j + 1 < n_tiles:
+                    m_i = m_new
+                    l_i = l_n
+                    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            else:
+                if FOLDLESS:
+                    pass
+                elif new_split | (j + 1 == n_tiles):
+                    # The split ends with tile j: fold it, start a fresh state.
+                    f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
+                                            gl.convert_layout(l_i, ROW_O), acc)
+                    l_i = gl.full_like(l_i, 0.0)
+                    acc = zero_o
+                if j + 1 < n_tiles:
+                    m_i = m_new
+                    l_i = _sum(l_i, alpha, b_p_n)
+                    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+                    if KEEP_P:
+                        p_c = gl.convert_layout(b_p_n.to(k_s.dtype), P_L)
+                    else:
+                        b_p = b_p_n
+        if FOLD_GLOBAL:
+            f_acc = gl.load(ws + ws_offs)
     if FOLDLESS:
         f_m = gl.convert_layout(m_i, ROW_O)
         f_l = gl.convert_layout(l_i, ROW_O)
@@ -265,6 +298,7 @@ def _fused_prefill_kernel(
     slot_order_ptr,  # [num_slots] int32 (IS_SLOT_ORDER only)
     out_ptr,  # [T, Hq, D] contiguous
     lse_ptr,  # [T, Hq] fp32 contiguous
+    ws_ptr,  # FOLD_GLOBAL only: [grid0 * Hkv * 2, 64, D] fp32 workspace
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split
     B,
@@ -289,6 +323,7 @@ def _fused_prefill_kernel(
     Q_REGS: gl.constexpr,  # round 19's experiment: q in registers for the score wgmma
     CONSUMER_REGS: gl.constexpr,  # registers per thread of the worker consumer warpgroup
     KEEP_P: gl.constexpr,  # round 19's experiment: p carried between steps as the bf16 operand
+    FOLD_GLOBAL: gl.constexpr,  # round 19's experiment: the fold acc in a global workspace
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -322,13 +357,15 @@ def _fused_prefill_kernel(
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
     gl.warp_specialize([
-        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
-                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, ws_ptr, 0, i_qblk, q_start,
+                     q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
+                     HEAD_DIM,
                      BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS,
-                     KEEP_P)),
-        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
-                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
+                     KEEP_P, FOLD_GLOBAL)),
+        (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, ws_ptr, 1, i_qblk, q_start,
+                     q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
+                     HEAD_DIM,
                      BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, PINGPONG, FOLDLESS, Q_REGS,
-                     KEEP_P)),
+                     KEEP_P, FOLD_GLOBAL)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [CONSUMER_REGS, 24])
