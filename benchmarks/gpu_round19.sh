@@ -13,10 +13,12 @@
 #          (no fold state, p kept as the 16-bit operand) against the 64-key one, one split
 #   bn128g: benchmarks/probe_round19.py bn128g: the 128-key tile at the 1024-token split, its fold
 #           acc in registers or in a global workspace, against the 64-key default
+#   decode128: benchmarks/probe_round19.py decode128: a decode step at 128 keys (Triton) against
+#              the 128-key Gluon prefill of the same token (bits), and its times
 #   rate: benchmarks/wgmma_rate.py: one tile step's wgmma group alone (scores at 64 and 128
 #         keys, q from shared memory or registers; p @ v), cycles per group
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|rate}
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|decode128|rate}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
@@ -86,6 +88,13 @@ step_bn128g() {
   echo "bn128g rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-2500 $C/bn128g.txt | grep -v Warn | tail -6
 }
 
+step_decode128() {
+  step_info > $C/gpu.txt 2>&1
+  s=$(date +%s)
+  timeout -s INT -k 15 500 python3 benchmarks/probe_round19.py $C decode128 > $C/decode128.txt 2>&1
+  echo "decode128 rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-1200 $C/decode128.txt | grep -v Warn | tail -12
+}
+
 step_rate() {
   step_info > $C/gpu.txt 2>&1
   s=$(date +%s)
@@ -98,4 +107,4 @@ step_info() {
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 }
 
-run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|rate"
+run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|decode128|rate"

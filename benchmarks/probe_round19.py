@@ -5,6 +5,7 @@ named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
     python benchmarks/probe_round19.py OUT_DIR fold [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR bn128 [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR bn128g [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR decode128 [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -253,6 +254,86 @@ def bn128g(out_dir: str, specs: list[str]) -> None:
         save(out_dir, "bn128g.jsonl", rows)
 
 
+#: ``decode128``'s 128-key decode cells: (plan, Tuning fields).
+DECODE128_CELLS = {
+    "split-vb2-s2": ("split", dict(block_n=128, value_blocks=2, num_stages=2)),
+    "split-vb2-s3": ("split", dict(block_n=128, value_blocks=2, num_stages=3)),
+    "split-vb1-s2": ("split", dict(block_n=128, value_blocks=1, num_stages=2)),
+    "auto-s2": ("auto", dict(block_n=128, num_stages=2)),
+}
+DECODE128_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-ctx1k",
+                       "decode-b8-ctx8k", "decode-b8-ctx32k", "decode-b64-ctx8k",
+                       "decode-b256-ctx8k", "decode-prod64"]
+#: Prompt lengths of ``decode128``'s consistency check (one and several splits, a partial tile).
+DECODE128_PROMPTS = (1000, 3001)
+
+
+def _consistency(rows: list[dict]) -> None:
+    """A prompt prefilled by the 128-key Gluon tile (split 1024, fold in registers) against its
+    last token decoded alone by each 128-key Triton decode cell: bits of that token's rows."""
+    for n_prompt in DECODE128_PROMPTS:
+        batch = build_batch(_workload(f"prefill:{n_prompt}"), dtype=torch.bfloat16)
+        lens = (batch.q_lens(), batch.kv_lens.tolist())
+        lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                    batch.kv_lens, batch.block_table, validate=False,
+                                    host_lens=lens)
+        pre_out, pre_lse = _direct(batch, lp, 128, {"KEEP_P": True, "CONSUMER_REGS": 240},
+                                   1024)()
+        q1 = batch.q[-1:].contiguous()
+        cu1 = torch.tensor([0, 1], dtype=torch.int32, device=q1.device)
+        row: dict = dict(check="prefill_vs_decode", prompt=n_prompt, bits_differing={})
+        for name, (plan, fields) in DECODE128_CELLS.items():
+            out, lse = kernels.unified_attention(
+                q1, batch.k_cache, batch.v_cache, cu1, batch.kv_lens, batch.block_table,
+                sm_scale=batch.sm_scale, plan=plan, tuning=kernels.Tuning(**fields),
+                validate=False, host_lens=([1], batch.kv_lens.tolist()), split_size=1024)
+            row["bits_differing"][name] = _bits_vs((pre_out[-1:], pre_lse[-1:]), (out, lse))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del batch
+
+
+def decode128(out_dir: str, specs: list[str]) -> None:
+    """Call 7: could the decode kernels carry a 128-key contract? Bits of a decode step against
+    the 128-key Gluon prefill of the same token, then times of the 128-key decode cells against
+    the 64-key default (other bits: sanity differences only)."""
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    _consistency(rows)
+    save(out_dir, "decode128.jsonl", rows)
+    for spec in specs or DECODE128_WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        base = call(batch)
+        cells = {"default": base}
+        for name, (plan, fields) in DECODE128_CELLS.items():
+            cells[name] = call(batch, plan, kernels.Tuning(**fields))
+        row: dict = dict(workload=spec, max_abs_diff={}, errors={})
+        ref = base()
+        ok = {}
+        for n, f in cells.items():
+            try:
+                got = f()
+            except Exception as exc:  # a cell that does not launch: say why, time the rest
+                row["errors"][n] = repr(exc)[:300]
+                continue
+            ok[n] = f
+            row["max_abs_diff"][n] = dict(
+                out=float((got[0].float() - ref[0].float()).abs().max()),
+                lse=float((got[1] - ref[1]).abs().max()),
+                nonfinite=int((~torch.isfinite(got[0])).sum() + (~torch.isfinite(got[1])).sum()))
+        graphs = [(n, graphed(f)) for n, f in ok.items()]
+        time_interleaved(row, graphs, timer, repeats=5)
+        for n, _ in graphs[1:]:
+            ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_default"], strict=True)]
+            row[f"{n}/default"] = round(statistics.median(ratios), 4)
+        row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n, _ in graphs}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+        save(out_dir, "decode128.jsonl", rows)
+
+
 def target(spec: str) -> None:
     batch = build_batch(_workload(spec), dtype=torch.bfloat16)
     fn = _switched(batch)
@@ -268,10 +349,11 @@ if __name__ == "__main__":
         sys.exit(f"probe_round19.py: kernels._gluon has no {missing}; round 19 took its switches "
                  "out again: they live at its experiment commits "
                  "(reports/h100-round19/README.md)")
-    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "target") or (
+    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
+                                                 "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit(f"usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g [WORKLOAD ...] | "
-                 f"OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
+        sys.exit("usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g|decode128 "
+                 f"[WORKLOAD ...] | OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "fold":
@@ -280,5 +362,7 @@ if __name__ == "__main__":
         bn128(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "bn128g":
         bn128g(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "decode128":
+        decode128(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])
