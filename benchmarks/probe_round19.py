@@ -351,8 +351,9 @@ if __name__ == "__main__":
                            "RING_SLOTS_128", "FOLD_GLOBAL") if not hasattr(kernels._gluon, n)]
     if missing:
         sys.exit(f"probe_round19.py: kernels._gluon has no {missing}; round 19 took its switches "
-                 "out again: they live at its experiment commits "
-                 "(reports/h100-round19/README.md)")
+                 "out again: every one lives at commit 2c8af7c (PINGPONG from 26ca4cf, FOLDLESS "
+                 "and Q_REGS from 35b5828, the 128-key tile from 20adadd, FOLD_GLOBAL from "
+                 "7777922; reports/h100-round19/README.md)")
     if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
                                                  "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):

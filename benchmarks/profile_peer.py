@@ -27,15 +27,18 @@ def main() -> None:
     a = p.parse_args()
     if a.replays < 1:
         p.error(f"--replays: expected >= 1, got {a.replays}")
-    if not torch.cuda.is_available():
-        p.error("this profile target needs a CUDA device")
     name = a.workload
     try:
         (w,) = (select_workloads(names=[name]) if name in WORKLOADS
                 else select_workloads(lengths=[name]))
     except ValueError as exc:
-        p.error(f"workload: {exc}")
-    backend = resolve(a.backend)
+        p.error(f"workload: expected a bench workload name or length spec, got {name!r} ({exc})")
+    try:
+        backend = resolve(a.backend)
+    except ValueError as exc:
+        p.error(str(exc))
+    if not torch.cuda.is_available():
+        p.error("this profile target needs a CUDA device")
     batch = build_batch(w, dtype=torch.bfloat16)
     replay = CudaTimer(iters=1, warmup=0)._capture(backend, batch)
     for _ in range(a.replays):

@@ -761,3 +761,71 @@ def test_probe_round16_tree_sums_follow_the_key_index_in_either_layout() -> None
     while adjacent.shape[1] > 1:
         adjacent = (adjacent[:, 0::2] + adjacent[:, 1::2]).astype(np.float32)
     assert not np.array_equal(adjacent.view(np.int32), tree.view(np.int32))
+
+
+def _ncu_source_page(rows: list[tuple[str, str, int, int, int, int]], name: str) -> str:
+    """A minimal ``ncu --page source --csv --print-source sass`` text: (address, source,
+    samples, executed, stall_barrier, stall_wait) per instruction."""
+    head = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+            '"stall_barrier","stall_wait","stall_barrier (Not Issued)"')
+    body = [f'"{a}","{s}","{n}","{e}","{b}","{w}","0"' for a, s, n, e, b, w in rows]
+    return "\n".join([f'"Kernel Name","{name}",', head, *body]) + "\n"
+
+
+def test_ncu_stalls_sums_samples_by_reason_and_opcode(tmp_path, capsys) -> None:
+    """benchmarks/ncu_stalls.py (reports/h100-round19/call1/stalls.md): shares of all samples
+    per stall reason and per SASS opcode (predicates dropped), the last kernel of a file by
+    default, runs of exponentials counted in --order; a file that is not a source page and a
+    kernel index out of range are usage errors naming the argument."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import ncu_stalls
+    finally:
+        sys.path.remove(str(ROOT))
+    first = _ncu_source_page([("0x10", "NOP", 5, 1, 5, 0)], "first")
+    last = _ncu_source_page([
+        ("0x100", "WARPGROUP.DEPBAR.LE gsb0, 0x0", 30, 10, 30, 0),
+        ("0x110", "MUFU.EX2 R1, R1", 20, 100, 0, 20),
+        ("0x120", "@!P2 MUFU.EX2 R2, R2", 20, 100, 0, 20),
+        ("0x130", "FMUL R3, R3, R4", 30, 300, 10, 20),
+    ], "_fused_prefill_kernel")
+    path = tmp_path / "src.csv"
+    path.write_text(first + last)
+    ncu_stalls.main([str(path), "--order"])
+    out = capsys.readouterr().out
+    assert "## `_fused_prefill_kernel`" in out and "100 samples." in out, out
+    # barrier 40 of 100 samples, wait 60; the opcode rows in share order.
+    assert "| stall_wait | 60.0% |" in out and "| stall_barrier | 40.0% |" in out, out
+    assert "| `MUFU.EX2` | 40.0% | 200 | wait 40.0% |" in out, out
+    assert out.index("`MUFU.EX2`") < out.index("`WARPGROUP.DEPBAR.LE`"), out
+    assert "MUFU.EX2 x2: 40.00% of samples" in out and "DEPBAR" in out, out
+    ncu_stalls.main([str(path), "--kernel", "0"])
+    assert "## `first`" in capsys.readouterr().out
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    for args, said in (([str(tmp_path / "bad.csv")], "source: no \"Kernel Name\" line"),
+                       ([str(path), "--kernel", "2"],
+                        "--kernel: expected an index into the 2 kernels, got 2"),
+                       ([str(path), "--top", "0"], "--top: expected >= 1, got 0")):
+        with pytest.raises(SystemExit) as exc:
+            ncu_stalls.main(args)
+        assert exc.value.code == 2
+        assert said in capsys.readouterr().err, args
+
+
+def test_profile_peer_rejects_bad_arguments(tmp_path) -> None:
+    """benchmarks/profile_peer.py (round 19's ncu target): --replays below 1, an unknown
+    workload and an unknown backend are usage errors naming the argument and the value given,
+    before any GPU work; without CUDA it says so instead of failing later."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    script = str(ROOT / "benchmarks" / "profile_peer.py")
+    cases = [(["kernels", "prefill-varlen", "--replays", "0"], "--replays: expected >= 1, got 0"),
+             (["kernels", "no-such-workload"], "workload: expected a bench workload name or "
+              "length spec, got 'no-such-workload'"),
+             (["no-such-backend", "prefill-varlen"], "backend: ")]
+    if not torch.cuda.is_available():
+        cases.append((["kernels", "prefill-varlen"], "needs a CUDA device"))
+    for args, said in cases:
+        proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=120)
+        assert proc.returncode == 2 and said in proc.stderr, (args, proc.stderr[-800:])

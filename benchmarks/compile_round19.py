@@ -1,0 +1,80 @@
+"""Round 19's offline compile statistics of the Gluon prefill tile's experiment builds
+(reports/h100-round19/cpu/compile.md): registers, spills and shared memory as ptxas reports them
+for sm_90a, without a GPU.
+
+    PYTHONPATH=/path/to/triton-3.6:. python benchmarks/compile_round19.py
+
+Needs Triton 3.6 (its Gluon) and the switches of round 19's experiment commits (all at 2c8af7c;
+``kernels._gluon.PINGPONG`` etc.), which the kept tree does not have. Each cell compiles
+``launch_fused_prefill`` at ``block_n`` keys with the switches set, as the probe launches it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+import kernels._gluon as kg
+from benchmarks.kernel_stats import _ptxas_stats, _Recorder
+
+#: (block_n, switches): the cells of reports/h100-round19/cpu/compile.md.
+CELLS: list[tuple[int, dict[str, Any]]] = [
+    (64, {}), (64, {"FOLDLESS": True}), (64, {"Q_REGS": True}),
+    (64, {"FOLDLESS": True, "Q_REGS": True}), (64, {"FOLDLESS": True, "KEEP_P": True}),
+    (64, {"FOLD_GLOBAL": True, "KEEP_P": True}),
+    (128, {}), (128, {"CONSUMER_REGS": 240}), (128, {"FOLDLESS": True}),
+    (128, {"FOLDLESS": True, "CONSUMER_REGS": 240}), (128, {"FOLDLESS": True, "Q_REGS": True}),
+    (128, {"FOLDLESS": True, "KEEP_P": True}),
+    (128, {"FOLDLESS": True, "KEEP_P": True, "CONSUMER_REGS": 240}),
+    (128, {"KEEP_P": True, "CONSUMER_REGS": 240}),
+    (128, {"FOLD_GLOBAL": True, "KEEP_P": True}),
+    (128, {"FOLD_GLOBAL": True, "KEEP_P": True, "CONSUMER_REGS": 240}),
+]
+
+
+def compile_cell(block_n: int, switches: dict[str, Any]) -> tuple[dict[str, int], int]:
+    """(ptxas statistics, shared memory bytes) of one cell."""
+    from kernels._gluon import attention_kernels as ak
+
+    out: list[Any] = []
+    saved = {k: getattr(kg, k) for k in switches}
+    kernel = ak._fused_prefill_kernel
+    ak._fused_prefill_kernel = _Recorder("gluon", kernel, out)
+    try:
+        for k, v in switches.items():
+            setattr(kg, k, v)
+        T, Hq, Hkv, D, PS, P = 4096, 32, 8, 128, 16, 512
+        q = torch.empty(T, Hq, D, dtype=torch.bfloat16)
+        kc = torch.empty(P, PS, Hkv, D, dtype=torch.bfloat16)
+        cu = torch.zeros(2, dtype=torch.int32)
+        kv = torch.zeros(1, dtype=torch.int32)
+        bt = torch.zeros(1, P, dtype=torch.int32)
+        kg.launch_fused_prefill(q, kc, torch.empty_like(kc), cu, kv, bt, cu, torch.empty_like(q),
+                                torch.empty(T, Hq), 0.1, num_slots=128,
+                                split_tiles=1024 // block_n, block_m=128, block_q=32,
+                                block_n=block_n, is_slot_order=False)
+    finally:
+        ak._fused_prefill_kernel = kernel
+        for k, v in saved.items():
+            setattr(kg, k, v)
+    compiled = out[-1][1]
+    return _ptxas_stats(compiled.asm["ptx"]), compiled.metadata.shared
+
+
+def main() -> None:
+    if not hasattr(kg, "FOLD_GLOBAL"):
+        sys.exit("compile_round19.py: kernels._gluon has no round-19 switches; they live at commit "
+                 "2c8af7c (reports/h100-round19/README.md)")
+    print("| block_n | switches | regs at launch | spill stores / loads B | shared B |")
+    print("|---|---|---|---|---|")
+    for block_n, switches in CELLS:
+        stats, shared = compile_cell(block_n, switches)
+        names = ", ".join(f"{k}={v}" for k, v in switches.items()) or "(default)"
+        print(f"| {block_n} | {names} | {stats['regs']} | {stats['spill_stores']} / "
+              f"{stats['spill_loads']} | {shared} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
