@@ -69,33 +69,19 @@ for l in open('$C/pingpong.jsonl'):
   grep -E "Duration|Elapsed Cycles|SM Frequency|hmma|Issue Slots Busy|Warp Cycles Per Issued" $C/ncu-pingpong-prefill-varlen.txt | head -12
 }
 
-step_fold() {
+# benchmarks/probe_round19.py MODE (experiment commits only) into $C/MODE.txt, with a timeout
+# of $2 s; the last $4 lines of its output, cut at $3 characters.
+probe_step() {
   step_info > $C/gpu.txt 2>&1
   s=$(date +%s)
-  timeout -s INT -k 15 400 python3 benchmarks/probe_round19.py $C fold > $C/fold.txt 2>&1
-  echo "fold rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-700 $C/fold.txt | grep -v Warn | tail -8
+  timeout -s INT -k 15 $2 python3 benchmarks/probe_round19.py $C $1 > $C/$1.txt 2>&1
+  echo "$1 rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-$3 $C/$1.txt | grep -v Warn | tail -$4
 }
 
-step_bn128() {
-  step_info > $C/gpu.txt 2>&1
-  s=$(date +%s)
-  timeout -s INT -k 15 400 python3 benchmarks/probe_round19.py $C bn128 > $C/bn128.txt 2>&1
-  echo "bn128 rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-1500 $C/bn128.txt | grep -v Warn | tail -6
-}
-
-step_bn128g() {
-  step_info > $C/gpu.txt 2>&1
-  s=$(date +%s)
-  timeout -s INT -k 15 400 python3 benchmarks/probe_round19.py $C bn128g > $C/bn128g.txt 2>&1
-  echo "bn128g rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-2500 $C/bn128g.txt | grep -v Warn | tail -6
-}
-
-step_decode128() {
-  step_info > $C/gpu.txt 2>&1
-  s=$(date +%s)
-  timeout -s INT -k 15 500 python3 benchmarks/probe_round19.py $C decode128 > $C/decode128.txt 2>&1
-  echo "decode128 rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-1200 $C/decode128.txt | grep -v Warn | tail -12
-}
+step_fold() { probe_step fold 400 700 8; }
+step_bn128() { probe_step bn128 400 1500 6; }
+step_bn128g() { probe_step bn128g 400 2500 6; }
+step_decode128() { probe_step decode128 500 1200 12; }
 
 step_rate() {
   step_info > $C/gpu.txt 2>&1

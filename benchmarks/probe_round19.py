@@ -67,6 +67,22 @@ def _switched(batch):
     return patched(call(batch), kernels._gluon, "PINGPONG", True)
 
 
+def ratio_summary(row: dict, name: str, base: str) -> dict:
+    """Median, minimum and maximum over the repeats of ``row["us_" + name]`` /
+    ``row["us_" + base]`` (the repeats interleave the cells, so each ratio is one repeat's)."""
+    ratios = [x / d for x, d in zip(row[f"us_{name}"], row[f"us_{base}"], strict=True)]
+    return dict(median=round(statistics.median(ratios), 4), min=round(min(ratios), 4),
+                max=round(max(ratios), 4))
+
+
+def max_abs_diff(got, ref) -> dict:
+    """The largest difference of out and LSE from ``ref`` and the non-finite values of ``got``:
+    a sanity check for cells whose bits are not comparable (another numerics contract)."""
+    return dict(out=float((got[0].float() - ref[0].float()).abs().max()),
+                lse=float((got[1] - ref[1]).abs().max()),
+                nonfinite=int((~torch.isfinite(got[0])).sum() + (~torch.isfinite(got[1])).sum()))
+
+
 def probe(out_dir: str, specs: list[str]) -> None:
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
@@ -79,11 +95,7 @@ def probe(out_dir: str, specs: list[str]) -> None:
             if dtype == torch.bfloat16:
                 time_interleaved(row, [("default", graphed(ref)), ("pingpong", graphed(cell))],
                                  timer, repeats=REPEATS)
-                ratios = [p / d for p, d in zip(row["us_pingpong"], row["us_default"],
-                                                strict=True)]
-                row["pingpong/default"] = dict(median=round(statistics.median(ratios), 4),
-                                               min=round(min(ratios), 4),
-                                               max=round(max(ratios), 4))
+                row["pingpong/default"] = ratio_summary(row, "pingpong", "default")
             rows.append(row)
             print(json.dumps(row), flush=True)
             del batch
@@ -113,11 +125,7 @@ def fold(out_dir: str, specs: list[str]) -> None:
                 graphs += [(n, graphed(f)) for n, f in cells.items()]
                 time_interleaved(row, graphs, timer, repeats=REPEATS)
                 for n, _ in graphs[1:]:
-                    ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_one_split"],
-                                                    strict=True)]
-                    row[f"{n}/one_split"] = dict(median=round(statistics.median(ratios), 4),
-                                                 min=round(min(ratios), 4),
-                                                 max=round(max(ratios), 4))
+                    row[f"{n}/one_split"] = ratio_summary(row, n, "one_split")
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}),
                   flush=True)
@@ -135,6 +143,25 @@ BN128_CELLS = {
     "g128-foldless-keepp-pingpong": (128, {"FOLDLESS": True, "KEEP_P": True, "PINGPONG": True}),
     "g128-fold-keepp-r240": (128, {"KEEP_P": True, "CONSUMER_REGS": 240}),
 }
+
+
+def _time_cells(row: dict, cells: dict, base: str, timer) -> None:
+    """Into ``row``: each cell's times (CUDA graphs, ``REPEATS`` interleaved repeats), its
+    ratio summary against the ``base`` cell, and every cell's median."""
+    graphs = [(n, graphed(f)) for n, f in cells.items()]
+    time_interleaved(row, graphs, timer, repeats=REPEATS)
+    for n in cells:
+        if n != base:
+            row[f"{n}/{base}"] = ratio_summary(row, n, base)
+    row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n in cells}
+
+
+def _plan(batch, split: int = kernels.DEFAULT_SPLIT_SIZE) -> kernels.LaunchPlan:
+    """The launcher's plan for ``batch`` (its lengths from the host, no sync)."""
+    return kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                  batch.kv_lens, batch.block_table, validate=False,
+                                  host_lens=(batch.q_lens(), batch.kv_lens.tolist()),
+                                  split_size=split)
 
 
 def _direct(batch, lp, block_n: int, switches: dict, split: int = ONE_SPLIT, ws=None):
@@ -169,10 +196,7 @@ def bn128(out_dir: str, specs: list[str]) -> None:
     rows: list[dict] = []
     for spec in specs or FOLD_WORKLOADS:
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
-        lens = (batch.q_lens(), batch.kv_lens.tolist())
-        lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
-                                    batch.kv_lens, batch.block_table, validate=False,
-                                    host_lens=lens, split_size=ONE_SPLIT)
+        lp = _plan(batch, ONE_SPLIT)
         ref_out = call(batch, split_size=ONE_SPLIT)()
         cells = {n: _direct(batch, lp, bn, sw) for n, (bn, sw) in BN128_CELLS.items()}
         row: dict = dict(dtype="bfloat16", workload=spec, split=ONE_SPLIT, gluon=lp.gluon,
@@ -181,18 +205,8 @@ def bn128(out_dir: str, specs: list[str]) -> None:
             got = f()
             if BN128_CELLS[n][0] == 64:
                 row["bits_differing"][n] = _bits_vs(ref_out, got)
-            d_out = (got[0].float() - ref_out[0].float()).abs()
-            d_lse = (got[1] - ref_out[1]).abs()
-            row["max_abs_diff"][n] = dict(out=float(d_out.max()), lse=float(d_lse.max()),
-                                          nonfinite=int((~torch.isfinite(got[0])).sum()
-                                                        + (~torch.isfinite(got[1])).sum()))
-        graphs = [(n, graphed(f)) for n, f in cells.items()]
-        time_interleaved(row, graphs, timer, repeats=REPEATS)
-        for n, _ in graphs[1:]:
-            ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_g64"], strict=True)]
-            row[f"{n}/g64"] = dict(median=round(statistics.median(ratios), 4),
-                                   min=round(min(ratios), 4), max=round(max(ratios), 4))
-        row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n in cells}
+            row["max_abs_diff"][n] = max_abs_diff(got, ref_out)
+        _time_cells(row, cells, "g64", timer)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch
@@ -217,10 +231,7 @@ def bn128g(out_dir: str, specs: list[str]) -> None:
     rows: list[dict] = []
     for spec in specs or FOLD_WORKLOADS:
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
-        lens = (batch.q_lens(), batch.kv_lens.tolist())
-        lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
-                                    batch.kv_lens, batch.block_table, validate=False,
-                                    host_lens=lens)
+        lp = _plan(batch)
         Hkv = batch.k_cache.shape[2]
         ws = torch.empty(lp.num_slots * Hkv * 2, 64, batch.q.shape[2], dtype=torch.float32,
                          device=batch.q.device)
@@ -235,18 +246,8 @@ def bn128g(out_dir: str, specs: list[str]) -> None:
         base = cells["g64-default"]()
         row["max_abs_diff_vs_g64"] = {}
         for n, f in cells.items():
-            got = f()
-            row["max_abs_diff_vs_g64"][n] = dict(
-                out=float((got[0].float() - base[0].float()).abs().max()),
-                lse=float((got[1] - base[1]).abs().max()),
-                nonfinite=int((~torch.isfinite(got[0])).sum() + (~torch.isfinite(got[1])).sum()))
-        graphs = [(n, graphed(f)) for n, f in cells.items()]
-        time_interleaved(row, graphs, timer, repeats=REPEATS)
-        for n, _ in graphs[1:]:
-            ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_g64-default"], strict=True)]
-            row[f"{n}/g64-default"] = dict(median=round(statistics.median(ratios), 4),
-                                           min=round(min(ratios), 4), max=round(max(ratios), 4))
-        row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n in cells}
+            row["max_abs_diff_vs_g64"][n] = max_abs_diff(f(), base)
+        _time_cells(row, cells, "g64-default", timer)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch, ws
@@ -273,10 +274,7 @@ def _consistency(rows: list[dict]) -> None:
     last token decoded alone by each 128-key Triton decode cell: bits of that token's rows."""
     for n_prompt in DECODE128_PROMPTS:
         batch = build_batch(_workload(f"prefill:{n_prompt}"), dtype=torch.bfloat16)
-        lens = (batch.q_lens(), batch.kv_lens.tolist())
-        lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
-                                    batch.kv_lens, batch.block_table, validate=False,
-                                    host_lens=lens)
+        lp = _plan(batch)
         pre_out, pre_lse = _direct(batch, lp, 128, {"KEEP_P": True, "CONSUMER_REGS": 240},
                                    1024)()
         q1 = batch.q[-1:].contiguous()
@@ -321,15 +319,12 @@ def decode128(out_dir: str, specs: list[str]) -> None:
                 row["errors"][n] = repr(exc)[:300]
                 continue
             ok[n] = f
-            row["max_abs_diff"][n] = dict(
-                out=float((got[0].float() - ref[0].float()).abs().max()),
-                lse=float((got[1] - ref[1]).abs().max()),
-                nonfinite=int((~torch.isfinite(got[0])).sum() + (~torch.isfinite(got[1])).sum()))
+            row["max_abs_diff"][n] = max_abs_diff(got, ref)
         graphs = [(n, graphed(f)) for n, f in ok.items()]
         time_interleaved(row, graphs, timer, repeats=5)
         for n, _ in graphs[1:]:
-            ratios = [x / d for x, d in zip(row[f"us_{n}"], row["us_default"], strict=True)]
-            row[f"{n}/default"] = round(statistics.median(ratios), 4)
+            # Call 8 recorded the median alone.
+            row[f"{n}/default"] = ratio_summary(row, n, "default")["median"]
         row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n, _ in graphs}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)

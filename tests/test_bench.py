@@ -829,3 +829,23 @@ def test_profile_peer_rejects_bad_arguments(tmp_path) -> None:
         proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                               cwd=ROOT, env=env, timeout=120)
         assert proc.returncode == 2 and said in proc.stderr, (args, proc.stderr[-800:])
+
+
+def test_probe_round19_summaries() -> None:
+    """benchmarks/probe_round19.py's summaries (reports/h100-round19/): the median, minimum
+    and maximum of per-repeat time ratios, and the largest out / LSE difference with the
+    non-finite values counted (a NaN is not hidden by the max)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.probe_round19 import max_abs_diff, ratio_summary
+    finally:
+        sys.path.remove(str(ROOT))
+    row = {"us_a": [2.0, 4.0, 3.0], "us_b": [1.0, 2.0, 2.0]}
+    assert ratio_summary(row, "a", "b") == dict(median=2.0, min=1.5, max=2.0)
+    with pytest.raises(ValueError):
+        ratio_summary({"us_a": [1.0], "us_b": [1.0, 2.0]}, "a", "b")
+    ref = (torch.tensor([[1.5, 1.0]]), torch.tensor([0.25]))
+    d = max_abs_diff((torch.tensor([[1.0, 1.25]]), torch.tensor([0.5])), ref)
+    assert d == dict(out=0.5, lse=0.25, nonfinite=0), d
+    d = max_abs_diff((torch.tensor([[1.0, float("nan")]]), torch.tensor([float("inf")])), ref)
+    assert d["nonfinite"] == 2, d
