@@ -17,10 +17,12 @@
 #           acc in registers or in a global workspace, against the 64-key default
 #   decode128: benchmarks/probe_round19.py decode128: a decode step at 128 keys (Triton) against
 #              the 128-key Gluon prefill of the same token (bits), and its times
+#   serial: benchmarks/probe_round19.py serial: each step's p @ v waited before the next scores
+#           (SERIAL), the 128-key tile's fold state in registers with little spill
 #   rate: benchmarks/wgmma_rate.py: one tile step's wgmma group alone (scores at 64 and 128
 #         keys, q from shared memory or registers; p @ v), cycles per group
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|decode128|rate}
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|decode128|serial|rate}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
@@ -82,6 +84,7 @@ step_fold() { probe_step fold 400 700 8; }
 step_bn128() { probe_step bn128 400 1500 6; }
 step_bn128g() { probe_step bn128g 400 2500 6; }
 step_decode128() { probe_step decode128 500 1200 12; }
+step_serial() { probe_step serial 400 2500 6; }
 
 step_rate() {
   step_info > $C/gpu.txt 2>&1
@@ -95,4 +98,4 @@ step_info() {
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 }
 
-run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|decode128|rate"
+run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|decode128|serial|rate"

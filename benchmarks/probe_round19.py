@@ -6,6 +6,7 @@ named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
     python benchmarks/probe_round19.py OUT_DIR bn128 [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR bn128g [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR decode128 [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR serial [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -255,6 +256,43 @@ def bn128g(out_dir: str, specs: list[str]) -> None:
         save(out_dir, "bn128g.jsonl", rows)
 
 
+#: ``serial``'s cells at the 1024-token split: (block_n, switches), launched directly.
+SERIAL_CELLS = {
+    "g64-serial": (64, {"KEEP_P": True, "SERIAL": True}),
+    "g128-fold-r240": (128, {"KEEP_P": True, "CONSUMER_REGS": 240}),
+    "g128-serial": (128, {"KEEP_P": True, "SERIAL": True}),
+}
+
+
+def serial(out_dir: str, specs: list[str]) -> None:
+    """Call 9: ``SERIAL`` (each step's ``p @ v`` waited before the next scores are issued: no
+    score accumulator live beside it), which lets the 128-key tile hold the fold state in
+    registers with 36 bytes of spill instead of 336. Bits: the 128-key serial cell against the
+    128-key FA3-order one, the 64-key serial cell against the kept default (both must agree);
+    times against the kept default."""
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or FOLD_WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        lp = _plan(batch)
+        cells = {"g64-default": call(batch)}
+        for n, (bn, sw) in SERIAL_CELLS.items():
+            cells[n] = _direct(batch, lp, bn, sw, 1024)
+        cells["g128-foldless-onesplit"] = _direct(batch, lp, 128,
+                                                  {"KEEP_P": True, "FOLDLESS": True})
+        row: dict = dict(dtype="bfloat16", workload=spec, gluon=lp.gluon, plan=lp.plan)
+        row["bits_differing"] = {
+            "g64-serial vs g64-default": _bits_vs(cells["g64-default"](), cells["g64-serial"]()),
+            "g128-serial vs g128-fold-r240": _bits_vs(cells["g128-fold-r240"](),
+                                                      cells["g128-serial"]())}
+        _time_cells(row, cells, "g64-default", timer)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+        save(out_dir, "serial.jsonl", rows)
+
+
 #: ``decode128``'s 128-key decode cells: (plan, Tuning fields).
 DECODE128_CELLS = {
     "split-vb2-s2": ("split", dict(block_n=128, value_blocks=2, num_stages=2, tiles_per_step=1)),
@@ -343,16 +381,17 @@ def target(spec: str) -> None:
 
 if __name__ == "__main__":
     missing = [n for n in ("PINGPONG", "FOLDLESS", "Q_REGS", "KEEP_P", "CONSUMER_REGS",
-                           "RING_SLOTS_128", "FOLD_GLOBAL") if not hasattr(kernels._gluon, n)]
+                           "RING_SLOTS_128", "FOLD_GLOBAL", "SERIAL")
+               if not hasattr(kernels._gluon, n)]
     if missing:
         sys.exit(f"probe_round19.py: kernels._gluon has no {missing}; round 19 took its switches "
                  "out again: every one lives at commit 2c8af7c (PINGPONG from 26ca4cf, FOLDLESS "
                  "and Q_REGS from 35b5828, the 128-key tile from 20adadd, FOLD_GLOBAL from "
                  "7777922; reports/h100-round19/README.md)")
     if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
-                                                 "target") or (
+                                                 "serial", "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit("usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g|decode128 "
+        sys.exit("usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g|decode128|serial "
                  f"[WORKLOAD ...] | OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
@@ -364,5 +403,7 @@ if __name__ == "__main__":
         bn128g(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "decode128":
         decode128(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "serial":
+        serial(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])
