@@ -19,10 +19,12 @@
 #              the 128-key Gluon prefill of the same token (bits), and its times
 #   serial: benchmarks/probe_round19.py serial: each step's p @ v waited before the next scores
 #           (SERIAL), the 128-key tile's fold state in registers with little spill
+#   joint: benchmarks/probe_round19.py joint twice (INVARIANCE_R19_JOINT=0, then 1): decode with
+#          two 64-key tiles per step, as two softmax steps or as one 128-key step
 #   rate: benchmarks/wgmma_rate.py: one tile step's wgmma group alone (scores at 64 and 128
 #         keys, q from shared memory or registers; p @ v), cycles per group
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|decode128|serial|rate}
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|decode128|serial|joint|rate}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
@@ -85,6 +87,14 @@ step_bn128() { probe_step bn128 400 1500 6; }
 step_bn128g() { probe_step bn128g 400 2500 6; }
 step_decode128() { probe_step decode128 500 1200 12; }
 step_serial() { probe_step serial 400 2500 6; }
+step_joint() {
+  for f in 0 1; do
+    step_info > $C/gpu.txt 2>&1
+    s=$(date +%s)
+    INVARIANCE_R19_JOINT=$f timeout -s INT -k 15 280 python3 benchmarks/probe_round19.py $C joint > $C/joint-$f.txt 2>&1
+    echo "joint $f rc=$? wall $(( $(date +%s) - s )) s"; cut -c1-900 $C/joint-$f.txt | grep -v Warn | tail -10
+  done
+}
 
 step_rate() {
   step_info > $C/gpu.txt 2>&1
@@ -98,4 +108,4 @@ step_info() {
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 }
 
-run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|decode128|serial|rate"
+run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|decode128|serial|joint|rate"

@@ -7,6 +7,7 @@ named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
     python benchmarks/probe_round19.py OUT_DIR bn128g [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR decode128 [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR serial [WORKLOAD ...]
+    INVARIANCE_R19_JOINT=0|1 python benchmarks/probe_round19.py OUT_DIR joint [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -293,6 +294,47 @@ def serial(out_dir: str, specs: list[str]) -> None:
         save(out_dir, "serial.jsonl", rows)
 
 
+#: ``joint``'s cells: (plan, Tuning fields); run once with INVARIANCE_R19_JOINT=0 (Triton's tile
+#: pairs as two 64-key softmax steps) and once with =1 (one 128-key step per pair).
+JOINT_CELLS = {
+    "default": ("auto", {}),
+    "tps1": ("auto", dict(tiles_per_step=1)),
+    "tps2": ("auto", dict(tiles_per_step=2)),
+    "tps2-s3": ("auto", dict(tiles_per_step=2, num_stages=3)),
+    "split-tps2": ("split", dict(tiles_per_step=2)),
+    "split-tps2-s3": ("split", dict(tiles_per_step=2, num_stages=3)),
+}
+
+
+def joint(out_dir: str, specs: list[str]) -> None:
+    """Call 10: decode with two 64-key tiles per step everywhere, the pair computed as two
+    softmax steps (the kept arithmetic) or, with INVARIANCE_R19_JOINT=1, as one 128-key step
+    (a numerics-contract change a 128-key tile would bring to decode); times only."""
+    import kernels._triton.attention_kernels as tk
+
+    flag = int(bool(tk.R19_JOINT))
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or DECODE128_WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        cells = {n: call(batch, plan, kernels.Tuning(**f) if f else None)
+                 for n, (plan, f) in JOINT_CELLS.items()}
+        row: dict = dict(workload=spec, joint=flag, errors={})
+        ok = {}
+        for n, f in cells.items():
+            try:
+                f()
+                ok[n] = f
+            except Exception as exc:  # a cell that does not launch: say why, time the rest
+                row["errors"][n] = repr(exc)[:300]
+        _time_cells(row, ok, "default", timer)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+        save(out_dir, f"joint-{flag}.jsonl", rows)
+
+
 #: ``decode128``'s 128-key decode cells: (plan, Tuning fields).
 DECODE128_CELLS = {
     "split-vb2-s2": ("split", dict(block_n=128, value_blocks=2, num_stages=2, tiles_per_step=1)),
@@ -389,9 +431,9 @@ if __name__ == "__main__":
                  "and Q_REGS from 35b5828, the 128-key tile from 20adadd, FOLD_GLOBAL from "
                  "7777922; reports/h100-round19/README.md)")
     if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
-                                                 "serial", "target") or (
+                                                 "serial", "joint", "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit("usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g|decode128|serial "
+        sys.exit("usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g|decode128|serial|joint "
                  f"[WORKLOAD ...] | OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
@@ -405,5 +447,7 @@ if __name__ == "__main__":
         decode128(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "serial":
         serial(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "joint":
+        joint(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])
