@@ -2,8 +2,8 @@
 # The round-19 H100 runs (reports/h100-round19/README.md), one step per device call (each under
 # 10 minutes): sh benchmarks/gpu_round19.sh STEP, with $OUT the output folder and .whl/ (the
 # FlashInfer wheels) carried for ncu. Each step packs its folder into $OUT/STEP.tgz. ncu and rate
-# run on any tree; pp, fold, bn128, bn128g and decode128 need the switches of the experiment
-# commits (all of them at 2c8af7c; benchmarks/probe_round19.py names them).
+# run on any tree; pp, fold, bn128, bn128g, decode128, serial and joint need the switches of the experiment
+# commits (all of them at e6f9af0; benchmarks/probe_round19.py names them).
 #   ncu: Nsight Compute on the prefill kernel of `kernels` (the Gluon tile) and of FlashInfer's
 #        FA3 on the same batches (prefill-varlen, eight 4k prompts), clocks locked to base
 #        (ncu's default), the same sections for both: where the cycles go on each side
