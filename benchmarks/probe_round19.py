@@ -8,6 +8,7 @@ named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
     python benchmarks/probe_round19.py OUT_DIR decode128 [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR serial [WORKLOAD ...]
     INVARIANCE_R19_JOINT=0|1 python benchmarks/probe_round19.py OUT_DIR joint [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR gdecode [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -335,6 +336,39 @@ def joint(out_dir: str, specs: list[str]) -> None:
         save(out_dir, f"joint-{flag}.jsonl", rows)
 
 
+GDECODE_WORKLOADS = ["decode-b64-ctx8k", "decode-b64-ctx32k", "decode-b256-ctx8k", "decode-prod64"]
+
+
+def gdecode(out_dir: str, specs: list[str]) -> None:
+    """Call 11: can the Gluon tile serve large-batch decode at 128 keys? The fused plan's Gluon
+    launch (128 rows: one request's 4 query rows per KV head, the rest padding; 1024-token
+    splits folded in the program) at 64 keys and at 128 keys (``SERIAL``, fold in registers),
+    against the kept decode (the Triton kernels); times, and the largest difference from the
+    kept result as a sanity check."""
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or GDECODE_WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        lp = kernels.plan_attention(
+            batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
+            batch.block_table, validate=False, host_lens=(batch.q_lens(), batch.kv_lens.tolist()),
+            plan="fused", tuning=kernels.Tuning(block_m=128, num_warps=8))
+        cells = {"default": call(batch),
+                 "gluon64": _direct(batch, lp, 64, {}, 1024),
+                 "gluon128-serial": _direct(batch, lp, 128, {"KEEP_P": True, "SERIAL": True},
+                                            1024)}
+        ref = cells["default"]()
+        row: dict = dict(workload=spec, num_slots=lp.num_slots, block_q=lp.block_q,
+                         bits_differing={"gluon64": _bits_vs(ref, cells["gluon64"]())},
+                         max_abs_diff={n: max_abs_diff(f(), ref) for n, f in cells.items()})
+        _time_cells(row, cells, "default", timer)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+        save(out_dir, "gdecode.jsonl", rows)
+
+
 #: ``decode128``'s 128-key decode cells: (plan, Tuning fields).
 DECODE128_CELLS = {
     "split-vb2-s2": ("split", dict(block_n=128, value_blocks=2, num_stages=2, tiles_per_step=1)),
@@ -432,10 +466,12 @@ if __name__ == "__main__":
                  "7777922, SERIAL and FOLD_PREFETCH from 337e104, the Triton kernels' "
                  "R19_JOINT from e6f9af0; reports/h100-round19/README.md)")
     if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
-                                                 "serial", "joint", "target") or (
+                                                 "serial", "joint", "gdecode",
+                                                 "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit("usage: probe_round19.py OUT_DIR probe|fold|bn128|bn128g|decode128|serial|joint "
-                 f"[WORKLOAD ...] | OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
+        sys.exit("usage: probe_round19.py OUT_DIR "
+                 "probe|fold|bn128|bn128g|decode128|serial|joint|gdecode [WORKLOAD ...] | "
+                 f"OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "fold":
@@ -450,5 +486,7 @@ if __name__ == "__main__":
         serial(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "joint":
         joint(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "gdecode":
+        gdecode(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])
