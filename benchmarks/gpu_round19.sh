@@ -2,7 +2,7 @@
 # The round-19 H100 runs (reports/h100-round19/README.md), one step per device call (each under
 # 10 minutes): sh benchmarks/gpu_round19.sh STEP, with $OUT the output folder and .whl/ (the
 # FlashInfer wheels) carried for ncu. Each step packs its folder into $OUT/STEP.tgz. ncu and rate
-# run on any tree; pp, fold, bn128, bn128g, decode128, serial, joint and gdecode need the switches of the experiment
+# run on any tree; pp, fold, bn128, bn128g, decode128, serial, joint, gdecode and gsplit need the switches of the experiment
 # commits (all of them at e6f9af0; benchmarks/probe_round19.py names them).
 #   ncu: Nsight Compute on the prefill kernel of `kernels` (the Gluon tile) and of FlashInfer's
 #        FA3 on the same batches (prefill-varlen, eight 4k prompts), clocks locked to base
@@ -23,10 +23,12 @@
 #          two 64-key tiles per step, as two softmax steps or as one 128-key step
 #   gdecode: benchmarks/probe_round19.py gdecode: the Gluon tile (64 and 128 keys) on large-batch
 #            decode through the fused plan, against the kept decode
+#   gsplit: benchmarks/probe_round19.py gsplit: the split plan on the Gluon tile (64 and 128 keys)
+#           with the package's merge, on small-batch decode, against the kept decode
 #   rate: benchmarks/wgmma_rate.py: one tile step's wgmma group alone (scores at 64 and 128
 #         keys, q from shared memory or registers; p @ v), cycles per group
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|decode128|serial|joint|gdecode|rate}
+STEP=${1:?usage: sh benchmarks/gpu_round19.sh ncu|pp|fold|bn128|bn128g|decode128|serial|joint|gdecode|gsplit|rate}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
@@ -90,6 +92,7 @@ step_bn128g() { probe_step bn128g 400 2500 6; }
 step_decode128() { probe_step decode128 500 1200 12; }
 step_serial() { probe_step serial 400 2500 6; }
 step_gdecode() { probe_step gdecode 400 1500 6; }
+step_gsplit() { probe_step gsplit 480 1500 9; }
 step_joint() {
   for f in 0 1; do
     step_info > $C/gpu.txt 2>&1
@@ -111,4 +114,4 @@ step_info() {
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 }
 
-run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|decode128|serial|joint|gdecode|rate"
+run_step gpu_round19.sh "ncu|pp|fold|bn128|bn128g|decode128|serial|joint|gdecode|gsplit|rate"

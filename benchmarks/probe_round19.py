@@ -9,6 +9,7 @@ named barriers, FA3's warp-scheduler barriers (reports/h100-round19/README.md).
     python benchmarks/probe_round19.py OUT_DIR serial [WORKLOAD ...]
     INVARIANCE_R19_JOINT=0|1 python benchmarks/probe_round19.py OUT_DIR joint [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR gdecode [WORKLOAD ...]
+    python benchmarks/probe_round19.py OUT_DIR gsplit [WORKLOAD ...]
     python benchmarks/probe_round19.py OUT_DIR target WORKLOAD
 
 Nsight Compute on FlashInfer's FA3 and on the Gluon kernel (call 1) put 0.8% of FA3's warp
@@ -369,6 +370,72 @@ def gdecode(out_dir: str, specs: list[str]) -> None:
         save(out_dir, "gdecode.jsonl", rows)
 
 
+GSPLIT_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-ctx1k",
+                    "decode-b8-ctx8k", "decode-b8-ctx32k", "decode-prod64"]
+
+
+def _gsplit(batch, block_n: int):
+    """The split plan on the Gluon tile (``launch_split_decode``) at ``block_n`` keys, 1024-token
+    splits, then the package's merge (an ordinary launch)."""
+    from kernels._gluon import launch_split_decode
+    from kernels.attention import _launch_merge
+
+    lp = kernels.plan_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
+        batch.block_table, validate=False, host_lens=(batch.q_lens(), batch.kv_lens.tolist()),
+        plan="split", tuning=kernels.Tuning(block_m=128, num_warps=8, dependent_merge=False))
+    T, Hq, D = batch.q.shape
+    inputs = (batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
+              batch.block_table)
+
+    def fn():
+        ws_o = torch.empty(T, Hq, lp.num_splits, D, dtype=torch.float32, device=batch.q.device)
+        ws_ml = torch.empty(T, Hq, lp.num_splits, 2, dtype=torch.float32, device=batch.q.device)
+        out = torch.empty_like(batch.q)
+        lse = torch.empty(T, Hq, dtype=torch.float32, device=batch.q.device)
+        launch_split_decode(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                            batch.kv_lens, batch.block_table, ws_o, ws_ml,
+                            batch.sm_scale * 1.4426950408889634, num_slots=lp.num_slots,
+                            num_splits=lp.num_splits, split_tiles=1024 // block_n,
+                            block_m=lp.block_m, block_q=lp.block_q, block_n=block_n)
+        _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
+        return out, lse
+    return fn
+
+
+def gsplit(out_dir: str, specs: list[str]) -> None:
+    """Call 12: the split plan on the Gluon tile, at 64 keys (bits against the kept decode) and
+    at 128 keys (bits against the Triton split kernel at 128 keys), times against the kept
+    decode."""
+    timer = CudaTimer(iters=20, warmup=2)
+    rows: list[dict] = []
+    for spec in specs or GSPLIT_WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        cells = {"default": call(batch),
+                 "triton128": call(batch, "split", kernels.Tuning(
+                     block_n=128, value_blocks=2, num_stages=2, tiles_per_step=1)),
+                 "gsplit64": _gsplit(batch, 64), "gsplit128": _gsplit(batch, 128)}
+        row: dict = dict(workload=spec, errors={}, bits_differing={}, max_abs_diff={})
+        ok = {}
+        outs = {}
+        for n, f in cells.items():
+            try:
+                outs[n] = f()
+                ok[n] = f
+            except Exception as exc:  # a cell that does not launch: say why, time the rest
+                row["errors"][n] = repr(exc)[:300]
+        for n, ref in (("gsplit64", "default"), ("gsplit128", "triton128")):
+            if n in outs and ref in outs:
+                row["bits_differing"][f"{n} vs {ref}"] = _bits_vs(outs[ref], outs[n])
+        row["max_abs_diff"] = {n: max_abs_diff(o, outs["default"]) for n, o in outs.items()}
+        _time_cells(row, ok, "default", timer)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+        del batch
+        torch.cuda.empty_cache()
+        save(out_dir, "gsplit.jsonl", rows)
+
+
 #: ``decode128``'s 128-key decode cells: (plan, Tuning fields).
 DECODE128_CELLS = {
     "split-vb2-s2": ("split", dict(block_n=128, value_blocks=2, num_stages=2, tiles_per_step=1)),
@@ -467,10 +534,10 @@ if __name__ == "__main__":
                  "R19_JOINT from e6f9af0; reports/h100-round19/README.md)")
     if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
                                                  "serial", "joint", "gdecode",
-                                                 "target") or (
+                                                 "gsplit", "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
         sys.exit("usage: probe_round19.py OUT_DIR "
-                 "probe|fold|bn128|bn128g|decode128|serial|joint|gdecode [WORKLOAD ...] | "
+                 "probe|fold|bn128|bn128g|decode128|serial|joint|gdecode|gsplit [WORKLOAD ...] | "
                  f"OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
     if sys.argv[2] == "probe":
         probe(sys.argv[1], sys.argv[3:])
@@ -488,5 +555,7 @@ if __name__ == "__main__":
         joint(sys.argv[1], sys.argv[3:])
     elif sys.argv[2] == "gdecode":
         gdecode(sys.argv[1], sys.argv[3:])
+    elif sys.argv[2] == "gsplit":
+        gsplit(sys.argv[1], sys.argv[3:])
     else:
         target(sys.argv[3])

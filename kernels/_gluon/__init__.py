@@ -116,3 +116,30 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         CONSUMER_REGS=CONSUMER_REGS, KEEP_P=KEEP_P,
         FOLD_GLOBAL=FOLD_GLOBAL, FOLD_PREFETCH=FOLD_PREFETCH,
         SERIAL=SERIAL, num_warps=4)
+
+
+def launch_split_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor,
+                        block_table: torch.Tensor, ws_o: torch.Tensor, ws_ml: torch.Tensor,
+                        qk_scale: float, *, num_slots: int, num_splits: int, split_tiles: int,
+                        block_m: int, block_q: int, block_n: int) -> None:
+    """Round 19's experiment: the split plan's phase 1 on the Gluon tile, grid
+    ``(num_slots, Hkv, num_splits)``; the partials go where the Triton split kernel writes them
+    (ws_o ``[T, Hq, num_splits, D]``, ws_ml ``[T, Hq, num_splits, 2]`` fp32)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from kernels._gluon import attention_kernels as ak
+
+    T, Hq, D = q.shape
+    num_pages, page_size, Hkv, _ = k_cache.shape
+    box = min(page_size, block_n)
+    descs = [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
+                                          ak.SMEM_L.value)
+             for c in (k_cache, v_cache)]
+    ak._split_decode_kernel[(num_slots, Hkv, num_splits)](
+        q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, qk_scale, split_tiles,
+        block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size, num_splits,
+        q.stride(0), q.stride(1), block_table.stride(0),
+        G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
+        BLOCK_N=block_n, BOX=box, STAGES=RING_SLOTS if block_n == 64 else RING_SLOTS_128,
+        num_warps=4)

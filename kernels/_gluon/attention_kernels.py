@@ -410,3 +410,143 @@ def _fused_prefill_kernel(
                      KEEP_P, FOLD_GLOBAL, FOLD_PREFETCH, SERIAL)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [CONSUMER_REGS, 24])
+
+
+# ------------------------------------------------------------------------------------------------
+# Round 19's experiment: the split plan on the Gluon tile (one program per slot, KV head and
+# split, writing the split's raw state as the Triton split kernel does; the merge folds them).
+# ------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _split_consumer(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, half, i_qblk, q_start,
+                    q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split, num_splits,
+                    qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One warpgroup: tiles ``j_lo .. j_lo + n - 1`` of one split from a fresh state, each
+    ``p @ v`` waited before the next scores (``SERIAL``'s order), then the raw state stored
+    where ``_unified_attention_split_kernel`` stores it."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = WG_O_L
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    HALF: gl.constexpr = BLOCK_M // 2
+    o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
+    _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    q_h = q_s.slice(half * HALF, HALF)
+    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+    acc = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
+    mbarrier.wait(ready.index(0), 0)
+    s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
+    b_s = warpgroup_mma_wait(0, deps=[s_tok])
+    if j_lo >= j_mid:
+        b_s = _masked(b_s, j_lo, pos, BLOCK_N, S_L)
+    m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
+    l_i = _sum(l_i, alpha, b_p)
+    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+    p_c = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+    for t in range(0, n):
+        j = j_lo + t
+        if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+            _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
+        acc_tok = warpgroup_mma(p_c, v_s.index(t % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        mbarrier.arrive(empty.index(t % STAGES))
+        if t + 1 < n:
+            tn = t + 1
+            mbarrier.wait(ready.index(tn % STAGES), (tn // STAGES) & 1)
+            s_tok = warpgroup_mma(q_h, k_s.index(tn % STAGES).permute((1, 0)), zero_s,
+                                  is_async=True)
+            b_s = warpgroup_mma_wait(0, deps=[s_tok])
+            if j + 1 >= j_mid:
+                b_s = _masked(b_s, j + 1, pos, BLOCK_N, S_L)
+            m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
+            l_i = _sum(l_i, alpha, b_p)
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            p_c = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+    o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+    gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
+    gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_row)
+    gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_row)
+
+
+@gluon.jit
+def _split_loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
+                  i_kvh, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+                  BOX: gl.constexpr, STAGES: gl.constexpr):
+    """``_loader`` for tiles ``j_lo .. j_lo + n - 1`` (ring slot ``t % STAGES`` for the t-th)."""
+    for t in range(0, n):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(ready.index(s), 2 * BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth
+                        // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = (j_lo + t) * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            k_s.index(s).slice(i * BOX, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            v_s.index(s).slice(i * BOX, BOX))
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+def _split_decode_kernel(
+    q_ptr, k_desc, v_desc, cu_seqlens_q_ptr, kv_lens_ptr, block_table_ptr,
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32 raw acc
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32 (m in log2 units, l)
+    qk_scale, split_tiles, B, T, Hq, num_pages, max_kv_len, num_splits,
+    stride_qt, stride_qh, stride_bt,
+    G: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
+):
+    """Grid (slots, Hkv, splits), ``num_warps=4``: the split plan's phase 1 on the Gluon tile."""
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    i_kvh = gl.program_id(1)
+    i_split = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    n_tiles = max_pos // BLOCK_N + 1
+    j_lo = i_split * split_tiles
+    if j_lo >= n_tiles:
+        return
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    gl.warp_specialize([
+        (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, 0, i_qblk, q_start,
+                           q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split,
+                           num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
+                           STAGES)),
+        (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, 1, i_qblk, q_start,
+                           q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split,
+                           num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
+                           STAGES)),
+        (_split_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len,
+                         num_pages, i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))],
+        [4, 1], [232, 24])
