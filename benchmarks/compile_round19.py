@@ -4,7 +4,7 @@ for sm_90a, without a GPU.
 
     PYTHONPATH=/path/to/triton-3.6:. python benchmarks/compile_round19.py
 
-Needs Triton 3.6 (its Gluon) and the switches of round 19's experiment commits (all at e6f9af0;
+Needs Triton 3.6 (its Gluon) and the switches of round 19's experiment commits (all at 37d9540;
 ``kernels._gluon.PINGPONG`` etc.), which the kept tree does not have. Each cell compiles
 ``launch_fused_prefill`` at ``block_n`` keys with the switches set, as the probe launches it.
 """
@@ -71,7 +71,7 @@ def compile_cell(block_n: int, switches: dict[str, Any]) -> tuple[dict[str, int]
 def main() -> None:
     if not hasattr(kg, "SERIAL"):
         sys.exit("compile_round19.py: kernels._gluon has no round-19 switches; they live at commit "
-                 "e6f9af0 (reports/h100-round19/README.md)")
+                 "37d9540 (reports/h100-round19/README.md)")
     print("| block_n | switches | regs at launch | spill stores / loads B | shared B |")
     print("|---|---|---|---|---|")
     for block_n, switches in CELLS:

@@ -3,7 +3,7 @@
 # 10 minutes): sh benchmarks/gpu_round19.sh STEP, with $OUT the output folder and .whl/ (the
 # FlashInfer wheels) carried for ncu. Each step packs its folder into $OUT/STEP.tgz. ncu and rate
 # run on any tree; pp, fold, bn128, bn128g, decode128, serial, joint, gdecode and gsplit need the switches of the experiment
-# commits (all of them at e6f9af0; benchmarks/probe_round19.py names them).
+# commits (all of them at 37d9540; benchmarks/probe_round19.py names them).
 #   ncu: Nsight Compute on the prefill kernel of `kernels` (the Gluon tile) and of FlashInfer's
 #        FA3 on the same batches (prefill-varlen, eight 4k prompts), clocks locked to base
 #        (ncu's default), the same sections for both: where the cycles go on each side

@@ -524,14 +524,15 @@ def target(spec: str) -> None:
 
 if __name__ == "__main__":
     missing = [n for n in ("PINGPONG", "FOLDLESS", "Q_REGS", "KEEP_P", "CONSUMER_REGS",
-                           "RING_SLOTS_128", "FOLD_GLOBAL", "SERIAL")
+                           "RING_SLOTS_128", "FOLD_GLOBAL", "SERIAL", "launch_split_decode")
                if not hasattr(kernels._gluon, n)]
     if missing:
         sys.exit(f"probe_round19.py: kernels._gluon has no {missing}; round 19 took its switches "
-                 "out again: every one lives at commit e6f9af0 (PINGPONG from 26ca4cf, FOLDLESS "
+                 "out again: every one lives at commit 37d9540 (PINGPONG from 26ca4cf, FOLDLESS "
                  "and Q_REGS from 35b5828, the 128-key tile from 20adadd, FOLD_GLOBAL from "
                  "7777922, SERIAL and FOLD_PREFETCH from 337e104, the Triton kernels' "
-                 "R19_JOINT from e6f9af0; reports/h100-round19/README.md)")
+                 "R19_JOINT from e6f9af0, launch_split_decode from 37d9540; "
+                 "reports/h100-round19/README.md)")
     if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
                                                  "serial", "joint", "gdecode",
                                                  "gsplit", "target") or (

@@ -16,32 +16,6 @@ GLUON_TRITON = "3.6."
 #: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
 #: scheduling only, like Triton's pipeline stages.
 RING_SLOTS = 4
-#: Round 19's experiment (reports/h100-round19/README.md): the two consumer warpgroups take turns
-#: issuing their ``wgmma`` through two hardware named barriers (``bar.sync`` / ``bar.arrive``,
-#: FA3's warp-scheduler barriers), so one's softmax runs while the other's dots do.
-PINGPONG = False
-#: Round 19's experiment: no fold state in the consumers (valid only when every row is one split:
-#: the probe launches with a split larger than any row), to measure what the fold's registers cost.
-FOLDLESS = False
-#: Round 19's experiment: q in registers for the score ``wgmma`` (its A operand).
-Q_REGS = False
-#: Round 19's experiment: ring slots of a 128-key tile (64 KB each; a fourth does not fit).
-RING_SLOTS_128 = 3
-#: Registers per thread of the second consumer warpgroup (``setmaxnreg``; 240 is the most the
-#: 12-warp CTA allows with 24 for the loader's).
-CONSUMER_REGS = 232
-#: Round 19's experiment: p carried between steps as the 16-bit ``p @ v`` operand (32 registers
-#: per thread at 128 keys) instead of the fp32 weights (64).
-KEEP_P = False
-#: Round 19's experiment: the running fold acc in a global workspace (``launch_fused_prefill``'s
-#: ``ws``), read and written at split ends only; needs KEEP_P.
-FOLD_GLOBAL = False
-#: Round 19's experiment: with FOLD_GLOBAL, the fold's read issued at the top of a split's last
-#: step instead of at its end.
-FOLD_PREFETCH = False
-#: Round 19's experiment: each step's ``p @ v`` waited before the next tile's scores are issued
-#: (no score accumulator live beside ``p @ v``); needs KEEP_P.
-SERIAL = False
 
 
 @functools.cache
@@ -85,8 +59,7 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor,
                          block_table: torch.Tensor, slot_order: torch.Tensor, out: torch.Tensor,
                          lse: torch.Tensor, qk_scale: float, *, num_slots: int, split_tiles: int,
-                         block_m: int, block_q: int, block_n: int, is_slot_order: bool,
-                         ws: torch.Tensor | None = None) -> None:
+                         block_m: int, block_q: int, block_n: int, is_slot_order: bool) -> None:
     """The fused plan's grid ``(num_slots, Hkv)`` on the Gluon kernel.
 
     Shapes: q ``[T, Hq, D]``; k_cache, v_cache ``[P, PS, Hkv, D]`` contiguous; cu_seqlens_q
@@ -106,40 +79,8 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
              for c in (k_cache, v_cache)]
     ak._fused_prefill_kernel[(num_slots, Hkv)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, slot_order, out, lse,
-        lse if ws is None else ws,
         qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order,
-        STAGES=RING_SLOTS if block_n == 64 else RING_SLOTS_128,
-        PINGPONG=PINGPONG, FOLDLESS=FOLDLESS, Q_REGS=Q_REGS,
-        CONSUMER_REGS=CONSUMER_REGS, KEEP_P=KEEP_P,
-        FOLD_GLOBAL=FOLD_GLOBAL, FOLD_PREFETCH=FOLD_PREFETCH,
-        SERIAL=SERIAL, num_warps=4)
-
-
-def launch_split_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor,
-                        block_table: torch.Tensor, ws_o: torch.Tensor, ws_ml: torch.Tensor,
-                        qk_scale: float, *, num_slots: int, num_splits: int, split_tiles: int,
-                        block_m: int, block_q: int, block_n: int) -> None:
-    """Round 19's experiment: the split plan's phase 1 on the Gluon tile, grid
-    ``(num_slots, Hkv, num_splits)``; the partials go where the Triton split kernel writes them
-    (ws_o ``[T, Hq, num_splits, D]``, ws_ml ``[T, Hq, num_splits, 2]`` fp32)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from kernels._gluon import attention_kernels as ak
-
-    T, Hq, D = q.shape
-    num_pages, page_size, Hkv, _ = k_cache.shape
-    box = min(page_size, block_n)
-    descs = [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
-                                          ak.SMEM_L.value)
-             for c in (k_cache, v_cache)]
-    ak._split_decode_kernel[(num_slots, Hkv, num_splits)](
-        q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, qk_scale, split_tiles,
-        block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size, num_splits,
-        q.stride(0), q.stride(1), block_table.stride(0),
-        G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BOX=box, STAGES=RING_SLOTS if block_n == 64 else RING_SLOTS_128,
+        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
         num_warps=4)

@@ -13,8 +13,6 @@ with :func:`state_fold`, then normalized once (:func:`state_normalize`). Tiles a
 does not reach leave its state bit-identical.
 """
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -36,9 +34,6 @@ except ImportError:  # older Triton: never launched with IS_PDL (kernels.attenti
 from kernels._triton.merge_kernels import state_fold, state_normalize
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-#: Round 19's experiment (environment INVARIANCE_R19_JOINT=1, read at import): a tile pair as
-#: one 128-key softmax step (one max, one rescale, the row sum as two 64-key sums added).
-R19_JOINT: tl.constexpr = tl.constexpr(os.environ.get("INVARIANCE_R19_JOINT") == "1")
 
 
 @triton.jit
@@ -324,25 +319,14 @@ def _attend_tile_pair(
                         DOT_PRECISION)
     b_s1 = _tile_scores(b_q, b_kt1, j + 1, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
                         DOT_PRECISION)
-    if R19_JOINT:
-        m_1 = tl.maximum(m_i, tl.maximum(tl.max(b_s0, 1), tl.max(b_s1, 1)) * qk_scale)
-        m_safe = tl.where(m_1 == float("-inf"), 0.0, m_1)
-        alpha = tl.where(m_1 == m_i, 1.0, tl.exp2(m_i - m_safe))
-        b_p0 = tl.exp2(tl.fma(b_s0, qk_scale, -m_safe[:, None]))
-        b_p1 = tl.exp2(tl.fma(b_s1, qk_scale, -m_safe[:, None]))
-        l_i = tl.fma(l_i, alpha, tl.sum(b_p0, 1) + tl.sum(b_p1, 1))
-        acc = acc * alpha[:, None]
-        acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
-        acc = _dot(b_p1.to(b_v1.dtype), b_v1, acc, IS_INTERPRET, DOT_PRECISION)
-    else:
-        m_0, alpha0, b_p0 = _tile_weights(m_i, b_s0, qk_scale)
-        m_1, alpha1, b_p1 = _tile_weights(m_0, b_s1, qk_scale)
-        l_i = _tile_sum(l_i, alpha0, b_p0)
-        l_i = _tile_sum(l_i, alpha1, b_p1)
-        acc = acc * alpha0[:, None]
-        acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
-        acc = acc * alpha1[:, None]
-        acc = _dot(b_p1.to(b_v1.dtype), b_v1, acc, IS_INTERPRET, DOT_PRECISION)
+    m_0, alpha0, b_p0 = _tile_weights(m_i, b_s0, qk_scale)
+    m_1, alpha1, b_p1 = _tile_weights(m_0, b_s1, qk_scale)
+    l_i = _tile_sum(l_i, alpha0, b_p0)
+    l_i = _tile_sum(l_i, alpha1, b_p1)
+    acc = acc * alpha0[:, None]
+    acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = acc * alpha1[:, None]
+    acc = _dot(b_p1.to(b_v1.dtype), b_v1, acc, IS_INTERPRET, DOT_PRECISION)
     return m_1, l_i, acc
 
 
