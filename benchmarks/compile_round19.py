@@ -68,6 +68,30 @@ def compile_cell(block_n: int, switches: dict[str, Any]) -> tuple[dict[str, int]
     return _ptxas_stats(compiled.asm["ptx"]), compiled.metadata.shared
 
 
+def compile_split(block_n: int) -> tuple[dict[str, int], int]:
+    """(ptxas statistics, shared memory bytes) of ``launch_split_decode`` at ``block_n`` keys
+    (call 12's split-plan Gluon kernel)."""
+    from kernels._gluon import attention_kernels as ak
+
+    out: list[Any] = []
+    kernel = ak._split_decode_kernel
+    ak._split_decode_kernel = _Recorder("split", kernel, out)
+    try:
+        T, Hq, Hkv, D, PS, P = 8, 32, 8, 128, 16, 4096
+        q = torch.empty(T, Hq, D, dtype=torch.bfloat16)
+        kc = torch.empty(P, PS, Hkv, D, dtype=torch.bfloat16)
+        kg.launch_split_decode(q, kc, torch.empty_like(kc), torch.zeros(9, dtype=torch.int32),
+                               torch.zeros(8, dtype=torch.int32),
+                               torch.zeros(8, 1024, dtype=torch.int32),
+                               torch.empty(T, Hq, 8, D), torch.empty(T, Hq, 8, 2), 0.1,
+                               num_slots=8, num_splits=8, split_tiles=1024 // block_n,
+                               block_m=128, block_q=32, block_n=block_n)
+    finally:
+        ak._split_decode_kernel = kernel
+    compiled = out[-1][1]
+    return _ptxas_stats(compiled.asm["ptx"]), compiled.metadata.shared
+
+
 def main() -> None:
     if not hasattr(kg, "SERIAL"):
         sys.exit("compile_round19.py: kernels._gluon has no round-19 switches; they live at commit "
@@ -79,6 +103,11 @@ def main() -> None:
         names = ", ".join(f"{k}={v}" for k, v in switches.items()) or "(default)"
         print(f"| {block_n} | {names} | {stats['regs']} | {stats['spill_stores']} / "
               f"{stats['spill_loads']} | {shared} |", flush=True)
+    if hasattr(kg, "launch_split_decode"):
+        for block_n in (64, 128):
+            stats, shared = compile_split(block_n)
+            print(f"| {block_n} | split-plan kernel (`launch_split_decode`) | {stats['regs']} | "
+                  f"{stats['spill_stores']} / {stats['spill_loads']} | {shared} |", flush=True)
 
 
 if __name__ == "__main__":
