@@ -533,30 +533,13 @@ if __name__ == "__main__":
                  "7777922, SERIAL and FOLD_PREFETCH from 337e104, the Triton kernels' "
                  "R19_JOINT from e6f9af0, launch_split_decode from 37d9540; "
                  "reports/h100-round19/README.md)")
-    if len(sys.argv) < 3 or sys.argv[2] not in ("probe", "fold", "bn128", "bn128g", "decode128",
-                                                 "serial", "joint", "gdecode",
-                                                 "gsplit", "target") or (
+    modes = dict(probe=probe, fold=fold, bn128=bn128, bn128g=bn128g, decode128=decode128,
+                 serial=serial, joint=joint, gdecode=gdecode, gsplit=gsplit)
+    if len(sys.argv) < 3 or (sys.argv[2] not in modes and sys.argv[2] != "target") or (
             sys.argv[2] == "target" and len(sys.argv) != 4):
-        sys.exit("usage: probe_round19.py OUT_DIR "
-                 "probe|fold|bn128|bn128g|decode128|serial|joint|gdecode|gsplit [WORKLOAD ...] | "
+        sys.exit(f"usage: probe_round19.py OUT_DIR {'|'.join(modes)} [WORKLOAD ...] | "
                  f"OUT_DIR target WORKLOAD; got {sys.argv[1:]}")
-    if sys.argv[2] == "probe":
-        probe(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "fold":
-        fold(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "bn128":
-        bn128(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "bn128g":
-        bn128g(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "decode128":
-        decode128(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "serial":
-        serial(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "joint":
-        joint(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "gdecode":
-        gdecode(sys.argv[1], sys.argv[3:])
-    elif sys.argv[2] == "gsplit":
-        gsplit(sys.argv[1], sys.argv[3:])
-    else:
+    if sys.argv[2] == "target":
         target(sys.argv[3])
+    else:
+        modes[sys.argv[2]](sys.argv[1], sys.argv[3:])
