@@ -100,11 +100,8 @@ def probe(out_dir: str, specs: list[str]) -> None:
                 time_interleaved(row, [("default", graphed(ref)), ("pingpong", graphed(cell))],
                                  timer, repeats=REPEATS)
                 row["pingpong/default"] = ratio_summary(row, "pingpong", "default")
-            rows.append(row)
-            print(json.dumps(row), flush=True)
             del batch
-            torch.cuda.empty_cache()
-            save(out_dir, "pingpong.jsonl", rows)
+            _record(rows, row, out_dir, "pingpong.jsonl")
 
 
 def fold(out_dir: str, specs: list[str]) -> None:
@@ -130,12 +127,8 @@ def fold(out_dir: str, specs: list[str]) -> None:
                 time_interleaved(row, graphs, timer, repeats=REPEATS)
                 for n, _ in graphs[1:]:
                     row[f"{n}/one_split"] = ratio_summary(row, n, "one_split")
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}),
-                  flush=True)
             del batch
-            torch.cuda.empty_cache()
-            save(out_dir, "fold.jsonl", rows)
+            _record(rows, row, out_dir, "fold.jsonl")
 
 
 #: ``bn128``'s cells: (block_n, the ``kernels._gluon`` switches set).
@@ -158,6 +151,15 @@ def _time_cells(row: dict, cells: dict, base: str, timer) -> None:
         if n != base:
             row[f"{n}/{base}"] = ratio_summary(row, n, base)
     row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n in cells}
+
+
+def _record(rows: list, row: dict, out_dir: str, name: str) -> None:
+    """Append ``row``, print it without its per-repeat times, free the cached GPU memory and
+    rewrite ``out_dir/name`` with every row so far."""
+    rows.append(row)
+    print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
+    torch.cuda.empty_cache()
+    save(out_dir, name, rows)
 
 
 def _plan(batch, split: int = kernels.DEFAULT_SPLIT_SIZE) -> kernels.LaunchPlan:
@@ -211,11 +213,8 @@ def bn128(out_dir: str, specs: list[str]) -> None:
                 row["bits_differing"][n] = _bits_vs(ref_out, got)
             row["max_abs_diff"][n] = max_abs_diff(got, ref_out)
         _time_cells(row, cells, "g64", timer)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch
-        torch.cuda.empty_cache()
-        save(out_dir, "bn128.jsonl", rows)
+        _record(rows, row, out_dir, "bn128.jsonl")
 
 
 #: ``bn128g``'s cells at the contract's 1024-token split: (block_n, switches, split, workspace).
@@ -252,11 +251,8 @@ def bn128g(out_dir: str, specs: list[str]) -> None:
         for n, f in cells.items():
             row["max_abs_diff_vs_g64"][n] = max_abs_diff(f(), base)
         _time_cells(row, cells, "g64-default", timer)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch, ws
-        torch.cuda.empty_cache()
-        save(out_dir, "bn128g.jsonl", rows)
+        _record(rows, row, out_dir, "bn128g.jsonl")
 
 
 #: ``serial``'s cells at the 1024-token split: (block_n, switches), launched directly.
@@ -289,11 +285,8 @@ def serial(out_dir: str, specs: list[str]) -> None:
             "g128-serial vs g128-fold-r240": _bits_vs(cells["g128-fold-r240"](),
                                                       cells["g128-serial"]())}
         _time_cells(row, cells, "g64-default", timer)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch
-        torch.cuda.empty_cache()
-        save(out_dir, "serial.jsonl", rows)
+        _record(rows, row, out_dir, "serial.jsonl")
 
 
 #: ``joint``'s cells: (plan, Tuning fields); run once with INVARIANCE_R19_JOINT=0 (Triton's tile
@@ -330,11 +323,8 @@ def joint(out_dir: str, specs: list[str]) -> None:
             except Exception as exc:  # a cell that does not launch: say why, time the rest
                 row["errors"][n] = repr(exc)[:300]
         _time_cells(row, ok, "default", timer)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch
-        torch.cuda.empty_cache()
-        save(out_dir, f"joint-{flag}.jsonl", rows)
+        _record(rows, row, out_dir, f"joint-{flag}.jsonl")
 
 
 GDECODE_WORKLOADS = ["decode-b64-ctx8k", "decode-b64-ctx32k", "decode-b256-ctx8k", "decode-prod64"]
@@ -363,11 +353,8 @@ def gdecode(out_dir: str, specs: list[str]) -> None:
                          bits_differing={"gluon64": _bits_vs(ref, cells["gluon64"]())},
                          max_abs_diff={n: max_abs_diff(f(), ref) for n, f in cells.items()})
         _time_cells(row, cells, "default", timer)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch
-        torch.cuda.empty_cache()
-        save(out_dir, "gdecode.jsonl", rows)
+        _record(rows, row, out_dir, "gdecode.jsonl")
 
 
 GSPLIT_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-ctx1k",
@@ -429,11 +416,8 @@ def gsplit(out_dir: str, specs: list[str]) -> None:
                 row["bits_differing"][f"{n} vs {ref}"] = _bits_vs(outs[ref], outs[n])
         row["max_abs_diff"] = {n: max_abs_diff(o, outs["default"]) for n, o in outs.items()}
         _time_cells(row, ok, "default", timer)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch
-        torch.cuda.empty_cache()
-        save(out_dir, "gsplit.jsonl", rows)
+        _record(rows, row, out_dir, "gsplit.jsonl")
 
 
 #: ``decode128``'s 128-key decode cells: (plan, Tuning fields).
@@ -507,11 +491,8 @@ def decode128(out_dir: str, specs: list[str]) -> None:
             # Call 8 recorded the median alone.
             row[f"{n}/default"] = ratio_summary(row, n, "default")["median"]
         row["median_us"] = {n: statistics.median(row[f"us_{n}"]) for n, _ in graphs}
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("us_")}), flush=True)
         del batch
-        torch.cuda.empty_cache()
-        save(out_dir, "decode128.jsonl", rows)
+        _record(rows, row, out_dir, "decode128.jsonl")
 
 
 def target(spec: str) -> None:
