@@ -12,6 +12,7 @@ Needs Triton 3.6 (its Gluon) and the switches of round 19's experiment commits (
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,57 +40,60 @@ CELLS: list[tuple[int, dict[str, Any]]] = [
 ]
 
 
-def compile_cell(block_n: int, switches: dict[str, Any]) -> tuple[dict[str, int], int]:
-    """(ptxas statistics, shared memory bytes) of one cell."""
+def _compiled(kernel_name: str, launch: Callable[[], None],
+              switches: dict[str, Any] | None = None) -> tuple[dict[str, int], int]:
+    """(ptxas statistics, shared memory bytes) of the Gluon kernel ``kernel_name`` as ``launch``
+    would launch it, compiled for sm_90 (the kernel stood in by a recorder), with
+    ``kernels._gluon``'s ``switches`` set meanwhile."""
     from kernels._gluon import attention_kernels as ak
 
+    switches = switches or {}
     out: list[Any] = []
     saved = {k: getattr(kg, k) for k in switches}
-    kernel = ak._fused_prefill_kernel
-    ak._fused_prefill_kernel = _Recorder("gluon", kernel, out)
+    kernel = getattr(ak, kernel_name)
+    setattr(ak, kernel_name, _Recorder(kernel_name, kernel, out))
     try:
         for k, v in switches.items():
             setattr(kg, k, v)
-        T, Hq, Hkv, D, PS, P = 4096, 32, 8, 128, 16, 512
-        q = torch.empty(T, Hq, D, dtype=torch.bfloat16)
-        kc = torch.empty(P, PS, Hkv, D, dtype=torch.bfloat16)
-        cu = torch.zeros(2, dtype=torch.int32)
-        kv = torch.zeros(1, dtype=torch.int32)
-        bt = torch.zeros(1, P, dtype=torch.int32)
-        kg.launch_fused_prefill(q, kc, torch.empty_like(kc), cu, kv, bt, cu, torch.empty_like(q),
-                                torch.empty(T, Hq), 0.1, num_slots=128,
-                                split_tiles=1024 // block_n, block_m=128, block_q=32,
-                                block_n=block_n, is_slot_order=False)
+        launch()
     finally:
-        ak._fused_prefill_kernel = kernel
+        setattr(ak, kernel_name, kernel)
         for k, v in saved.items():
             setattr(kg, k, v)
     compiled = out[-1][1]
     return _ptxas_stats(compiled.asm["ptx"]), compiled.metadata.shared
 
 
-def compile_split(block_n: int) -> tuple[dict[str, int], int]:
-    """(ptxas statistics, shared memory bytes) of ``launch_split_decode`` at ``block_n`` keys
-    (call 12's split-plan Gluon kernel)."""
-    from kernels._gluon import attention_kernels as ak
+def compile_cell(block_n: int, switches: dict[str, Any]) -> tuple[dict[str, int], int]:
+    """One cell: ``launch_fused_prefill`` at ``block_n`` keys with ``switches``."""
+    T, Hq, Hkv, D, PS, P = 4096, 32, 8, 128, 16, 512
+    q = torch.empty(T, Hq, D, dtype=torch.bfloat16)
+    kc = torch.empty(P, PS, Hkv, D, dtype=torch.bfloat16)
+    cu = torch.zeros(2, dtype=torch.int32)
 
-    out: list[Any] = []
-    kernel = ak._split_decode_kernel
-    ak._split_decode_kernel = _Recorder("split", kernel, out)
-    try:
-        T, Hq, Hkv, D, PS, P = 8, 32, 8, 128, 16, 4096
-        q = torch.empty(T, Hq, D, dtype=torch.bfloat16)
-        kc = torch.empty(P, PS, Hkv, D, dtype=torch.bfloat16)
+    def launch() -> None:
+        kg.launch_fused_prefill(q, kc, torch.empty_like(kc), cu, torch.zeros(1, dtype=torch.int32),
+                                torch.zeros(1, P, dtype=torch.int32), cu, torch.empty_like(q),
+                                torch.empty(T, Hq), 0.1, num_slots=128,
+                                split_tiles=1024 // block_n, block_m=128, block_q=32,
+                                block_n=block_n, is_slot_order=False)
+    return _compiled("_fused_prefill_kernel", launch, switches)
+
+
+def compile_split(block_n: int) -> tuple[dict[str, int], int]:
+    """``launch_split_decode`` at ``block_n`` keys (call 12's split-plan Gluon kernel)."""
+    T, Hq, Hkv, D, PS, P = 8, 32, 8, 128, 16, 4096
+    q = torch.empty(T, Hq, D, dtype=torch.bfloat16)
+    kc = torch.empty(P, PS, Hkv, D, dtype=torch.bfloat16)
+
+    def launch() -> None:
         kg.launch_split_decode(q, kc, torch.empty_like(kc), torch.zeros(9, dtype=torch.int32),
                                torch.zeros(8, dtype=torch.int32),
                                torch.zeros(8, 1024, dtype=torch.int32),
                                torch.empty(T, Hq, 8, D), torch.empty(T, Hq, 8, 2), 0.1,
                                num_slots=8, num_splits=8, split_tiles=1024 // block_n,
                                block_m=128, block_q=32, block_n=block_n)
-    finally:
-        ak._split_decode_kernel = kernel
-    compiled = out[-1][1]
-    return _ptxas_stats(compiled.asm["ptx"]), compiled.metadata.shared
+    return _compiled("_split_decode_kernel", launch)
 
 
 def main() -> None:

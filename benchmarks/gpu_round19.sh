@@ -36,15 +36,23 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats --section SourceCounters"
 METRICS="sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__cycles_elapsed.max,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_uniform.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,sm__sass_inst_executed_op_shared_ld.sum,lts__t_bytes.sum,dram__bytes_read.sum"
 
-# ncu on backend $1, workload $2: the kernels whose name matches "prefill" (any case) of the
-# eager call and the first replay, into $C/ncu-$1-$2.{ncu-rep,txt} and the SASS source page.
-profile() {
+# ncu with $SECTIONS and $METRICS, timeout $2 s, the kernels matching $3, $4 launches, on the
+# command after them, into $C/ncu-$1.{ncu-rep,txt} and its SASS source page
+# $C/ncu-source-$1.csv.gz; prints the headline figures.
+ncu_to() {
+  name=$1 limit=$2 kernels=$3 count=$4; shift 4
   s=$(date +%s)
-  PYTHONPATH=$PWD:/tmp/site timeout 240 ncu $SECTIONS --metrics $METRICS --import-source no -k 'regex:(?i)prefill' --launch-count 2 -o $C/ncu-$1-$2 python3 benchmarks/profile_peer.py $1 $2 > $C/ncu-run-$1-$2.txt 2>&1
-  echo "ncu $1 $2 rc=$? wall $(( $(date +%s) - s )) s"
-  ncu -i $C/ncu-$1-$2.ncu-rep > $C/ncu-$1-$2.txt 2>&1
-  ncu -i $C/ncu-$1-$2.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $C/ncu-source-$1-$2.csv.gz
-  grep -E "^  [A-Za-z_].*\(|Duration|Elapsed Cycles|SM Frequency|hmma|pipe_xu|pipe_fma|Issue Slots Busy|No Eligible|Registers Per|Block Size|Grid Size|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Issued|inst_executed.sum" $C/ncu-$1-$2.txt | head -40
+  timeout $limit ncu $SECTIONS --metrics $METRICS --import-source no -k "$kernels" --launch-count $count -o $C/ncu-$name "$@" > $C/ncu-run-$name.txt 2>&1
+  echo "ncu $name rc=$? wall $(( $(date +%s) - s )) s"
+  ncu -i $C/ncu-$name.ncu-rep > $C/ncu-$name.txt 2>&1
+  ncu -i $C/ncu-$name.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $C/ncu-source-$name.csv.gz
+  grep -E "^  [A-Za-z_].*\(|Duration|Elapsed Cycles|SM Frequency|hmma|pipe_xu|pipe_fma|Issue Slots Busy|No Eligible|Registers Per|Block Size|Grid Size|Dynamic Shared|Achieved Occupancy|Warp Cycles Per Issued|inst_executed.sum" $C/ncu-$name.txt | head -40
+}
+
+# ncu on backend $1, workload $2: the kernels whose name matches "prefill" (any case) of the
+# eager call and the first replay.
+profile() {
+  ncu_to $1-$2 240 'regex:(?i)prefill' 2 env PYTHONPATH=$PWD:/tmp/site python3 benchmarks/profile_peer.py $1 $2
 }
 
 step_ncu() {
@@ -69,12 +77,7 @@ step_pp() {
 import json
 for l in open('$C/pingpong.jsonl'):
     r = json.loads(l); print(r['workload'], r['dtype'], r['bits_differing'], r.get('pingpong/default'))"
-  s=$(date +%s)
-  timeout 200 ncu $SECTIONS --metrics $METRICS --import-source no -k regex:_fused_prefill_kernel --launch-count 1 -o $C/ncu-pingpong-prefill-varlen python3 benchmarks/probe_round19.py $C target prefill-varlen > $C/ncu-run-pingpong.txt 2>&1
-  echo "ncu pingpong rc=$? wall $(( $(date +%s) - s )) s"
-  ncu -i $C/ncu-pingpong-prefill-varlen.ncu-rep > $C/ncu-pingpong-prefill-varlen.txt 2>&1
-  ncu -i $C/ncu-pingpong-prefill-varlen.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $C/ncu-source-pingpong-prefill-varlen.csv.gz
-  grep -E "Duration|Elapsed Cycles|SM Frequency|hmma|Issue Slots Busy|Warp Cycles Per Issued" $C/ncu-pingpong-prefill-varlen.txt | head -12
+  ncu_to pingpong-prefill-varlen 200 regex:_fused_prefill_kernel 1 python3 benchmarks/probe_round19.py $C target prefill-varlen
 }
 
 # benchmarks/probe_round19.py MODE (experiment commits only) into $C/MODE.txt, with a timeout

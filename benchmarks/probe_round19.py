@@ -56,6 +56,7 @@ from benchmarks.probe_round5 import _bits_vs
 from benchmarks.probe_round11 import _workload
 from benchmarks.tile_sweep import _graphed as graphed
 from invariance.bench import CudaTimer, build_batch
+from kernels.attention import _LOG2E
 
 WORKLOADS = ["prefill-varlen", "mixed64", "prefill:4kx8", "decode:8kx32+chunk:256/4kx32"]
 FOLD_WORKLOADS = ["prefill-varlen", "prefill:4kx8", "mixed64"]
@@ -175,7 +176,7 @@ def _direct(batch, lp, block_n: int, switches: dict, split: int = ONE_SPLIT, ws=
     from kernels._gluon import launch_fused_prefill
 
     T, Hq, _ = batch.q.shape
-    qk_scale = batch.sm_scale * 1.4426950408889634
+    qk_scale = batch.sm_scale * _LOG2E
 
     def fn():
         saved = {k: getattr(kernels._gluon, k) for k in switches}
@@ -382,7 +383,7 @@ def _gsplit(batch, block_n: int):
         lse = torch.empty(T, Hq, dtype=torch.float32, device=batch.q.device)
         launch_split_decode(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
                             batch.kv_lens, batch.block_table, ws_o, ws_ml,
-                            batch.sm_scale * 1.4426950408889634, num_slots=lp.num_slots,
+                            batch.sm_scale * _LOG2E, num_slots=lp.num_slots,
                             num_splits=lp.num_splits, split_tiles=1024 // block_n,
                             block_m=lp.block_m, block_q=lp.block_q, block_n=block_n)
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)

@@ -15,8 +15,9 @@ import argparse
 
 import torch
 
+from benchmarks.probe_round11 import _workload
 from invariance.backends import resolve
-from invariance.bench import WORKLOADS, CudaTimer, build_batch, select_workloads
+from invariance.bench import CudaTimer, build_batch
 
 
 def main() -> None:
@@ -29,8 +30,7 @@ def main() -> None:
         p.error(f"--replays: expected >= 1, got {a.replays}")
     name = a.workload
     try:
-        (w,) = (select_workloads(names=[name]) if name in WORKLOADS
-                else select_workloads(lengths=[name]))
+        w = _workload(name)
     except ValueError as exc:
         p.error(f"workload: expected a bench workload name or length spec, got {name!r} ({exc})")
     try:

@@ -87,10 +87,12 @@ def _launch(sms: int, av: torch.Tensor, bv: torch.Tensor, out: torch.Tensor, m: 
 
 
 def _sm_clock_mhz() -> float | None:
+    """nvidia-smi's SM clock of the GPU torch runs on (``peer_ab._smi_gpu``), None if unread."""
+    from benchmarks.peer_ab import _smi_gpu
+
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm",
-                               "--format=csv,noheader,nounits",
-                               "-i", str(torch.cuda.current_device())],
+        done = subprocess.run(["nvidia-smi", *_smi_gpu(), "--query-gpu=clocks.sm",
+                               "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, check=False, timeout=10)
         return float(done.stdout.split()[0])
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
