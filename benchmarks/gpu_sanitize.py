@@ -8,8 +8,10 @@ At each dtype, on two head configurations, small batches (built by the harness's
 the fused and the split plan at two split sizes (validate=True; the two plans must agree bit for
 bit), the fused plan with 128- and 256-row tiles and its nested loop (half precision),
 ``plan="auto"``, the control mode (``split_size=None``), a step without query tokens,
-``merge_states`` (with empty, NaN and +inf partials), the Gluon prefill kernel where it runs
-(half precision on Hopper with Triton 3.6; bits compared with the Triton fused kernel), and
+``merge_states`` (with empty, NaN and +inf partials), the Gluon kernels where they run (half
+precision at head dim 128 on Hopper with Triton 3.6: the 128-key contract's fused and split
+kernels, bits compared with the Triton kernels at 128 keys, and the 64-key contract's prefill
+tile and Triton rules through ``Tuning(block_n=64)``), and
 malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
 block table, negative or below ``q_len``, ``cu_seqlens_q`` past T or not starting at 0). Outputs
@@ -78,48 +80,58 @@ def call(args: Args, **kwargs: object) -> None:
     unified_attention(*args, **kwargs)  # type: ignore[arg-type]
 
 
-def plans_agree(args: Args, split: int) -> bool:
-    fused = unified_attention(*args, split_size=split, plan="fused")
-    split_plan = unified_attention(*args, split_size=split, plan="split")
+def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
+    """The plans and their launch variants at ``split`` (bits compared), with the tile width
+    ``block_n`` (None: the default, 128 keys for half precision at head dim 128 on Hopper)."""
+
+    def tuned(**kw: object) -> Tuning:
+        return Tuning(block_n=block_n, **kw)  # type: ignore[arg-type]
+
+    lp = plan_attention(*args, split_size=split, plan="fused", tuning=tuned())
+    # Hopper's 128-key contract (tile_config without a GPU gives the 64-key tile).
+    wide = lp.block_n != tile_config(args[0].dtype, args[0].shape[2]).block_n
+    fused = unified_attention(*args, split_size=split, plan="fused", tuning=tuned())
+    split_plan = unified_attention(*args, split_size=split, plan="split", tuning=tuned())
     # The fused plan with its slots sorted on the device, longest first, and with its nested
-    # loop (two tiles per step, K as rows; bits compared too).
+    # loop (at 64 keys two tiles per step, K as rows; bits compared too).
     ordered = unified_attention(*args, split_size=split, plan="fused",
-                                tuning=Tuning(slot_order=True))
+                                tuning=tuned(slot_order=True))
     nested = unified_attention(*args, split_size=split, plan="fused",
-                               tuning=Tuning(nested_loop=True, tiles_per_step=2))
-    unified_attention(*args, split_size=split, plan="auto")
-    if plan_attention(*args, split_size=split, plan="fused").gluon:
-        # The Gluon prefill kernel against the Triton fused kernel (bits compared).
-        triton_fused = unified_attention(*args, split_size=split, plan="fused",
-                                         tuning=Tuning(gluon=False))
-        if not all(torch.equal(bits(a), bits(b)) for a, b in zip(fused, triton_fused,
-                                                                 strict=True)):
-            return False
-    # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
-    # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only).
+                               tuning=tuned(nested_loop=True,
+                                            tiles_per_step=None if wide else 2))
+    unified_attention(*args, split_size=split, plan="auto", tuning=tuned())
     same = True
-    if args[0].dtype != torch.float32:
-        unified_attention(*args, split_size=split, plan="fused", tuning=Tuning(block_m=128))
+    if lp.gluon or wide:
+        # The Gluon kernels against the Triton kernels (bits compared); at 128 keys in both plans.
+        for plan in ("fused", "split") if wide else ("fused",):
+            triton = unified_attention(*args, split_size=split, plan=plan,
+                                       tuning=tuned(gluon=False))
+            same = same and all(torch.equal(bits(a), bits(b))
+                                for a, b in zip(fused, triton, strict=True))
+    # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
+    # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only). The 64-key rules only.
+    if args[0].dtype != torch.float32 and not wide:
+        unified_attention(*args, split_size=split, plan="fused", tuning=tuned(block_m=128))
         unified_attention(*args, split_size=split, plan="fused",
-                          tuning=Tuning(block_m=256, num_warps=8, num_stages=3))
+                          tuning=tuned(block_m=256, num_warps=8, num_stages=3))
         # Round 11's prefill tile: 128 rows on 8 warps, nested loop, two tiles per step.
         unified_attention(*args, split_size=split, plan="fused",
-                          tuning=Tuning(block_m=128, num_warps=8, num_stages=3,
-                                        nested_loop=True, tiles_per_step=2))
+                          tuning=tuned(block_m=128, num_warps=8, num_stages=3,
+                                       nested_loop=True, tiles_per_step=2))
         # The split plan with its V columns cut into 2, 4 and 8 programs (8 at head dim 128
         # and more: 16 columns each), walking two tiles per loop step, and with the merge as an
         # ordinary launch instead of a dependent one (bits compared too).
-        eight = [Tuning(value_blocks=8, tiles_per_step=2)] if args[0].shape[2] >= 128 else []
-        for tuning in (Tuning(value_blocks=2), Tuning(value_blocks=4), Tuning(tiles_per_step=2),
-                       Tuning(value_blocks=4, tiles_per_step=2), *eight,
-                       Tuning(dependent_merge=False)):
+        eight = [tuned(value_blocks=8, tiles_per_step=2)] if args[0].shape[2] >= 128 else []
+        for tuning in (tuned(value_blocks=2), tuned(value_blocks=4), tuned(tiles_per_step=2),
+                       tuned(value_blocks=4, tiles_per_step=2), *eight,
+                       tuned(dependent_merge=False)):
             cut = unified_attention(*args, split_size=split, plan="split", tuning=tuning)
             same = same and all(torch.equal(bits(a), bits(b))
                                 for a, b in zip(cut, split_plan, strict=True))
     # host_lens that understate every length: they steer the plan only, never memory sizes.
     q_lens = (args[3][1:] - args[3][:-1]).tolist()
     unified_attention(*args, split_size=split, validate=False,
-                      host_lens=(q_lens, [max(1, n) for n in q_lens]))
+                      host_lens=(q_lens, [max(1, n) for n in q_lens]), tuning=tuned())
     return same and all(torch.equal(bits(a), bits(b)) and torch.equal(bits(a), bits(c))
                         and torch.equal(bits(a), bits(d))
                         for a, b, c, d in zip(fused, split_plan, ordered, nested, strict=True))
@@ -150,9 +162,14 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
     for heads, page, shape in BATCHES:
         tag = f"{name}/{heads}/page{page}"
         args = build(dtype, heads, page, shape, device)
-        block_n = tile_config(dtype, heads.head_dim).block_n
+        block_n = plan_attention(*args).block_n
         for split in (block_n, DEFAULT_SPLIT_SIZE):
             case(f"{tag}/S{split}/fused==split", lambda a=args, s=split: plans_agree(a, s))
+        narrow = tile_config(dtype, heads.head_dim).block_n
+        if block_n != narrow:  # Hopper's 128-key default: the 64-key contract's paths too
+            for split in (narrow, DEFAULT_SPLIT_SIZE):
+                case(f"{tag}/S{split}/block_n{narrow}/fused==split",
+                     lambda a=args, s=split, n=narrow: plans_agree(a, s, n))
         case(f"{tag}/control", lambda a=args: call(a, split_size=None))
         # Whether the fused plan of this batch's shapes runs the Gluon kernel (malformed values
         # keep the shapes, hence the answer).
@@ -165,18 +182,27 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                  lambda b=bad: call(b, validate=False, plan="fused",
                                     tuning=Tuning(slot_order=True)))
             case(f"{tag}/validate=False/{label}/fused-nested-2-tiles-per-step",
-                 lambda b=bad: call(b, validate=False, plan="fused",
-                                    tuning=Tuning(nested_loop=True, tiles_per_step=2)))
+                 lambda b=bad, n=narrow: call(b, validate=False, plan="fused",
+                                              tuning=Tuning(nested_loop=True, tiles_per_step=2,
+                                                            block_n=n)))
             if gluon:
                 case(f"{tag}/validate=False/{label}/fused-gluon",
                      lambda b=bad: call(b, validate=False, plan="fused",
                                         tuning=Tuning(gluon=True)))
+            if block_n != narrow:
+                for plan in ("fused", "split"):
+                    case(f"{tag}/validate=False/{label}/{plan}-triton-{block_n}-keys",
+                         lambda b=bad, p=plan: call(b, validate=False, plan=p,
+                                                    tuning=Tuning(gluon=False)))
+                    case(f"{tag}/validate=False/{label}/{plan}-{narrow}-keys",
+                         lambda b=bad, p=plan, n=narrow: call(b, validate=False, plan=p,
+                                                              tuning=Tuning(block_n=n)))
             if dtype != torch.float32:
                 blocks = 8 if heads.head_dim >= 128 else 4
                 case(f"{tag}/validate=False/{label}/split-{blocks}-value-blocks-2-tiles-per-step",
-                     lambda b=bad, n=blocks: call(b, validate=False, plan="split",
-                                                  tuning=Tuning(value_blocks=n,
-                                                                tiles_per_step=2)))
+                     lambda b=bad, n=blocks, w=narrow: call(
+                         b, validate=False, plan="split",
+                         tuning=Tuning(value_blocks=n, tiles_per_step=2, block_n=w)))
         empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
         case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
 

@@ -269,11 +269,13 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
         for n in names:
             setattr(ka, n, _Recorder(n, jit[n], compiled))
         gluon = None
-        if getattr(lp, "gluon", False):  # the Gluon prefill kernel (Triton 3.6 only)
+        gluon_jit: dict[str, Any] = {}
+        if getattr(lp, "gluon", False):  # the Gluon kernels (Triton 3.6 only)
             from kernels._gluon import attention_kernels as gluon
-            gluon_jit = gluon._fused_prefill_kernel
-            gluon._fused_prefill_kernel = _Recorder(  # type: ignore[assignment]
-                "_fused_prefill_kernel", gluon_jit, compiled)
+            for n in ("_fused_prefill_kernel", "_split_kernel"):
+                if hasattr(gluon, n):  # older kernels lack the split one
+                    gluon_jit[n] = getattr(gluon, n)
+                    setattr(gluon, n, _Recorder(n, gluon_jit[n], compiled))
         try:
             T, Hq, D = inputs[0].shape
             out = torch.empty(T, Hq, D, dtype=dtype)
@@ -283,8 +285,8 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
         finally:
             for n in names:
                 setattr(ka, n, jit[n])
-            if gluon is not None:
-                gluon._fused_prefill_kernel = gluon_jit
+            for n, fn in gluon_jit.items():
+                setattr(gluon, n, fn)
     finally:
         for k, v in saved.items():
             setattr(ka, k, v)

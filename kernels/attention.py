@@ -20,7 +20,7 @@ import math
 import numbers
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,18 +39,21 @@ from kernels.config import (
     NOMINAL_NUM_SMS,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
+    WIDE_BLOCK_N,
     batch_tuning,
     choose_plan,
     control_num_splits,
     decode_stages,
     fused_loop,
     gluon_prefill,
+    gluon_tile,
     prefill_like,
     rows_per_block,
     slot_order,
     tile_config,
     tiles_per_step,
     value_blocks,
+    wide_tile,
 )
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention", "unified_attention"]
@@ -524,13 +527,24 @@ def plan_attention(
     B = kv_lens.shape[0]
     G = Hq // Hkv
     sm_major = _sm_major(q.device)
-    cfg = batch_tuning(q.dtype, D, G, T, B, sm_major)
-    # An explicit block_m takes its warps and stages from tile_config, not from the per-batch
-    # choice (which pairs 128 rows with 8 warps and 3 stages).
-    launch = cfg if tuning.block_m is None else tile_config(q.dtype, D)
-    block_m, block_q = rows_per_block(tuning.block_m or cfg.block_m, G)
-    block_n = tuning.block_n or cfg.block_n
+    # The contract's tile width: 128 keys where the Gluon kernels can be built (Hopper, half
+    # precision, head dim 128, Triton 3.6), else tile_config's; a Tuning may name another.
+    contract = tile_config(q.dtype, D, sm_major, _gluon_installed(q.dtype, D, sm_major))
+    cfg = batch_tuning(q.dtype, D, G, T, B, sm_major, tuning.block_n or contract.block_n)
+    block_n = cfg.block_n
     _check_options(split_size, plan, validate, block_n, q)
+    # The 128-key contract (kernels/README.md): the Gluon tile in both plans where it can run,
+    # else the Triton kernels with tile_config's fixed launch.
+    wide = wide_tile(q.dtype, D, block_n, sm_major)
+    wide_gluon = wide and tuning.gluon is not False and _gluon_ready(
+        q, k_cache, v_cache, _wide_gluon_misfit(q, k_cache, block_n, sm_major, tuning),
+        required=bool(tuning.gluon))
+    # An explicit block_m takes its warps and stages from tile_config, not from the per-batch
+    # choice (which pairs 128 rows with 8 warps and 3 stages); so does a 128-key launch on the
+    # Triton kernels.
+    launch = cfg if tuning.block_m is None and (wide_gluon or not wide) else replace(
+        tile_config(q.dtype, D, sm_major, wide), block_n=block_n)
+    block_m, block_q = rows_per_block(tuning.block_m or launch.block_m, G)
     if tuning.value_blocks is not None and D // tuning.value_blocks < _MIN_DOT_COLUMNS:
         raise ValueError(
             f"tuning: expected value_blocks <= head_dim / {_MIN_DOT_COLUMNS} = "
@@ -560,7 +574,7 @@ def plan_attention(
             num_q_blocks * Hkv, num_sms, max_kv, split_tokens,
             longest_tiles=stats.longest_tiles if stats is not None else None,
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
-            decode=not prefill_like(T, G, B))
+            decode=not prefill_like(T, G, B), gluon=wide_gluon)
     num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
     num_warps = tuning.num_warps or launch.num_warps
     v_blocks, step = 1, 1
@@ -575,10 +589,16 @@ def plan_attention(
         live = num_q_blocks * row_splits
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
-        v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms, sm_major)
-        step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms, sm_major,
-                                                       block_m, num_warps, v_blocks,
-                                                       several_splits=row_splits > 1)
+        if wide:  # the 64-key rules do not apply (kernels.config.wide_tile)
+            v_blocks = tuning.value_blocks or 1
+            step = tuning.tiles_per_step or 1
+        else:
+            v_blocks = tuning.value_blocks or value_blocks(q.dtype, D, live * Hkv, num_sms,
+                                                           sm_major)
+            step = tuning.tiles_per_step or tiles_per_step(q.dtype, D, live * Hkv, num_sms,
+                                                           sm_major, block_m, num_warps,
+                                                           v_blocks,
+                                                           several_splits=row_splits > 1)
     # Only where the hardware has griddepcontrol (sm_90+) and Triton exposes it (3.4+), and only
     # when there is a merge.
     has_pdl = HAS_GDC and sm_major is not None and sm_major >= 9
@@ -586,20 +606,33 @@ def plan_attention(
                  and (tuning.dependent_merge is None or tuning.dependent_merge))
     nested = False
     num_stages = launch.num_stages
-    if tuning.block_m is None:  # an explicit block_m keeps tile_config's stages
+    if tuning.block_m is None and not wide:  # an explicit block_m keeps tile_config's stages
         num_stages = decode_stages(q.dtype, D, block_m, num_warps, num_stages, sm_major)
-    if plan == "fused":
+    if plan == "fused" and wide:
+        # The Gluon kernel walks each split in its own inner loop; Triton's flat loop otherwise.
+        nested = wide_gluon if tuning.nested_loop is None else tuning.nested_loop
+        step = (tuning.tiles_per_step or 1) if nested else 1
+    elif plan == "fused":
         nested, rule_step = fused_loop(q.dtype, D, block_m, num_warps, sm_major)
         nested = nested if tuning.nested_loop is None else tuning.nested_loop
         # The flat loop walks one tile per step.
         step = (tuning.tiles_per_step or rule_step) if nested else 1
     use_gluon = False
-    if plan == "fused" and tuning.gluon is not False:
-        use_gluon = _gluon_ready(q, k_cache, v_cache, block_m, block_n, num_warps, nested,
-                                 sm_major, required=bool(tuning.gluon))
+    if wide:
+        use_gluon = wide_gluon
+    elif plan == "fused" and tuning.gluon is not False:
+        page_size = k_cache.shape[1]
+        shape_misfit = None if gluon_prefill(q.dtype, D, block_m, block_n, num_warps, page_size,
+                                             nested, sm_major) else (
+            f"the prefill tile on Hopper (fp16/bf16, head_dim 128, block_m 128 on 8 warps, "
+            f"block_n 64, nested loop, page_size >= 16), got {q.dtype}, head_dim {D}, "
+            f"block_m {block_m} on {num_warps} warps, block_n {block_n}, nested {nested}, "
+            f"page_size {page_size}, compute capability major {sm_major}")
+        use_gluon = _gluon_ready(q, k_cache, v_cache, shape_misfit, required=bool(tuning.gluon))
     elif tuning.gluon:
         chosen = " (plan='auto' chose it for this batch; pass plan='fused')" if auto else ""
-        raise ValueError(f"tuning: gluon=True needs the fused plan, got plan {plan!r}{chosen}")
+        raise ValueError(f"tuning: gluon=True needs the fused plan at {block_n} keys, got plan "
+                         f"{plan!r}{chosen}")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -615,24 +648,45 @@ def plan_attention(
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
-def _gluon_ready(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_m: int,
-                 block_n: int, num_warps: int, nested: bool, sm_major: int | None,
-                 required: bool) -> bool:
-    """Whether this fused-plan launch runs the Gluon prefill kernel: the shape rule
-    (:func:`~kernels.config.gluon_prefill`), caches TMA can read and Triton 3.6's Gluon. With
-    ``required`` (``Tuning(gluon=True)``) a launch that is not eligible raises, naming every
-    reason."""
+def _gluon_installed(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:
+    """Whether the Gluon kernels can be built for this call's (dtype, head_dim, GPU): asked
+    (importing them) only where they could serve it, half precision at head dim 128 on Hopper
+    (:func:`~kernels.config.wide_tile`). Fixed per deployment: it picks the contract's tile
+    width (:func:`~kernels.config.tile_config`)."""
+    if not wide_tile(dtype, head_dim, WIDE_BLOCK_N, sm_major):
+        return False
+    from kernels import _gluon  # light: imports no Triton until asked
+
+    return _gluon.available()
+
+
+def _wide_gluon_misfit(q: torch.Tensor, k_cache: torch.Tensor, block_n: int,
+                       sm_major: int | None, tuning: Tuning) -> str | None:
+    """Why a 128-key launch cannot run the Gluon tile by its shapes and ``Tuning`` (None: it
+    can): :func:`~kernels.config.gluon_tile`, and no override the tile cannot take (it runs
+    128 rows on two warpgroups, one inner loop per split, one tile per step, all V columns)."""
+    D, page_size = q.shape[2], k_cache.shape[1]
+    if not gluon_tile(q.dtype, D, block_n, page_size, sm_major):
+        return f"pages of at least 16 tokens for the 128-key Gluon tile, got page_size {page_size}"
+    fixed = {"block_m": 128, "num_warps": 8, "nested_loop": True, "value_blocks": 1,
+             "tiles_per_step": 1}
+    bad = [f"{k}={getattr(tuning, k)!r}" for k, v in fixed.items()
+           if getattr(tuning, k) not in (None, v)]
+    if bad:
+        return ("no Tuning override the 128-key Gluon tile cannot take (block_m 128, num_warps "
+                f"8, nested_loop True, value_blocks 1, tiles_per_step 1), got {', '.join(bad)}")
+    return None
+
+
+def _gluon_ready(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 shape_misfit: str | None, required: bool) -> bool:
+    """Whether this launch runs the Gluon kernels: the shape rule (``shape_misfit`` None:
+    :func:`~kernels.config.gluon_prefill` at 64 keys, :func:`_wide_gluon_misfit` at 128), caches
+    TMA can read and Triton 3.6's Gluon. With ``required`` (``Tuning(gluon=True)``) a launch
+    that is not eligible raises, naming every reason."""
     from kernels import _gluon  # light: imports no Triton until a Hopper launch asks for it
 
-    D = q.shape[2]
-    page_size = k_cache.shape[1]
-    reasons = []
-    if not gluon_prefill(q.dtype, D, block_m, block_n, num_warps, page_size, nested, sm_major):
-        reasons.append(
-            f"the prefill tile on Hopper (fp16/bf16, head_dim 128, block_m 128 on 8 warps, "
-            f"block_n 64, nested loop, page_size >= 16), got {q.dtype}, head_dim {D}, block_m "
-            f"{block_m} on {num_warps} warps, block_n {block_n}, nested {nested}, page_size "
-            f"{page_size}, compute capability major {sm_major}")
+    reasons = [] if shape_misfit is None else [shape_misfit]
     misfit = _gluon.cache_misfit(k_cache, v_cache)
     if misfit is not None:
         reasons.append(misfit)
@@ -742,6 +796,16 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         # its position, and those are always written.
         ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T, Hq, lp.num_splits, 2), dtype=torch.float32, device=q.device)
+    if lp.gluon:
+        from kernels._gluon import launch_split
+
+        launch_split(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out,
+                     lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
+                     split_tiles=lp.split_tiles, block_m=lp.block_m, block_q=lp.block_q,
+                     block_n=lp.block_n, direct=direct)
+        if not direct:
+            _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
+        return
     _unified_attention_split_kernel[(lp.num_slots, Hkv * lp.value_blocks, lp.num_splits)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse,
         num_splits=lp.num_splits, IS_DIRECT=direct, BLOCK_DV=D // lp.value_blocks,

@@ -19,15 +19,18 @@ __all__ = [
     "NOMINAL_NUM_SMS",
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_DIMS",
+    "WIDE_BLOCK_N",
     "TileConfig",
     "batch_tuning",
     "control_num_splits",
     "decode_stages",
     "fused_loop",
+    "gluon_tile",
     "slot_order",
     "tile_config",
     "tiles_per_step",
     "value_blocks",
+    "wide_tile",
 ]
 
 # KV tokens per split, a multiple of every BLOCK_N below. Bit-defining. Measured on an H100 with
@@ -62,8 +65,17 @@ class TileConfig:
     num_stages: int
 
 
-def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
-    """Tile configuration for (dtype, head_dim). Pure: never looks at a batch.
+def tile_config(dtype: torch.dtype, head_dim: int, sm_major: int | None = None,
+                gluon: bool = False) -> TileConfig:
+    """Tile configuration for (dtype, head_dim) on a GPU of compute capability major
+    ``sm_major`` (``None``: not a CUDA device, the interpreter), where the Gluon kernels can be
+    built (``gluon``: Triton 3.6, :func:`kernels._gluon.available`). Pure: never looks at a
+    batch.
+
+    Half precision at head dim 128 on Hopper (``sm_major == 9``) with Gluon takes 128-key tiles
+    (:func:`wide_tile`, kernels/README.md, "The 128-key contract"); everything else keeps the
+    tiles below, 64 keys there. The GPU and the Triton release are fixed per deployment, and
+    the bits differ between GPU generations and compiler releases anyway.
 
     Raises ValueError for unsupported dtypes or head dims.
     """
@@ -71,6 +83,11 @@ def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
         raise ValueError(f"dtype: expected one of {SUPPORTED_DTYPES}, got {dtype}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if _measured_neutral(dtype, head_dim, sm_major) and gluon:
+        # The Triton kernels' launch where the Gluon kernels cannot run a call (pages under 16
+        # tokens, caches TMA cannot read; kernels/README.md): 64 rows on 4 warps, 2 stages
+        # (2 x 64 KB of K/V in shared memory).
+        return TileConfig(block_m=64, block_n=WIDE_BLOCK_N, num_warps=4, num_stages=2)
     if dtype in (torch.float16, torch.bfloat16):
         if head_dim <= 64:
             return TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
@@ -108,6 +125,31 @@ def long_prompts(num_tokens: int, batch_size: int) -> bool:
     return num_tokens >= LONG_PROMPT_TOKENS * max(batch_size, 1)
 
 
+#: KV tokens per tile of the 128-key contract (:func:`wide_tile`).
+WIDE_BLOCK_N = 128
+
+
+def wide_tile(dtype: torch.dtype, head_dim: int, block_n: int, sm_major: int | None) -> bool:
+    """Whether a launch runs the 128-key contract: half precision at head dim 128 on Hopper with
+    :data:`WIDE_BLOCK_N`-key tiles (:func:`tile_config`'s choice there with Gluon, or a
+    ``Tuning``'s ``block_n``). Its kernels are the Gluon tile in both plans
+    (:func:`gluon_tile`), or the Triton kernels with :func:`tile_config`'s fixed launch where
+    Gluon cannot run the call: the per-batch rules below were measured at 64 keys and do not
+    apply."""
+    return _measured_neutral(dtype, head_dim, sm_major) and block_n == WIDE_BLOCK_N
+
+
+def gluon_tile(dtype: torch.dtype, head_dim: int, block_n: int, page_size: int,
+               sm_major: int | None = None) -> bool:
+    """Whether a 128-key launch (:func:`wide_tile`) may run the Gluon kernels: pages of at least
+    16 tokens (one TMA box per page, 128-byte swizzled). Shapes only; the launcher also needs
+    Triton 3.6's Gluon and dense caches (:func:`kernels._gluon.available`,
+    :func:`kernels._gluon.cache_misfit`). Both plans: the fused plan on
+    ``_fused_prefill_kernel`` (the serial order), the split plan on ``_split_kernel`` with the
+    package's merge (one split per row: the fused kernel)."""
+    return wide_tile(dtype, head_dim, block_n, sm_major) and page_size >= 16
+
+
 def _measured_neutral(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:
     """Whether the per-batch settings below were measured bit-neutral for this call: half
     precision at head dim 128 on Hopper (``sm_major == 9``: ``wgmma``), the scope of the H100
@@ -123,7 +165,8 @@ def _small_split_grid(num_programs: int, num_sms: int) -> bool:
 
 
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
-                 batch_size: int, sm_major: int | None = None) -> TileConfig:
+                 batch_size: int, sm_major: int | None = None,
+                 block_n: int | None = None) -> TileConfig:
     """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 on 8
     warps (two warpgroups of 64 rows) and 3 pipeline stages for half precision at head dim 128
     on Hopper (``sm_major == 9``, where every one of these compiles to ``wgmma``) when the
@@ -143,7 +186,12 @@ def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens:
     rounds 6-10's tiles (128 rows on 4 warps for mixed batches, 256 rows on 8 warps for long
     prompts), both of which spill registers; 128 rows on 8 warps in the flat loop ran 24-37%
     slower (2 or 3 stages)."""
-    cfg = tile_config(dtype, head_dim)
+    cfg = tile_config(dtype, head_dim, sm_major)
+    if block_n is not None and block_n != cfg.block_n:
+        # The 128-key contract, or another width (``Tuning.block_n``).
+        cfg = replace(cfg, block_n=block_n)
+    if wide_tile(dtype, head_dim, cfg.block_n, sm_major):
+        return replace(cfg, block_m=128, num_warps=8, num_stages=3)
     if (_measured_neutral(dtype, head_dim, sm_major)
             and prefill_like(num_tokens, group_size, batch_size)):
         return replace(cfg, block_m=128, num_warps=8, num_stages=3)
@@ -365,6 +413,7 @@ def choose_plan(
     longest_tiles: int | None = None,
     total_tiles: int | None = None,
     decode: bool = False,
+    gluon: bool = False,
 ) -> str:
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
@@ -377,7 +426,20 @@ def choose_plan(
     1.14 ms where fused took 1.81 ms on 64 decodes of 4k-32k tokens, while costing -1 to +1.4%
     on equal lengths. Prefill batches stay fused (the split plan took 11.0 ms where fused took
     9.5 ms on a varlen prefill). Tuned on an H100 (reports/h100-round4/README.md).
+
+    On the 128-key Gluon kernels (``gluon``; kernels/README.md, "The 128-key contract") the
+    fused kernel streams an under-filled grid faster than the split kernel and its merge: on an
+    H100 (reports/h100-round20/README.md, call 3) decode batches of 8 and 16 requests (64 and
+    128 programs) took 0.93-0.98x the split plan's time fused, batches of 2 and 4 (16 and 32
+    programs) 1.08-3.07x. So there the split plan takes grids of at most a quarter of the SMs,
+    and a larger under-filled grid is fused when its lengths are balanced (with statistics: the
+    longest program walks at most twice the average); the other rules follow.
     """
+    if gluon and num_programs * 4 <= num_sms:
+        return "split"
+    if (gluon and num_programs < num_sms and longest_tiles is not None
+            and total_tiles is not None and longest_tiles * num_programs <= 2 * total_tiles):
+        return "fused"
     if num_programs < num_sms:
         # Even with one split: the split kernel's tile loop has no split-boundary branch, and on
         # an H100 it ran one 1024-token decode in 24 us where the fused loop took 35 us.

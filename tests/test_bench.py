@@ -146,6 +146,7 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert capabilities(b).split_tokens == 2048
     b = resolve("kernels:block_m=128, num_warps=8,num_stages=3,plan=split")
     assert b.fn == KernelsBackend(kernel_plan="split", block_m=128, num_warps=8, num_stages=3)
+    assert resolve("kernels:block_n=64").fn == KernelsBackend(block_n=64)
     assert resolve("kernels-fused:num_warps=4").fn == KernelsBackend(kernel_plan="fused",
                                                                       num_warps=4)
     assert resolve("kernels-split:plan=auto").fn == KernelsBackend()
@@ -155,7 +156,8 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert all(BUILTIN[n].options for n in BUILTIN if n.startswith("kernels"))
     for bad, match in [
             ("kernels:nope=1", "kernels option 'nope': unknown; expected one of split_size, "
-                               "plan, gluon, block_m, num_warps, num_stages, got 'nope'"),
+                               "plan, gluon, block_m, num_warps, num_stages, block_n, got "
+                               "'nope'"),
             ("kernels:split_size=0", "split_size: expected an int >= 1 or none or default, "
                                      "got '0'"),
             ("kernels:split_size=2k", "split_size: expected an int >= 1"),
@@ -164,6 +166,7 @@ def test_kernels_options_from_the_cli_string() -> None:
             ("kernels:num_warps=3", "num_warps: expected one of 1, 2, 4, 8, 16, got '3'"),
             ("kernels:num_stages=9", r"num_stages: expected an int in \[1, 8\], got '9'"),
             ("kernels:num_stages=x", "num_stages: expected an int in"),
+            ("kernels:block_n=48", "block_n: expected a power of two >= 16, got '48'"),
             ("kernels-fused:oops", "key=value"),
             ("kernels:plan=fused,plan=split", "given twice"),
             ("kernels:gluon=yes", "gluon: expected one of auto, true, false, got 'yes'")]:
@@ -174,7 +177,7 @@ def test_kernels_options_from_the_cli_string() -> None:
 def test_kernels_option_rules_agree_with_kernels_tuning() -> None:
     import kernels
 
-    for key in ("block_m", "num_warps", "num_stages"):
+    for key in ("block_m", "num_warps", "num_stages", "block_n"):
         for value in range(0, 33):
             try:
                 kernels.Tuning(**{key: value})

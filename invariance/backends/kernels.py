@@ -6,7 +6,8 @@ On a CPU tensor the kernels run under the Triton interpreter, which must be swit
 
 From the CLI the four built-ins take options (:meth:`KernelsBackend.with_options`), e.g.
 ``--backend kernels:split_size=2048``, ``--backend kernels-fused:block_m=128,num_warps=8`` or
-``--backend kernels:gluon=false`` (the Triton kernels where the Gluon prefill kernel would run).
+``--backend kernels:gluon=false`` (the Triton kernels where the Gluon kernels would run) or
+``--backend kernels:block_n=64`` (the 64-key contract where Hopper's default is 128 keys).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _TUNING_RULES: dict[str, tuple[Callable[[int], bool], str]] = {
     "block_m": (lambda v: v >= 1 and v & (v - 1) == 0, "a power of two"),
     "num_warps": (lambda v: v in _NUM_WARPS, f"one of {', '.join(map(str, _NUM_WARPS))}"),
     "num_stages": (lambda v: 1 <= v <= 8, "an int in [1, 8]"),
+    "block_n": (lambda v: v >= 16 and v & (v - 1) == 0, "a power of two >= 16"),
 }
 _OPTION_KEYS = ("split_size", "plan", "gluon", *_TUNING_RULES)
 _GLUON_VALUES = {"auto": None, "true": True, "false": False}
@@ -51,12 +53,13 @@ class KernelsBackend:
     """``kernels.unified_attention`` with a fixed ``split_size`` (``"default"`` =
     ``kernels.DEFAULT_SPLIT_SIZE``; ``None`` = the batch-variant control heuristic) and ``plan``.
 
-    ``block_m`` / ``num_warps`` / ``num_stages`` become a ``kernels.Tuning`` (launch overrides of
-    the tile configuration ``kernels.tile_config`` fixes per (dtype, head_dim); its docstring says
-    which are bit-neutral). They are for experiments that measure whether they change bits; a
-    callable ``block_m`` picks it per batch, as a non-invariant library would. ``gluon``
-    (``kernels.Tuning.gluon``): ``None`` runs the Gluon prefill kernel wherever it is allowed,
-    ``False`` never, ``True`` requires it.
+    ``block_m`` / ``num_warps`` / ``num_stages`` / ``block_n`` become a ``kernels.Tuning`` (launch
+    overrides of the tile configuration ``kernels.tile_config`` fixes per (dtype, head_dim, GPU);
+    its docstring says which are bit-neutral; ``block_n`` is bit-defining, another contract).
+    They are for experiments that measure whether they change bits; a callable ``block_m`` picks
+    it per batch, as a non-invariant library would. ``gluon`` (``kernels.Tuning.gluon``):
+    ``None`` runs the Gluon kernels wherever they are allowed, ``False`` never, ``True``
+    requires them.
 
     :meth:`plan` (the planning protocol of :mod:`invariance.backends`) takes the batch's lengths
     on the host before a CUDA-graph capture, so that the captured call picks its plan from them
@@ -69,6 +72,7 @@ class KernelsBackend:
     block_m: int | Callable[[AttentionBatch], int] | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    block_n: int | None = None
     gluon: bool | None = None
     #: The last planned batch (a weak reference) and its host lengths.
     _planned: dict[str, Any] = field(default_factory=dict, init=False, compare=False,
@@ -98,7 +102,8 @@ class KernelsBackend:
         split = kernels.DEFAULT_SPLIT_SIZE if self.split_size == _DEFAULT else self.split_size
         tuning = kernels.Tuning(
             block_m=self.block_m(batch) if callable(self.block_m) else self.block_m,
-            num_warps=self.num_warps, num_stages=self.num_stages, gluon=self.gluon)
+            num_warps=self.num_warps, num_stages=self.num_stages, block_n=self.block_n,
+            gluon=self.gluon)
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, split_size=split, plan=self.kernel_plan,
@@ -112,9 +117,11 @@ class KernelsBackend:
         ``none`` = the batch-variant control heuristic; ``default`` =
         ``kernels.DEFAULT_SPLIT_SIZE``), ``plan`` (``auto`` / ``fused`` / ``split``),
         ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (1..8),
-        ``gluon`` (``auto``, ``true`` or ``false``: ``kernels.Tuning.gluon``; ``true`` raises
-        on a batch whose plan is the split plan, which ``plan=auto`` picks for decode batches:
-        use ``kernels-fused:gluon=true``). ``ValueError`` naming the key, what it expects and
+        ``block_n`` (KV tokens per tile, a power of two >= 16: bit-defining, for comparing
+        contracts; the split size must be a multiple of it), ``gluon`` (``auto``, ``true`` or
+        ``false``: ``kernels.Tuning.gluon``; at 64 keys ``true`` raises on a batch whose plan is
+        the split plan, which ``plan=auto`` picks for decode batches: use
+        ``kernels-fused:gluon=true`` there). ``ValueError`` naming the key, what it expects and
         what it got."""
         values: dict[str, Any] = {}
         for key, text in options.items():

@@ -1,11 +1,12 @@
-"""Gluon kernels for Hopper: the fused plan's prefill tile (kernels/README.md, "The Gluon
-prefill tile"). This module is light (no Triton import); the kernel module
+"""Gluon kernels for Hopper: the fused plan's tile and, at 128 keys, the split plan's
+(kernels/README.md, "The Gluon tile"). This module is light (no Triton import); the kernel module
 (``attention_kernels``, Triton 3.6's Gluon) is imported only where :func:`available` is asked,
 which the launcher does only for a launch that meets every other condition."""
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -13,9 +14,34 @@ import torch
 #: experimental and its API moves between releases (round 12's probe does not compile under
 #: Triton 3.9), so any other release runs the Triton kernels.
 GLUON_TRITON = "3.6."
-#: K/V slots of the Gluon kernel's TMA ring (each 2 x 64 x 128 half-precision elements, 32 KB):
-#: scheduling only, like Triton's pipeline stages.
+#: K/V slots of the Gluon kernels' TMA ring for 64-key tiles (each 2 x 64 x 128 half-precision
+#: elements, 32 KB): scheduling only, like Triton's pipeline stages.
 RING_SLOTS = 4
+#: K/V slots for 128-key tiles (64 KB each; with q's 32 KB a fourth does not fit in 227 KB).
+RING_SLOTS_128 = 3
+
+
+def ring_slots(block_n: int) -> int:
+    """K/V slots of the TMA ring for ``block_n``-key tiles."""
+    return RING_SLOTS if block_n == 64 else RING_SLOTS_128
+
+
+def _descriptors(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_n: int) -> tuple[list[Any], int]:
+    """TMA descriptors of the caches seen as ``[pages * page_size, Hkv * D]`` rows, boxes of
+    ``min(page_size, block_n)`` rows (one per page, or the tile inside a larger page), and that
+    box height. Built on the host from shapes and pointers alone (no sync: a CUDA graph captures
+    them as kernel parameters)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from kernels._gluon import attention_kernels as ak
+
+    D = q.shape[2]
+    num_pages, page_size, Hkv, _ = k_cache.shape
+    box = min(page_size, block_n)
+    return [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
+                                         ak.SMEM_L.value)
+            for c in (k_cache, v_cache)], box
 
 
 @functools.cache
@@ -60,27 +86,48 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          block_table: torch.Tensor, slot_order: torch.Tensor, out: torch.Tensor,
                          lse: torch.Tensor, qk_scale: float, *, num_slots: int, split_tiles: int,
                          block_m: int, block_q: int, block_n: int, is_slot_order: bool) -> None:
-    """The fused plan's grid ``(num_slots, Hkv)`` on the Gluon kernel.
+    """The fused plan's grid ``(num_slots, Hkv)`` on the Gluon kernel (``block_m`` 128,
+    ``block_n`` 64 or 128).
 
     Shapes: q ``[T, Hq, D]``; k_cache, v_cache ``[P, PS, Hkv, D]`` contiguous; cu_seqlens_q
     ``[B + 1]``, kv_lens ``[B]``, block_table ``[B, max_pages]`` int32; slot_order
     ``[num_slots]`` int32 (read only with ``is_slot_order``); out ``[T, Hq, D]``, lse
-    ``[T, Hq]`` fp32, contiguous. The TMA descriptors are built here on the host from shapes
-    and pointers alone (no sync: a CUDA graph captures them as kernel parameters)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+    ``[T, Hq]`` fp32, contiguous."""
     from kernels._gluon import attention_kernels as ak
 
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
-    box = min(page_size, block_n)
-    descs = [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
-                                          ak.SMEM_L.value)
-             for c in (k_cache, v_cache)]
+    descs, box = _descriptors(q, k_cache, v_cache, block_n)
     ak._fused_prefill_kernel[(num_slots, Hkv)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, slot_order, out, lse,
         qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=RING_SLOTS,
+        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=ring_slots(block_n),
         num_warps=4)
+
+
+def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, block_table: torch.Tensor,
+                 ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 qk_scale: float, *, num_slots: int, num_splits: int, split_tiles: int,
+                 block_m: int, block_q: int, block_n: int, direct: bool) -> None:
+    """The split plan's first phase, grid ``(num_slots, Hkv, num_splits)``, on the Gluon kernel
+    (``block_m`` 128, ``block_n`` 128): each split's raw state where the Triton split kernel
+    writes it, for the package's merge; with ``direct`` (``num_splits == 1``) the result itself
+    into out and lse, as the Triton split kernel's ``IS_DIRECT``.
+
+    Shapes: as :func:`launch_fused_prefill`; ws_o ``[T, Hq, num_splits, D]`` and ws_ml
+    ``[T, Hq, num_splits, 2]`` fp32, contiguous (not read with ``direct``)."""
+    from kernels._gluon import attention_kernels as ak
+
+    T, Hq, D = q.shape
+    num_pages, page_size, Hkv, _ = k_cache.shape
+    descs, box = _descriptors(q, k_cache, v_cache, block_n)
+    ak._split_kernel[(num_slots, Hkv, num_splits)](
+        q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
+        split_tiles,
+        block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size, num_splits,
+        q.stride(0), q.stride(1), block_table.stride(0),
+        G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
+        BLOCK_N=block_n, BOX=box, STAGES=ring_slots(block_n), IS_DIRECT=direct, num_warps=4)

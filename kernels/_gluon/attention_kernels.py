@@ -95,21 +95,57 @@ def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _masked(b_s, t, pos, BLOCK_N: gl.constexpr):
+def _masked(b_s, t, pos, BLOCK_N: gl.constexpr, S_L: gl.constexpr):
     """Raw scores of tile ``t`` with ``-inf`` where a row does not see the key (``key > pos``),
     as ``_tile_scores``' masked path."""
-    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WG_S_L))
+    o_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     return gl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
 
 
 @gluon.jit
-def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
-              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
-              G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
-    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store."""
-    S_L: gl.constexpr = WG_S_L
+def _step_weights(q_h, k_slot, zero_s, m_i, l_i, acc, j, j_mid, pos, qk_scale,
+                  BLOCK_N: gl.constexpr, S_L: gl.constexpr, ROW_O: gl.constexpr,
+                  P_L: gl.constexpr):
+    """The serial order's step up to ``p @ v``: tile ``j``'s scores (waited; masked when some
+    row does not see all of it, ``j >= j_mid``), its weights, the row sum, acc's rescale and p as
+    the 16-bit ``p @ v`` operand. Returns ``(m, l, acc, p)``."""
+    s_tok = warpgroup_mma(q_h, k_slot.permute((1, 0)), zero_s, is_async=True)
+    b_s = warpgroup_mma_wait(0, deps=[s_tok])
+    if j >= j_mid:
+        b_s = _masked(b_s, j, pos, BLOCK_N, S_L)
+    m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
+    l_i = _sum(l_i, alpha, b_p)
+    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+    return m_i, l_i, acc, gl.convert_layout(b_p.to(k_slot.dtype), P_L)
+
+
+@gluon.jit
+def _release(ready, empty, n, STAGES: gl.constexpr):
+    """A warpgroup with no row in the block (decode rows fill the first one): each of the ``n``
+    tiles' slots released once it has landed, so the loader, which waits for both warpgroups,
+    goes on. Its tensor-core and exponential work is skipped, not computed on padding."""
+    for t in range(0, n):
+        mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
+        mbarrier.arrive(empty.index(t % STAGES))
+
+
+@gluon.jit
+def _idle(half, i_qblk, q_len, G: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr):
+    """Whether warpgroup ``half`` holds no valid row of the block: its first row's token is past
+    the block's tokens (rows are token-major, ``_block_row_ids``)."""
+    return (half * (BLOCK_M // 2)) // G >= gl.minimum(q_len - i_qblk * BLOCK_Q, BLOCK_Q)
+
+
+@gluon.jit
+def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+                 kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+                 G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The 128-key tile's rows of one warpgroup in the serial order: tile j's ``p @ v``
+    waited, the split folded at its end, then tile j + 1's scores and weights (with the fold
+    state, FA3's order spills at 128 keys: kernels/README.md); then the store."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = WG_O_L
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -128,35 +164,16 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
     if n_tiles > 0:
-        # Tile 0's scores and weights, and the rescale before its p @ v.
         mbarrier.wait(ready.index(0), 0)
-        s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
-        b_s = warpgroup_mma_wait(0, deps=[s_tok])
-        if j_mid <= 0:
-            b_s = _masked(b_s, 0, pos, BLOCK_N)
-        m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
-        l_i = _sum(l_i, alpha, b_p)
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        m_i, l_i, acc, p = _step_weights(q_h, k_s.index(0), zero_s, m_i, l_i, acc, 0, j_mid,
+                                         pos, qk_scale, BLOCK_N, S_L, ROW_O, P_L)
         for j in range(0, n_tiles):
-            # The next tile's scores (past the last tile: its own again, a dummy never used)
-            # and this tile's p @ v, issued together.
-            jn = gl.minimum(j + 1, n_tiles - 1)
-            mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
-            s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
-                                  is_async=True)
             if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
                 _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
-            p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
-            b_s = warpgroup_mma_wait(1, deps=[s_tok])
-            if jn >= j_mid:
-                b_s = _masked(b_s, jn, pos, BLOCK_N)
-            # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
-            new_split = (j + 1) % split_tiles == 0
-            m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
-            m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(j % STAGES))
+            new_split = (j + 1) % split_tiles == 0
             if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
                 f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
@@ -164,10 +181,12 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                 l_i = gl.full_like(l_i, 0.0)
                 acc = zero_o
             if j + 1 < n_tiles:
-                m_i = m_new
-                l_i = _sum(l_i, alpha, b_p_n)
-                acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-                b_p = b_p_n
+                jn = j + 1
+                mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
+                m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
+                m_i, l_i, acc, p = _step_weights(q_h, k_s.index(jn % STAGES), zero_s, m_base,
+                                                 l_i, acc, jn, j_mid, pos, qk_scale, BLOCK_N,
+                                                 S_L, ROW_O, P_L)
     b_o, b_lse = _normalize(f_acc, f_l, f_m)
     o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
@@ -177,8 +196,93 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
 
 
 @gluon.jit
-def _loader(k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages, i_kvh,
-            HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+              G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
+    ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
+    64-key tiles in FA3's issue order; 128-key tiles in the serial order (:func:`_serial_rows`),
+    skipped by a warpgroup with no row (:func:`_release`)."""
+    if BLOCK_N == 128:
+        if _idle(half, i_qblk, q_len, G, BLOCK_M, BLOCK_Q):
+            _release(ready, empty, n_tiles, STAGES)
+        else:
+            _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
+                         q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
+                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)
+    else:
+        S_L: gl.constexpr = WG_S_L
+        O_L: gl.constexpr = WG_O_L
+        P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+        ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+        HALF: gl.constexpr = BLOCK_M // 2
+        o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
+        _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+        q_h = q_s.slice(half * HALF, HALF)
+        zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+        zero_o = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
+        # The running fold of finished splits (rows in acc's layout) and the current split's
+        # state.
+        f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
+        f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
+        f_acc = zero_o
+        m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
+        l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
+        acc = zero_o
+        if n_tiles > 0:
+            # Tile 0's scores and weights, and the rescale before its p @ v.
+            mbarrier.wait(ready.index(0), 0)
+            s_tok = warpgroup_mma(q_h, k_s.index(0).permute((1, 0)), zero_s, is_async=True)
+            b_s = warpgroup_mma_wait(0, deps=[s_tok])
+            if j_mid <= 0:
+                b_s = _masked(b_s, 0, pos, BLOCK_N, S_L)
+            m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
+            l_i = _sum(l_i, alpha, b_p)
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            for j in range(0, n_tiles):
+                # The next tile's scores (past the last tile: its own again, a dummy never used)
+                # and this tile's p @ v, issued together.
+                jn = gl.minimum(j + 1, n_tiles - 1)
+                mbarrier.wait(ready.index(jn % STAGES), (jn // STAGES) & 1)
+                s_tok = warpgroup_mma(q_h, k_s.index(jn % STAGES).permute((1, 0)), zero_s,
+                                      is_async=True)
+                if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+                    _zero_v_tail(v_s.index(j % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
+                p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+                acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
+                b_s = warpgroup_mma_wait(1, deps=[s_tok])
+                if jn >= j_mid:
+                    b_s = _masked(b_s, jn, pos, BLOCK_N, S_L)
+                # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
+                new_split = (j + 1) % split_tiles == 0
+                m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
+                m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
+                acc = warpgroup_mma_wait(0, deps=[acc_tok])
+                mbarrier.arrive(empty.index(j % STAGES))
+                if new_split | (j + 1 == n_tiles):
+                    # The split ends with tile j: fold it, start a fresh state.
+                    f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
+                                            gl.convert_layout(l_i, ROW_O), acc)
+                    l_i = gl.full_like(l_i, 0.0)
+                    acc = zero_o
+                if j + 1 < n_tiles:
+                    m_i = m_new
+                    l_i = _sum(l_i, alpha, b_p_n)
+                    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+                    b_p = b_p_n
+        b_o, b_lse = _normalize(f_acc, f_l, f_m)
+        o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+        tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq,
+                      o_d, G, HEAD_DIM)
+
+
+@gluon.jit
+def _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
+            i_kvh, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
             BOX: gl.constexpr, STAGES: gl.constexpr):
     """One warp: tile ``t``'s K and V by TMA into slot ``t % STAGES`` once both warpgroups have
     released that slot's previous tile. ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from
@@ -191,7 +295,7 @@ def _loader(k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_p
         mbarrier.expect(ready.index(s), 2 * BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth
                         // 8)
         for i in gl.static_range(BLOCK_N // BOX):
-            key = t * BLOCK_N + i * BOX
+            key = (j_lo + t) * BLOCK_N + i * BOX
             page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
             page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
             row = page * PAGE_SIZE + key % PAGE_SIZE
@@ -270,5 +374,171 @@ def _fused_prefill_kernel(
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
                      BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
-        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, n_tiles, p_bt, kv_len, num_pages,
+        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, 0, n_tiles, p_bt, kv_len, num_pages,
+                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
+
+
+# ------------------------------------------------------------------------------------------------
+# The split plan on the Gluon tile (128-key tiles): one program per (slot, KV head, split) writes
+# the split's raw state where ``_unified_attention_split_kernel`` writes it; the package's merge
+# folds the splits.
+# ------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _split_consumer(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
+                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split,
+                    num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, IS_DIRECT: gl.constexpr):
+    """One warpgroup of the split kernel: :func:`_split_rows`, or :func:`_release` where it
+    holds no row (decode)."""
+    if _idle(half, i_qblk, q_len, G, BLOCK_M, BLOCK_Q):
+        _release(ready, empty, n, STAGES)
+    else:
+        _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
+                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
+                    i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
+                    STAGES, IS_DIRECT)
+
+
+@gluon.jit
+def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
+                i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split,
+                num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, IS_DIRECT: gl.constexpr):
+    """One warpgroup: tiles ``j_lo .. j_lo + n - 1`` of one split from a fresh state in FA3's
+    issue order (the next tile's scores issued with this tile's ``p @ v``: without a fold state
+    the registers hold both), then the raw state ``(m, l, acc)`` stored where the Triton split
+    kernel stores it, or with ``IS_DIRECT`` (one split per row) normalised into out and lse as
+    that kernel's ``IS_DIRECT`` does."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = WG_O_L
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    HALF: gl.constexpr = BLOCK_M // 2
+    o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
+    _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    q_h = q_s.slice(half * HALF, HALF)
+    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+    acc = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
+    mbarrier.wait(ready.index(0), 0)
+    m_i, l_i, acc, p = _step_weights(q_h, k_s.index(0), zero_s, m_i, l_i, acc, j_lo, j_mid, pos,
+                                     qk_scale, BLOCK_N, S_L, ROW_O, P_L)
+    for t in range(0, n):
+        j = j_lo + t
+        # The next tile's scores (past the last tile: its own again, a dummy never used) and
+        # this tile's p @ v, issued together.
+        tn = gl.minimum(t + 1, n - 1)
+        mbarrier.wait(ready.index(tn % STAGES), (tn // STAGES) & 1)
+        s_tok = warpgroup_mma(q_h, k_s.index(tn % STAGES).permute((1, 0)), zero_s,
+                              is_async=True)
+        if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+            _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
+        acc_tok = warpgroup_mma(p, v_s.index(t % STAGES), acc, is_async=True)
+        b_s = warpgroup_mma_wait(1, deps=[s_tok])
+        if j_lo + tn >= j_mid:
+            b_s = _masked(b_s, j_lo + tn, pos, BLOCK_N, S_L)
+        m_new, alpha, b_p = _weights(m_i, b_s, qk_scale)
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        mbarrier.arrive(empty.index(t % STAGES))
+        if t + 1 < n:
+            m_i = m_new
+            l_i = _sum(l_i, alpha, b_p)
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
+    o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+    if IS_DIRECT:
+        b_o, b_lse = _normalize(acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O))
+        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d,
+                      G, HEAD_DIM)
+    else:
+        i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+        gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
+        gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_row)
+        gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_row)
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+def _split_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
+    v_desc,  # likewise for v_cache
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32: raw acc per split
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32: (m in log2 units, l) per split
+    out_ptr,  # [T, Hq, D] contiguous (IS_DIRECT only)
+    lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split
+    B,
+    T,
+    Hq,
+    num_pages,
+    max_kv_len,  # KV tokens the block table covers
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    G: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,  # 128
+    BLOCK_Q: gl.constexpr,
+    BLOCK_N: gl.constexpr,  # 128
+    BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
+    STAGES: gl.constexpr,  # K/V slots of the ring
+    IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
+):
+    """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (the first consumer warpgroup; the second
+    and the loader warp are workers): the split plan's first phase. Slots are taken last first,
+    as ``_unified_attention_split_kernel`` takes them; a split past a block's last tile exits."""
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    i_kvh = gl.program_id(1)
+    i_split = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    n_tiles = max_pos // BLOCK_N + 1
+    j_lo = i_split * split_tiles
+    if j_lo >= n_tiles:
+        return
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    gl.warp_specialize([
+        (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, 0,
+                           i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
+                           i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
+                           STAGES, IS_DIRECT)),
+        (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, 1,
+                           i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
+                           i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
+                           STAGES, IS_DIRECT)),
+        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])

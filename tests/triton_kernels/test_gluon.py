@@ -1,8 +1,10 @@
-"""The Gluon prefill kernel (kernels/_gluon) against the Triton fused kernel it replaces, bit for
-bit: prompts, chunks and decode rows in one batch, several GQA groups, page sizes and placements,
-split sizes down to one tile (many folds), NaN in every unused cache slot and block-table column,
-both slot orders, CUDA-graph capture. Gluon has no CPU interpreter: these run on a Hopper GPU
-with Triton 3.6 only and skip elsewhere (the plan rules are tested on CPU in test_plans.py)."""
+"""The Gluon kernels (kernels/_gluon) against the Triton kernels they replace, bit for bit, at
+both tile widths: the 128-key contract's fused and split kernels (the default on Hopper) and the
+64-key prefill tile (``Tuning(block_n=64)``). Prompts, chunks and decode rows in one batch,
+several GQA groups, page sizes and placements, split sizes down to one tile (many folds), NaN in
+every unused cache slot and block-table column, both slot orders, CUDA-graph capture. Gluon has
+no CPU interpreter: these run on a Hopper GPU with Triton 3.6 only and skip elsewhere (the plan
+rules are tested on CPU in test_plans.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a Hopper GPU and Triton 3.6 (Gluon)")]
 
 GLUON, TRITON = Tuning(gluon=True), Tuning(gluon=False)
+#: The 64-key contract (the prefill tile of rounds 13-19) and the 128-key default.
+NARROW = {"gluon": Tuning(gluon=True, block_n=64), "triton": Tuning(gluon=False, block_n=64)}
 # Prompts longer than a split, a chunk after a long context, decode rows and a short prompt: the
 # blocks' first tiles unmasked, their diagonal tiles masked, last pages partly filled.
 SHAPE = [(1500, 1500), (300, 2600), (1, 3000), (1, 777), (130, 130), (17, 1049)]
@@ -45,23 +49,49 @@ def _half(dtype: torch.dtype) -> None:
         pytest.skip("the Gluon kernel serves half precision only (float32 runs FMA dots)")
 
 
-def _both(args, **kw):
-    lp = plan_attention(*args, plan="fused", tuning=GLUON, **kw)
-    assert lp.gluon and lp.block_m == 128 and lp.num_warps == 8
-    gluon = unified_attention(*args, plan="fused", tuning=GLUON, **kw)
-    triton = unified_attention(*args, plan="fused", tuning=TRITON, **kw)
+def _both(args, plan="fused", **kw):
+    lp = plan_attention(*args, plan=plan, tuning=GLUON, **kw)
+    assert lp.gluon and lp.block_m == 128 and lp.num_warps == 8 and lp.block_n == 128
+    gluon = unified_attention(*args, plan=plan, tuning=GLUON, **kw)
+    triton = unified_attention(*args, plan=plan, tuning=TRITON, **kw)
     return gluon, triton
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("split", [1024, 192, 64])
+@pytest.mark.parametrize("split", [1024, 384, 128])
 def test_gluon_gives_the_triton_kernels_bits(dtype, make_batch, args_of, assert_same_bits,
                                              assert_accurate, layout: str, split: int) -> None:
+    # At 128 keys, in both plans: the Gluon fused and split kernels, the Triton fused and split
+    # kernels, all one set of bits.
     _half(dtype)
     batch = make_batch(dtype, SHAPE, LAYOUTS[layout], HEADS["g4"])
     gluon, triton = _both(args_of(batch), split_size=split)
     assert_same_bits(gluon, triton, f"Gluon vs Triton fused kernel ({layout}, split {split})")
     assert_accurate(*gluon, args_of(batch))
+    if layout != "p16" and split != 384:
+        return  # the split plan on one layout and split size (each kernel compiles per shape)
+    for plan in ("split", "fused"):
+        g, t = _both(args_of(batch), plan=plan, split_size=split)
+        assert_same_bits(g, gluon, f"Gluon {plan} plan vs Gluon fused ({layout}, split {split})")
+        assert_same_bits(t, gluon, f"Triton {plan} plan vs Gluon fused ({layout}, split {split})")
+
+
+@pytest.mark.parametrize("split", [1024, 192, 64])
+def test_the_64_key_gluon_tile_gives_the_triton_kernels_bits(dtype, make_batch, args_of,
+                                                             assert_same_bits, assert_accurate,
+                                                             split: int) -> None:
+    # The 64-key contract (Tuning(block_n=64)): the prefill tile against the Triton fused kernel
+    # and the split plan (rounds 13-19's default).
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
+    args = args_of(batch)
+    lp = plan_attention(*args, plan="fused", tuning=NARROW["gluon"], split_size=split)
+    assert lp.gluon and lp.block_n == 64
+    gluon = unified_attention(*args, plan="fused", tuning=NARROW["gluon"], split_size=split)
+    for plan in ("fused", "split"):
+        triton = unified_attention(*args, plan=plan, tuning=NARROW["triton"], split_size=split)
+        assert_same_bits(gluon, triton, f"64-key Gluon vs Triton {plan} (split {split})")
+    assert_accurate(*gluon, args)
 
 
 @pytest.mark.parametrize("heads", sorted(HEADS))
@@ -78,6 +108,8 @@ def test_gluon_gives_the_triton_kernels_bits_for_every_group(dtype, make_batch, 
         triton = unified_attention(*args, plan="fused", tuning=Tuning(gluon=False,
                                    slot_order=slot_order), **kw)
         assert_same_bits(gluon, triton, f"Gluon vs Triton ({heads}, slot order {slot_order})")
+    split = unified_attention(*args, plan="split", tuning=GLUON, split_size=256)
+    assert_same_bits(split, gluon, f"Gluon split vs fused plan ({heads})")
 
 
 def test_the_comparison_sees_a_different_split(dtype, make_batch, args_of) -> None:
@@ -85,19 +117,24 @@ def test_the_comparison_sees_a_different_split(dtype, make_batch, args_of) -> No
     # so a bit comparison of two kernels that reduce in different orders fails.
     _half(dtype)
     batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
-    a = unified_attention(*args_of(batch), plan="fused", tuning=GLUON, split_size=64)
+    a = unified_attention(*args_of(batch), plan="fused", tuning=GLUON, split_size=128)
     b = unified_attention(*args_of(batch), plan="fused", tuning=GLUON, split_size=1024)
     assert not torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
+    # ... and so does the tile width: the 64-key tile's bits are not the 128-key tile's.
+    c = unified_attention(*args_of(batch), plan="fused", tuning=NARROW["gluon"])
+    assert not torch.equal(c[0].view(torch.int16), b[0].view(torch.int16))
 
 
-def test_gluon_under_cuda_graph_capture(dtype, make_batch, args_of, assert_same_bits) -> None:
+@pytest.mark.parametrize("plan", ["fused", "split"])
+def test_gluon_under_cuda_graph_capture(dtype, make_batch, args_of, assert_same_bits,
+                                        plan: str) -> None:
     # Unchecked (validate=False) and captured: the descriptors are built on the host from shapes
     # and pointers, so the replay gives the eager launch's bits.
     _half(dtype)
     batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
     args = args_of(batch)
-    eager = unified_attention(*args, plan="fused", tuning=GLUON)
-    kw = dict(plan="fused", tuning=GLUON, validate=False)
+    eager = unified_attention(*args, plan=plan, tuning=GLUON)
+    kw = dict(plan=plan, tuning=GLUON, validate=False)
     unified_attention(*args, **kw)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -110,24 +147,37 @@ def test_gluon_under_cuda_graph_capture(dtype, make_batch, args_of, assert_same_
     assert_same_bits(captured, eager, "CUDA-graph replay vs eager (Gluon)")
 
 
-def test_auto_takes_gluon_for_prefills_only(dtype, make_batch, args_of) -> None:
+def test_auto_takes_gluon_in_both_plans_at_128_keys(dtype, make_batch, args_of,
+                                                    assert_same_bits) -> None:
     _half(dtype)
     prefill = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
-    assert plan_attention(*args_of(prefill), plan="fused").gluon
     decode = make_batch(dtype, [(1, 900)] * 8, LAYOUTS["p16"], HEADS["g4"])
-    assert not plan_attention(*args_of(decode), plan="fused").gluon
-    assert not plan_attention(*args_of(prefill), plan="fused", tuning=TRITON).gluon
+    for batch in (prefill, decode):
+        for plan in ("auto", "fused", "split"):
+            assert plan_attention(*args_of(batch), plan=plan).gluon
+        assert not plan_attention(*args_of(batch), plan="fused", tuning=TRITON).gluon
+    # At 64 keys only prefill-like batches take the Gluon prefill tile.
+    assert plan_attention(*args_of(prefill), plan="fused", tuning=Tuning(block_n=64)).gluon
+    assert not plan_attention(*args_of(decode), plan="fused", tuning=Tuning(block_n=64)).gluon
+    # Pages of 8 tokens: the Triton kernels at 128 keys, the Gluon kernels' bits.
+    small = make_batch(dtype, SHAPE, PageLayout(8, "shuffled", fill="nan", seed=2), HEADS["g4"])
+    assert not plan_attention(*args_of(small), plan="fused").gluon
+    with pytest.raises(ValueError, match="page_size 8"):
+        unified_attention(*args_of(small), plan="fused", tuning=GLUON)
+    assert_same_bits(unified_attention(*args_of(small)), unified_attention(*args_of(prefill)),
+                     "Triton on 8-token pages vs Gluon on 16-token pages")
 
 
 def test_gluon_at_tile_multiples_next_to_nan_pages(dtype, make_batch, args_of,
                                                    assert_same_bits) -> None:
-    # KV lengths on 64-key tile boundaries and one past them (no V tail to zero, or one row),
-    # NaN in the pages after them.
+    # KV lengths on 64- and 128-key tile boundaries and one past them (no V tail to zero, or
+    # one row), NaN in the pages after them.
     _half(dtype)
-    shape = [(64, 128), (1, 192), (128, 128), (65, 257), (200, 1024)]
+    shape = [(64, 128), (1, 192), (128, 128), (65, 257), (200, 1024), (1, 256), (3, 129)]
     batch = make_batch(dtype, shape, LAYOUTS["p16"], HEADS["g4"])
-    gluon, triton = _both(args_of(batch), split_size=128)
-    assert_same_bits(gluon, triton, "Gluon vs Triton at tile multiples")
+    for plan in ("fused", "split"):
+        gluon, triton = _both(args_of(batch), plan=plan, split_size=128)
+        assert_same_bits(gluon, triton, f"Gluon vs Triton at tile multiples ({plan})")
 
 
 def test_gluon_with_a_strided_q_and_unchecked_lengths(dtype, make_batch, args_of,

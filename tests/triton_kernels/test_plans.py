@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -22,6 +23,10 @@ CASES = [
     pytest.param(1, 3, 64, id="seed1-split3xBN-page64"),
     pytest.param(2, 2, 4, id="seed2-split2xBN-page4"),
 ]
+
+
+#: The 64-key contract on Hopper, where the per-batch rules below were measured.
+N64 = Tuning(block_n=64)
 
 
 def _random_shape(seed: int) -> list[tuple[int, int]]:
@@ -99,7 +104,7 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     heads = HeadConfig(4, 2, 128)
     half = dtype != torch.float32
     one = make_batch(dtype, [(1, 40)], heads=heads)
-    assert picks(*args_of(one), plan="split") == ((8, 2) if half else (1, 1))
+    assert picks(*args_of(one), plan="split", tuning=N64) == ((8, 2) if half else (1, 1))
     many = make_batch(dtype, [(1, 40 + 20 * i) for i in range(8)], heads=heads)
     args = args_of(many)
     wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(8, 250)], 1))  # 4096 tokens
@@ -108,8 +113,8 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     # x 2 heads = 48 programs (2 blocks; one tile per step, as rows span several splits); the
     # table bound alone counts 8 x 64 x 2 (1 block, 1 tile).
     assert picks(*wide, plan="split", split_size=64, validate=False,
-                 host_lens=lens) == ((2, 1) if half else (1, 1))
-    assert picks(*wide, plan="split", split_size=64, validate=False) == (1, 1)
+                 host_lens=lens, tuning=N64) == ((2, 1) if half else (1, 1))
+    assert picks(*wide, plan="split", split_size=64, validate=False, tuning=N64) == (1, 1)
     # Several splits are judged from the longest length known, not the table's bound: 24
     # decodes of one split each (40 tokens) in a 4096-token table, 48 programs: 2 blocks and
     # two tiles per step, not the one tile of rows over several splits.
@@ -117,8 +122,8 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     args = args_of(short)
     wide = (*args[:5], torch.cat([args[5], args[5].new_zeros(24, 250)], 1))
     assert picks(*wide, plan="split", split_size=64, validate=False,
-                 host_lens=([1] * 24, [40] * 24)) == ((2, 2) if half else (1, 1))
-    assert picks(*wide, plan="split", split_size=64) == ((2, 2) if half else (1, 1))
+                 host_lens=([1] * 24, [40] * 24), tuning=N64) == ((2, 2) if half else (1, 1))
+    assert picks(*wide, plan="split", split_size=64, tuning=N64) == ((2, 2) if half else (1, 1))
 
 
 @pytest.mark.parametrize(("rule", "small_to_large"), [
@@ -397,11 +402,19 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
     from kernels.config import batch_tuning
 
     for dt in (torch.float16, torch.bfloat16):
-        # 32 tokens x 4 heads each, below and at long prompts: two 64-row warpgroups, 3 stages
+        # At 64 keys, 32 tokens x 4 heads each, below and at long prompts: two 64-row
+        # warpgroups, 3 stages; decode keeps tile_config's 64 rows.
         for tokens in (32, 1023, 1024, 4096):
-            cfg = batch_tuning(dt, 128, 4, 8 * tokens, 8, 9)
-            assert (cfg.block_m, cfg.num_warps, cfg.num_stages) == (128, 8, 3), tokens
-        assert batch_tuning(dt, 128, 4, 8, 8, 9).block_m == tile_config(dt, 128).block_m  # decode
+            cfg = batch_tuning(dt, 128, 4, 8 * tokens, 8, 9, block_n=64)
+            assert (cfg.block_m, cfg.num_warps, cfg.num_stages, cfg.block_n) == (128, 8, 3, 64)
+        decode = batch_tuning(dt, 128, 4, 8, 8, 9, block_n=64)
+        assert decode == tile_config(dt, 128, 9)  # Hopper without Gluon: the 64-key contract
+        assert decode == replace(tile_config(dt, 128, 9, gluon=True), block_n=64)
+        # At 128 keys (Hopper's default with Gluon): the Gluon tile's 128 rows on 8 warps for
+        # every batch.
+        for tokens, batch in ((8, 8), (8 * 4096, 8), (0, 0)):
+            cfg = batch_tuning(dt, 128, 4, tokens, batch, 9, block_n=128)
+            assert (cfg.block_m, cfg.num_warps, cfg.num_stages, cfg.block_n) == (128, 8, 3, 128)
         assert batch_tuning(dt, 64, 4, 4096, 8, 9) == tile_config(dt, 64)  # not measured
         batch_tuning(dt, 128, 4, 0, 0, 9)  # an empty batch: no error
         # Not Hopper (64 and 128 both mma.sync there, unmeasured) or the interpreter: fixed.
@@ -409,8 +422,11 @@ def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
             assert batch_tuning(dt, 128, 4, 4096, 1, sm) == tile_config(dt, 128)
     # float32: BLOCK_M 64 vs 32 changed bits on an H100: never varied.
     assert batch_tuning(torch.float32, 128, 4, 4096, 1, 9) == tile_config(torch.float32, 128)
-    for dt in (torch.float16, torch.bfloat16, torch.float32):  # BLOCK_N never moves
-        assert batch_tuning(dt, 128, 4, 4096, 1, 9).block_n == tile_config(dt, 128).block_n
+    for dt in (torch.float16, torch.bfloat16, torch.float32):  # BLOCK_N never moves per batch
+        for tokens in (1, 4096):
+            assert (batch_tuning(dt, 128, 4, tokens, 1, 9).block_n
+                    == tile_config(dt, 128, 9).block_n)
+            assert batch_tuning(dt, 128, 4, tokens, 1, 9, block_n=128).block_n == 128
 
 
 def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeypatch,
@@ -426,26 +442,30 @@ def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeyp
         torch.zeros(2048, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
         torch.zeros(130, 16, 2, 128, dtype=bf16), torch.tensor([0, 2048], dtype=i32),
         torch.tensor([2048], dtype=i32), torch.arange(128, dtype=i32)[None]))
-    lp = plan_attention(*args, validate=False, plan="split")
+    lp = plan_attention(*args, validate=False, plan="split", tuning=N64)
     assert (lp.block_m, lp.num_warps, lp.num_stages, lp.tiles_per_step) == (128, 8, 3, 2)
-    lp = plan_attention(*args, validate=False, plan="split", tuning=Tuning(num_warps=4))
+    lp = plan_attention(*args, validate=False, plan="split",
+                        tuning=Tuning(block_n=64, num_warps=4))
     assert (lp.block_m, lp.num_warps, lp.tiles_per_step) == (128, 4, 1)
-    lp = plan_attention(*args, validate=False, plan="fused")
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=N64)
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 3)
     assert (lp.nested_loop, lp.tiles_per_step) == (True, 2)
     assert kernels.attention._k_rows(lp, bf16)
     cfg = tile_config(bf16, 128)
-    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(block_m=128))
+    lp = plan_attention(*args, validate=False, plan="fused",
+                        tuning=Tuning(block_n=64, block_m=128))
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, cfg.num_warps, cfg.num_stages)
     assert (lp.nested_loop, lp.tiles_per_step) == (False, 1)
     assert not kernels.attention._k_rows(lp, bf16)
-    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(num_stages=2))
+    lp = plan_attention(*args, validate=False, plan="fused",
+                        tuning=Tuning(block_n=64, num_stages=2))
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 2)
     assert (lp.nested_loop, lp.tiles_per_step) == (True, 2)
     lp = plan_attention(*args, validate=False, plan="fused",
-                        tuning=Tuning(nested_loop=False, tiles_per_step=2))
+                        tuning=Tuning(block_n=64, nested_loop=False, tiles_per_step=2))
     assert (lp.nested_loop, lp.tiles_per_step) == (False, 1)
-    lp = plan_attention(*args, validate=False, plan="fused", tuning=Tuning(tiles_per_step=1))
+    lp = plan_attention(*args, validate=False, plan="fused",
+                        tuning=Tuning(block_n=64, tiles_per_step=1))
     assert (lp.nested_loop, lp.tiles_per_step) == (True, 1)
 
 
@@ -547,15 +567,17 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
             torch.tensor([2048], dtype=i32, device=device),
             torch.arange(128, dtype=i32, device=device)[None])
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
-    lp = plan_attention(*args, validate=False, plan="fused")
+    lp = plan_attention(*args, validate=False, plan="fused", tuning=N64)
     assert lp.gluon and (lp.block_m, lp.num_warps, lp.nested_loop) == (128, 8, True)
     assert not plan_attention(*args, validate=False, plan="fused",
-                              tuning=Tuning(gluon=False)).gluon
-    assert not plan_attention(*args, validate=False, plan="split").gluon
+                              tuning=Tuning(block_n=64, gluon=False)).gluon
+    assert not plan_attention(*args, validate=False, plan="split", tuning=N64).gluon
     assert not plan_attention(*args, validate=False, plan="fused",
-                              tuning=Tuning(nested_loop=False)).gluon
-    with pytest.raises(ValueError, match=r"gluon=True needs the fused plan, got plan 'split'$"):
-        plan_attention(*args, validate=False, plan="split", tuning=Tuning(gluon=True))
+                              tuning=Tuning(block_n=64, nested_loop=False)).gluon
+    with pytest.raises(ValueError,
+                       match=r"gluon=True needs the fused plan at 64 keys, got plan 'split'$"):
+        plan_attention(*args, validate=False, plan="split",
+                       tuning=Tuning(block_n=64, gluon=True))
     # auto on a decode batch (64 rows: the split plan): the message says auto chose it.
     decode = (torch.zeros(4, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
               torch.arange(5, dtype=i32, device=device),
@@ -563,37 +585,113 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
               torch.arange(128, dtype=i32, device=device).repeat(4, 1))
     with pytest.raises(ValueError, match=r"got plan 'split' \(plan='auto' chose it for this "
                                          r"batch; pass plan='fused'\)"):
-        plan_attention(*decode, validate=False, tuning=Tuning(gluon=True))
+        plan_attention(*decode, validate=False, tuning=Tuning(block_n=64, gluon=True))
     with pytest.raises(ValueError, match=r"gluon=True needs the prefill tile on Hopper .* "
                                          r"block_m 64 on 4 warps"):
-        plan_attention(*args, validate=False, plan="fused", tuning=Tuning(gluon=True,
+        plan_attention(*args, validate=False, plan="fused", tuning=Tuning(block_n=64, gluon=True,
                                                                           block_m=64))
     # A cache that is a strided view (K and V of one tensor) cannot be read by TMA as 2-D rows.
     kv = torch.zeros(130, 2, 16, 2, 128, dtype=bf16, device=device)
     strided = (args[0], kv[:, 0], kv[:, 1], *args[3:])
-    assert not plan_attention(*strided, validate=False, plan="fused").gluon
+    assert not plan_attention(*strided, validate=False, plan="fused", tuning=N64).gluon
     with pytest.raises(ValueError, match=r"k_cache contiguous, got strides \(8192, 256, 128, 1\)"):
-        plan_attention(*strided, validate=False, plan="fused", tuning=Tuning(gluon=True))
+        plan_attention(*strided, validate=False, plan="fused",
+                       tuning=Tuning(block_n=64, gluon=True))
     # A cache that does not start 16-byte aligned (a view one element in): TMA cannot read it.
     flat = torch.zeros(130 * 16 * 2 * 128 + 1, dtype=bf16, device=device)
     shifted = flat[1:].view(130, 16, 2, 128)
     misaligned = (args[0], shifted, shifted, *args[3:])
-    assert not plan_attention(*misaligned, validate=False, plan="fused").gluon
+    assert not plan_attention(*misaligned, validate=False, plan="fused", tuning=N64).gluon
     with pytest.raises(ValueError, match="k_cache 16-byte aligned, got data_ptr % 16 == 2"):
-        plan_attention(*misaligned, validate=False, plan="fused", tuning=Tuning(gluon=True))
+        plan_attention(*misaligned, validate=False, plan="fused",
+                       tuning=Tuning(block_n=64, gluon=True))
     monkeypatch.setattr(gluon_module, "unavailable_reason",
                         lambda: "Triton 3.6.x with Gluon, got Triton 3.9.0")
-    assert not plan_attention(*args, validate=False, plan="fused").gluon
+    assert not plan_attention(*args, validate=False, plan="fused", tuning=N64).gluon
     with pytest.raises(ValueError, match=r"Triton 3\.6\.x with Gluon, got Triton 3\.9\.0"):
-        plan_attention(*args, validate=False, plan="fused", tuning=Tuning(gluon=True))
+        plan_attention(*args, validate=False, plan="fused", tuning=Tuning(block_n=64, gluon=True))
     # Every reason at once: the shape rule and the cache.
     with pytest.raises(ValueError, match=r"block_m 64 on 4 warps.*; k_cache 16-byte aligned"):
         plan_attention(*misaligned, validate=False, plan="fused",
-                       tuning=Tuning(gluon=True, block_m=64))
+                       tuning=Tuning(block_n=64, gluon=True, block_m=64))
     # The interpreter (and every GPU other than Hopper) never plans it.
     monkeypatch.setattr(attention, "_sm_major", lambda device: None)
-    assert not plan_attention(*args, validate=False, plan="fused").gluon
+    assert not plan_attention(*args, validate=False, plan="fused", tuning=N64).gluon
 
+
+
+def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
+        monkeypatch, device) -> None:
+    # As on an H100 (sm 9) with Gluon, half precision at head dim 128: 128-key tiles. Both
+    # plans run the Gluon tile (128 rows on 8 warps, one inner loop per split); a call it cannot
+    # run (pages of 8 tokens, gluon=False) runs the Triton kernels at 128 keys with tile_config's
+    # fixed launch (the 64-key rules do not apply). Without Gluon: the 64-key contract.
+    # Tuning(gluon=True) names what is missing; other dtypes and head dims keep their tiles.
+    import kernels._gluon as gluon_module
+    import kernels.attention as attention
+
+    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
+    bf16, i32 = torch.bfloat16, torch.int32
+    cache = torch.zeros(130, 16, 2, 128, dtype=bf16, device=device)
+    prompt = (torch.zeros(2048, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
+              torch.tensor([0, 2048], dtype=i32, device=device),
+              torch.tensor([2048], dtype=i32, device=device),
+              torch.arange(128, dtype=i32, device=device)[None])
+    decode = (torch.zeros(4, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
+              torch.arange(5, dtype=i32, device=device),
+              torch.full((4,), 2048, dtype=i32, device=device),
+              torch.arange(128, dtype=i32, device=device).repeat(4, 1))
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
+    for args in (prompt, decode):
+        for plan in ("auto", "fused", "split"):
+            lp = plan_attention(*args, validate=False, plan=plan)
+            assert lp.gluon and lp.block_n == 128, plan
+            assert (lp.block_m, lp.num_warps, lp.value_blocks, lp.tiles_per_step) == (128, 8, 1, 1)
+            assert lp.split_tiles == 1024 // 128
+            if lp.plan == "fused":
+                assert lp.nested_loop
+    with pytest.raises(ValueError, match="split_size: expected a positive multiple of "
+                                         "BLOCK_N=128"):
+        plan_attention(*decode, validate=False, split_size=64)
+    # Overrides the Gluon tile cannot take: the Triton kernels, or a message naming them.
+    lp = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(value_blocks=2))
+    assert not lp.gluon and lp.value_blocks == 2
+    with pytest.raises(ValueError, match=r"got block_m=64, num_warps=4"):
+        plan_attention(*prompt, validate=False, tuning=Tuning(gluon=True, block_m=64,
+                                                              num_warps=4))
+    # Pages of 8 tokens (no TMA box per page): the Triton kernels.
+    small = torch.zeros(260, 8, 2, 128, dtype=bf16, device=device)
+    paged8 = (prompt[0], small, small.clone(), *prompt[3:5],
+              torch.arange(256, dtype=i32, device=device)[None])
+    assert not plan_attention(*paged8, validate=False).gluon
+    with pytest.raises(ValueError, match="got page_size 8"):
+        plan_attention(*paged8, validate=False, tuning=Tuning(gluon=True))
+    # Tuning(gluon=False) keeps the contract: the Triton kernels at 128 keys, with
+    # tile_config's fixed launch, in both plans.
+    for args in (prompt, decode):
+        for plan in ("fused", "split"):
+            lp = plan_attention(*args, validate=False, plan=plan, tuning=Tuning(gluon=False))
+            assert not lp.gluon and lp.block_n == 128
+            assert (lp.block_m, lp.num_warps, lp.num_stages) == (64, 4, 2), plan
+            assert (lp.value_blocks, lp.tiles_per_step, lp.nested_loop) == (1, 1, False)
+    # Without Gluon (another Triton release): the 64-key contract and its per-batch rules.
+    monkeypatch.setattr(gluon_module, "unavailable_reason",
+                        lambda: "Triton 3.6.x with Gluon, got Triton 3.9.0")
+    lp = plan_attention(*prompt, validate=False, plan="fused")
+    assert (lp.block_n, lp.block_m, lp.num_warps, lp.nested_loop, lp.gluon) == (64, 128, 8,
+                                                                                 True, False)
+    assert plan_attention(*decode, validate=False, plan="split").block_n == 64
+    with pytest.raises(ValueError, match=r"Triton 3\.6\.x with Gluon, got Triton 3\.9\.0"):
+        plan_attention(*decode, validate=False, plan="fused", tuning=Tuning(gluon=True))
+    # float32, other head dims, other GPUs, no Gluon: their own tiles.
+    assert (tile_config(torch.float32, 128, 9, gluon=True).block_n
+            == tile_config(torch.float32, 128).block_n)
+    assert tile_config(bf16, 64, 9, gluon=True) == tile_config(bf16, 64)
+    for sm in (None, 8, 10):
+        assert tile_config(bf16, 128, sm, gluon=True).block_n == 64
+    assert tile_config(bf16, 128, 9).block_n == 64
+    assert tile_config(bf16, 128, 9, gluon=True).block_n == 128
 
 def test_gluon_needs_triton_3_6(monkeypatch) -> None:
     import triton
@@ -631,13 +729,16 @@ def test_decode_batches_get_five_stages_on_either_plan(monkeypatch, device) -> N
     cfg = tile_config(bf16, 128)
     assert cfg.num_stages == 2
     for plan in ("fused", "split"):
-        lp = plan_attention(*args, validate=False, plan=plan)
+        lp = plan_attention(*args, validate=False, plan=plan, tuning=N64)
         assert (lp.block_m, lp.num_warps, lp.num_stages) == (64, 4, 5), plan
-        lp = plan_attention(*args, validate=False, plan=plan, tuning=Tuning(num_stages=2))
+        lp = plan_attention(*args, validate=False, plan=plan,
+                            tuning=Tuning(block_n=64, num_stages=2))
         assert lp.num_stages == 2, plan
-        lp = plan_attention(*args, validate=False, plan=plan, tuning=Tuning(block_m=64))
+        lp = plan_attention(*args, validate=False, plan=plan,
+                            tuning=Tuning(block_n=64, block_m=64))
         assert lp.num_stages == cfg.num_stages, plan
-        lp = plan_attention(*args, validate=False, plan=plan, tuning=Tuning(num_warps=8))
+        lp = plan_attention(*args, validate=False, plan=plan,
+                            tuning=Tuning(block_n=64, num_warps=8))
         assert (lp.num_warps, lp.num_stages) == (8, cfg.num_stages), plan
     # auto: 160 decodes of one split each on 2 KV heads (320 programs, more than the SMs):
     # the fused plan, 5 stages; the same batch forced to the split plan too.
@@ -646,11 +747,13 @@ def test_decode_batches_get_five_stages_on_either_plan(monkeypatch, device) -> N
         torch.zeros(130, 16, 2, 128, dtype=bf16), torch.arange(161, dtype=i32),
         torch.full((160,), 512, dtype=i32), torch.arange(128, dtype=i32).repeat(160, 1)))
     lens = ([1] * 160, [512] * 160)
-    lp = plan_attention(*many, validate=False, host_lens=lens)
+    lp = plan_attention(*many, validate=False, host_lens=lens, tuning=N64)
     assert (lp.plan, lp.num_stages) == ("fused", 5)
-    assert plan_attention(*many, validate=False, host_lens=lens, plan="split").num_stages == 5
+    assert plan_attention(*many, validate=False, host_lens=lens, plan="split",
+                          tuning=N64).num_stages == 5
     monkeypatch.setattr(attention, "_sm_major", lambda device: None)
-    assert plan_attention(*args, validate=False, plan="fused").num_stages == cfg.num_stages
+    assert plan_attention(*args, validate=False, plan="fused",
+                          tuning=N64).num_stages == cfg.num_stages
 
 
 def test_auto_plan_without_statistics_splits_decode_batches() -> None:
@@ -666,6 +769,26 @@ def test_auto_plan_without_statistics_splits_decode_batches() -> None:
     # A grid smaller than the GPU splits even with one split (the split kernel's loop is faster).
     assert choose_plan(8, 132, 1024, 1024, decode=True) == "split"
     assert choose_plan(64, 132, 512, 1024, decode=False) == "split"
+
+
+def test_the_gluon_kernels_fuse_balanced_under_filled_grids() -> None:
+    from kernels.config import choose_plan
+
+    # 8 decodes of 8k on 8 KV heads (64 programs, 64 tiles each): fused on the Gluon kernels,
+    # split on Triton's; 4 decodes (32 programs, a quarter of the SMs) split on both.
+    kw = dict(longest_tiles=64, decode=True)
+    assert choose_plan(64, 132, 8192, 1024, total_tiles=64 * 64, gluon=True, **kw) == "fused"
+    assert choose_plan(64, 132, 8192, 1024, total_tiles=64 * 64, **kw) == "split"
+    assert choose_plan(32, 132, 8192, 1024, total_tiles=32 * 64, gluon=True, **kw) == "split"
+    # Unbalanced (the longest program walks more than twice the average) or no statistics: the
+    # split plan.
+    assert choose_plan(64, 132, 8192, 1024, total_tiles=64 * 31, gluon=True, **kw) == "split"
+    assert choose_plan(64, 132, 8192, 1024, total_tiles=64 * 32, gluon=True, **kw) == "fused"
+    assert choose_plan(64, 132, 8192, 1024, gluon=True, decode=True) == "split"
+    # A full grid: the rules of the Triton kernels.
+    assert choose_plan(544, 132, 32768, 1024, longest_tiles=128, total_tiles=544 * 128,
+                       decode=True, gluon=True) == "fused"
+    assert choose_plan(544, 132, 32768, 1024, decode=True, gluon=True) == "split"
 
 
 def test_host_lens_steer_the_plan_without_a_sync(dtype: torch.dtype, make_batch, args_of,

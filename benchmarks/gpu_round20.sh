@@ -1,0 +1,73 @@
+#!/bin/sh
+# The round-20 H100 runs (reports/h100-round20/README.md), one step per device call (each under
+# 10 minutes): sh benchmarks/gpu_round20.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
+# carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
+# folder into $OUT/STEP.tgz.
+#   probe: the Gluon tests (fp16, bf16), then benchmarks/probe_round20.py bits (every 128-key
+#          kernel path against the default launch, and the 64-key control) and times (the
+#          128-key default against the 64-key contract)
+#   tests: the Gluon tests with their durations, then probe_round20.py plans (the fused and the
+#          split plan on decode batches of 2-16 requests)
+#   check: the full check at three dtypes, then the control (bf16)
+#   bench: the bench (kernels, the 64-key contract, kernels:gluon=false, the control,
+#          FlashInfer's variants)
+#   san: compute-sanitizer memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
+#        kernel tests (test_gpu.py)
+set -u
+STEP=${1:?usage: sh benchmarks/gpu_round20.sh probe|tests|check|bench|san}
+INV="python3 -m invariance.cli"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+
+. benchmarks/gpu_full_check.sh
+
+step_info() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $C/gpu.txt
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $C/gpu.txt
+  cat $C/gpu.txt
+}
+
+step_probe() {
+  step_info
+  gluon_tests 330
+  for part in bits times; do
+    s=$(date +%s)
+    timeout -s INT -k 15 ${1:-150} python3 benchmarks/probe_round20.py $C $part > $C/$part.txt 2>&1
+    echo "$part rc=$? wall $(( $(date +%s) - s )) s"; tail -2 $C/$part.txt | cut -c1-400
+  done
+}
+
+step_tests() {
+  step_info
+  s=$(date +%s)
+  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 400 python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE --durations=25 tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
+  echo "gluon tests rc=$? wall $(( $(date +%s) - s )) s"; tail -32 $C/tests-gluon.txt | cut -c1-200
+  s=$(date +%s)
+  timeout -s INT -k 15 120 python3 benchmarks/probe_round20.py $C plans > $C/plans.txt 2>&1
+  echo "plans rc=$? wall $(( $(date +%s) - s )) s"
+}
+
+step_check() {
+  step_info
+  s=$(date +%s)
+  timeout 450 $INV check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
+  echo "check rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/check.txt | tail -1
+  s=$(date +%s)
+  timeout 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
+  echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
+}
+
+step_bench() {
+  step_info
+  flashinfer_site
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 540 $INV bench --backend kernels --backend kernels:block_n=64 --backend kernels:gluon=false --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"; tail -3 $C/bench.txt; head -30 $C/bench-kernels-vs-flashinfer.md
+}
+
+step_san() {
+  step_info
+  sanitize
+  PYTHONPATH=$PWD:$PWD/gpu_site timeout 150 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE tests/triton_kernels/test_gpu.py > $C/tests-gpu.txt 2>&1
+  echo "gpu tests rc=$?"; tail -3 $C/tests-gpu.txt
+}
+
+run_step gpu_round20.sh "probe|tests|check|bench|san"
