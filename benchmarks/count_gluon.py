@@ -1,10 +1,10 @@
-"""``invariance`` CLI with the Gluon prefill kernel's launches counted (reports/h100-round13):
+"""``invariance`` CLI with the Gluon kernels' launches counted (reports/h100-round13, round 20):
 
     python benchmarks/count_gluon.py check --backend kernels --device cuda ...
 
 Runs ``invariance.cli.main`` on the arguments, then prints how many ``unified_attention`` calls
-ran the Gluon kernel and how many the Triton kernels: evidence that a check's PASS covers the
-Gluon kernel, not only the Triton ones.
+ran each plan on the Gluon kernels and on the Triton kernels: evidence that a check's PASS
+covers the Gluon kernels, not only the Triton ones.
 """
 
 from __future__ import annotations
@@ -16,25 +16,21 @@ import kernels._gluon
 import kernels.attention
 from invariance.cli import main
 
-COUNTS = {"gluon": 0, "triton fused": 0, "split": 0}
+COUNTS = {"gluon fused": 0, "gluon split": 0, "triton fused": 0, "triton split": 0}
 
 
-def _counted(name: str, fn: Any) -> Any:
-    def run(*args: Any, **kwargs: Any) -> Any:
-        COUNTS[name] += 1
-        return fn(*args, **kwargs)
+def _counted(fn: Any, gluon: str, triton: str) -> Any:
+    """``fn`` (a launcher taking the LaunchPlan first), counted by the kernels its plan runs."""
+    def run(lp: Any, *args: Any, **kwargs: Any) -> Any:
+        COUNTS[gluon if getattr(lp, "gluon", False) else triton] += 1
+        return fn(lp, *args, **kwargs)
     return run
 
 
 if __name__ == "__main__":
-    gluon, fused, split = (kernels._gluon.launch_fused_prefill, kernels.attention._launch_fused,
-                           kernels.attention._launch_split)
-    kernels._gluon.launch_fused_prefill = _counted("gluon", gluon)
-    # Every fused launch passes through _launch_fused; the Gluon ones are subtracted below.
-    kernels.attention._launch_fused = _counted("triton fused", fused)
-    kernels.attention._launch_split = _counted("split", split)
+    fused, split = kernels.attention._launch_fused, kernels.attention._launch_split
+    kernels.attention._launch_fused = _counted(fused, "gluon fused", "triton fused")
+    kernels.attention._launch_split = _counted(split, "gluon split", "triton split")
     rc = main(sys.argv[1:])
-    COUNTS["triton fused"] -= COUNTS["gluon"]
-    print(f"Gluon kernel launches: {COUNTS['gluon']}; Triton fused: {COUNTS['triton fused']}; "
-          f"split plan: {COUNTS['split']}")
+    print("Gluon and Triton launches: " + "; ".join(f"{k}: {v}" for k, v in COUNTS.items()))
     sys.exit(rc)

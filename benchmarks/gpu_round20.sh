@@ -13,8 +13,11 @@
 #          FlashInfer's variants)
 #   san: compute-sanitizer memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
 #        kernel tests (test_gpu.py)
+#   final: on the final tree, the full check at three dtypes with the launches counted
+#          (benchmarks/count_gluon.py), the control, then memcheck and initcheck
+#   final2: on the final tree, the Gluon tests, then the GPU kernel tests (test_gpu.py)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round20.sh probe|tests|check|bench|san}
+STEP=${1:?usage: sh benchmarks/gpu_round20.sh probe|tests|check|bench|san|final|final2}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -66,8 +69,29 @@ step_bench() {
 step_san() {
   step_info
   sanitize
+  gpu_tests
+}
+
+gpu_tests() {
   PYTHONPATH=$PWD:$PWD/gpu_site timeout 150 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE tests/triton_kernels/test_gpu.py > $C/tests-gpu.txt 2>&1
   echo "gpu tests rc=$?"; tail -3 $C/tests-gpu.txt
 }
 
-run_step gpu_round20.sh "probe|tests|check|bench|san"
+step_final() {
+  step_info
+  s=$(date +%s)
+  timeout 300 python3 benchmarks/count_gluon.py check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
+  echo "check rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED|launches" $C/check.txt | tail -2
+  s=$(date +%s)
+  timeout 100 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
+  echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
+  sanitize
+}
+
+step_final2() {
+  step_info
+  gluon_tests 330
+  gpu_tests
+}
+
+run_step gpu_round20.sh "probe|tests|check|bench|san|final|final2"

@@ -177,17 +177,24 @@ class Tuning:
       same order per row; only the loop structure (hence register allocation and pipelining)
       changes. ``None`` takes :func:`~kernels.config.fused_loop`'s choice (with its tiles per
       step unless ``tiles_per_step`` is given; the flat loop walks one tile per step).
-    - ``gluon`` (bool; fused plan only): run the fused plan's prefill tile on the Gluon kernel
-      (kernels/_gluon: TMA loader warp, two warpgroups, FA3's order) where
-      :func:`~kernels.config.gluon_prefill` allows it (Hopper, half precision, head dim 128,
-      128 rows on 8 warps in the nested loop, BLOCK_N 64, pages of >= 16 tokens) and the
-      caches suit TMA (contiguous, 16-byte aligned, under 2**31 token rows) on Triton 3.6
-      (kernels/README.md, "The Gluon prefill tile", has the list). The same operations in the
-      same order per row. ``None``: wherever allowed; ``False``: never; ``True``: required (a
-      ``ValueError`` names every unmet condition, including a split plan that
-      ``plan="auto"`` chose). :attr:`LaunchPlan.gluon` says which kernel a call runs.
+    - ``gluon`` (bool): run the Gluon kernels (kernels/_gluon: a TMA loader warp, two
+      warpgroups) instead of the Triton ones. At 128 keys (the contract on Hopper with Triton
+      3.6 for half precision at head dim 128, :func:`~kernels.config.tile_config`) both plans
+      run them where :func:`~kernels.config.gluon_tile` allows (pages of >= 16 tokens) and no
+      other override asks for what they do not take (``block_m`` other than 128, ``num_warps``
+      other than 8, ``nested_loop=False``, ``value_blocks`` or ``tiles_per_step`` above 1); at
+      64 keys only the fused plan's prefill tile does (:func:`~kernels.config.gluon_prefill`:
+      128 rows on 8 warps in the nested loop, pages of >= 16 tokens). Both also need caches
+      TMA can read (contiguous, 16-byte aligned, under 2**31 token rows) and Triton 3.6
+      (kernels/README.md, "The 128-key contract" and "The Gluon prefill tile"). The same
+      operations in the same order per row as the Triton kernels. ``None``: wherever allowed;
+      ``False``: never (the Triton kernels at the same tile width: the same bits, slower);
+      ``True``: required (a ``ValueError`` names every unmet condition, including, at 64 keys, a
+      split plan that ``plan="auto"`` chose). :attr:`LaunchPlan.gluon` says which kernels a
+      call runs.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
-      grid. For experiments only (tile sweeps); ``split_size`` must be a multiple of it.
+      grid: another contract. For experiments (tile sweeps, the 64-key contract on Hopper with
+      ``block_n=64``); ``split_size`` must be a multiple of it.
     """
 
     block_m: int | None = None
@@ -236,7 +243,7 @@ class HostStats:
 class LaunchPlan:
     """How one :func:`unified_attention` call runs. Computed by :func:`plan_attention`.
 
-    Bit-defining (fixed per dtype and head_dim, kernels/README.md): ``block_n``,
+    Bit-defining (fixed per dtype, head_dim and deployment, kernels/README.md): ``block_n``,
     ``split_tokens``. Everything else only changes speed, except in the control mode
     (``is_control``), where ``split_tokens`` comes from the batch.
     """
@@ -256,7 +263,7 @@ class LaunchPlan:
     dependent_merge: bool  # split plan's merge as a programmatic dependent launch (sm_90+)
     slot_order: bool  # fused plan: requests with the most KV first (sorted on the device)
     nested_loop: bool  # fused plan: an inner loop per split, its fold after it (else one loop)
-    gluon: bool  # fused plan: the Gluon prefill kernel (kernels/_gluon) instead of Triton's
+    gluon: bool  # the Gluon kernels (kernels/_gluon) instead of Triton's
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
@@ -871,8 +878,9 @@ def unified_attention(
             only the first ``ceil(kv_lens[b] / page_size)`` entries of row b are read.
         sm_scale: softmax scale, a finite positive real (``sm_scale * log2(e)`` a normal
             float32); default ``1 / sqrt(D)``.
-        split_size: KV tokens per split, a positive multiple of the tile config's BLOCK_N
-            (bit-defining: every row reduces over tiles and splits at absolute positions).
+        split_size: KV tokens per split, a positive multiple of the tile config's BLOCK_N (64,
+            or 128 for half precision at head dim 128 on Hopper with Triton 3.6; bit-defining:
+            every row reduces over tiles and splits at absolute positions).
             ``None`` is the CONTROL mode: the split count comes from the batch (FA2 heuristic),
             deliberately not batch-invariant.
         plan: ``"fused"``, ``"split"`` or ``"auto"``. All plans give identical bits for a given

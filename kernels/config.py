@@ -167,11 +167,13 @@ def _small_split_grid(num_programs: int, num_sms: int) -> bool:
 def batch_tuning(dtype: torch.dtype, head_dim: int, group_size: int, num_tokens: int,
                  batch_size: int, sm_major: int | None = None,
                  block_n: int | None = None) -> TileConfig:
-    """The tile configuration of one call: :func:`tile_config`, with BLOCK_M raised to 128 on 8
-    warps (two warpgroups of 64 rows) and 3 pipeline stages for half precision at head dim 128
-    on Hopper (``sm_major == 9``, where every one of these compiles to ``wgmma``) when the
-    batch's requests fill 128-row tiles on average (``num_tokens * group_size >= 128 *
-    batch_size``, :func:`prefill_like`; decode keeps 64 rows on 4 warps). Elsewhere (other
+    """The tile configuration of one call: :func:`tile_config` (with ``block_n``, the contract's
+    tile width, when given), with BLOCK_M raised to 128 on 8 warps (two warpgroups of 64 rows)
+    and 3 pipeline stages for half precision at head dim 128 on Hopper (``sm_major == 9``, where
+    every one of these compiles to ``wgmma``): at 128 keys (:func:`wide_tile`) for every batch,
+    the Gluon tile's shape; at 64 keys when the batch's requests fill 128-row tiles on average
+    (``num_tokens * group_size >= 128 * batch_size``, :func:`prefill_like`; decode keeps 64 rows
+    on 4 warps). Elsewhere (other
     GPUs, where 64 and 128 both take ``mma.sync``, the family whose row counts changed bits on
     the H100; the interpreter: ``None``) it is :func:`tile_config` itself.
 
@@ -228,7 +230,8 @@ def fused_loop(dtype: torch.dtype, head_dim: int, block_m: int, num_warps: int,
 def gluon_prefill(dtype: torch.dtype, head_dim: int, block_m: int, block_n: int,
                   num_warps: int, page_size: int, nested: bool,
                   sm_major: int | None = None) -> bool:
-    """Whether a fused-plan launch runs the Gluon prefill kernel (kernels/_gluon) instead of the
+    """Whether a fused-plan launch at 64 keys (``Tuning(block_n=64)`` on Hopper; at 128 keys
+    :func:`gluon_tile` decides) runs the Gluon prefill kernel (kernels/_gluon) instead of the
     Triton fused kernel: round 11's prefill tile (128 rows on 8 warps, BLOCK_N 64) in the nested
     loop, half precision at head dim 128 on Hopper, pages of at least 16 tokens (one TMA box per
     page, 128-byte swizzled). Shapes only; the launcher also needs Triton 3.6's Gluon and dense

@@ -1,32 +1,46 @@
 # mypy: disable-error-code="no-untyped-def"
-"""The fused plan's prefill tile in Gluon (Hopper): warp-specialised, FA3-ordered, same bits.
+"""The Gluon kernels (Hopper): warp-specialised tiles with the Triton kernels' bits.
 
 Written for Triton 3.6's Gluon (``kernels._gluon.available`` gates the import: Gluon is
-experimental and its API moves between releases). One program per (query-block slot, KV head),
-as the Triton fused kernel with its nested loop (``_unified_attention_fused_kernel``,
-``IS_NESTED``), 128 rows on two consumer warpgroups of 64 rows each plus one loader warp:
+experimental and its API moves between releases). 128 rows on two consumer warpgroups of 64 rows
+each plus one loader warp, in two kernels:
+
+- ``_fused_prefill_kernel``: the fused plan, one program per (query-block slot, KV head), as the
+  Triton fused kernel with its nested loop (``_unified_attention_fused_kernel``, ``IS_NESTED``):
+  every tile of the block in order, a fresh state per split folded after it;
+- ``_split_kernel`` (128-key tiles only): the split plan's first phase, one program per
+  (slot, KV head, split), as ``_unified_attention_split_kernel``: the split's raw state for the
+  package's merge, or with one split per row the result itself (``IS_DIRECT``).
+
+In both:
 
 - the loader warp brings each KV tile's K and V by TMA through the block table (one box per
   page, or one box of the tile inside a larger page) into a ring of ``STAGES`` slots, handed
   over by mbarriers (``ready``: the TMA bytes arrived; ``empty``: both warpgroups are done with
   the slot);
-- each consumer warpgroup issues the next tile's score ``wgmma`` together with this tile's
-  ``p @ v`` (FA3's issue order), waits for the scores, then computes the next tile's
-  online-softmax weights. In the SASS (Triton 3.6's ptxas) the ``p @ v`` wait lands ahead of
-  those exponentials, so they can overlap only the other warpgroup's tensor-core work, not this
-  one's ``p @ v``; builds that keep them ahead of the wait (same bits) were 5-14% slower
-  (reports/h100-round18/README.md). Triton 3.6's own pipeline waits for every score ``wgmma``
-  at once (reports/h100-round12/cpu/dot-waits.md).
+- a consumer warpgroup with no row of the block (decode rows fill the first) only releases the
+  slots (``_release``);
+- at 64 keys (the fused kernel of the 64-key contract) each consumer issues the next tile's
+  score ``wgmma`` together with this tile's ``p @ v`` (FA3's issue order), waits for the scores,
+  then computes the next tile's online-softmax weights. In the SASS (Triton 3.6's ptxas) the
+  ``p @ v`` wait lands ahead of those exponentials, so they can overlap only the other
+  warpgroup's tensor-core work; builds that keep them ahead of the wait (same bits) were 5-14%
+  slower (reports/h100-round18/README.md);
+- at 128 keys the fused kernel runs the serial order (``_serial_rows``: this tile's ``p @ v``
+  waited before the next scores are issued): with the fold state, FA3's order spills 336 bytes
+  and was 3-6% slower (reports/h100-round19/README.md); the split kernel, which has no fold
+  state, runs FA3's order without spilling.
 
-Bits: per row the same operations in the same order as the Triton kernel (ARCHITECTURE.md,
-"Numerics contract"; kernels/README.md, "The Gluon prefill tile"): the same tiles at absolute
-positions, a fresh state per split, raw scores masked by ``key <= pos`` on tiles some row does
-not fully see, the package's own ``_tile_weights`` and ``_tile_sum`` (``fma(l, alpha,
-sum(p))``), ``acc * alpha`` then ``p @ v`` on the same ``wgmma`` shapes (m64n64k16 scores,
-m64n128k16 ``p @ v``, fp32 accumulators), the splits folded by the package's own
-``state_fold`` after each split and normalised by ``state_normalize``. The Triton jit
-functions are compiled as Gluon (``gluon.jit(fn.fn)``), so the arithmetic is one source. V rows
-at or past a request's ``kv_len`` are zeroed in shared memory before ``p @ v`` (the Triton
+Bits: per row the same operations in the same order as the Triton kernels (ARCHITECTURE.md,
+"Numerics contract"; kernels/README.md, "The 128-key contract" and "The Gluon prefill tile"):
+the same tiles at absolute positions, a fresh state per split, raw scores masked by ``key <=
+pos`` on tiles some row does not fully see, the package's own ``_tile_weights`` and
+``_tile_sum`` (``fma(l, alpha, sum(p))``), ``acc * alpha`` then ``p @ v`` on the same ``wgmma``
+shapes (m64nBLOCK_Nk16 scores, m64n128k16 ``p @ v``, fp32 accumulators), the splits folded by
+the package's own ``state_fold`` after each split and normalised by ``state_normalize``. The
+issue order moves no bit (it changes when an instruction runs, not what it computes). The Triton
+jit functions are compiled as Gluon (``gluon.jit(fn.fn)``), so the arithmetic is one source. V
+rows at or past a request's ``kv_len`` are zeroed in shared memory before ``p @ v`` (the Triton
 kernels' masked loads give 0 there; TMA copies whatever the page holds, NaN included).
 """
 
@@ -331,7 +345,7 @@ def _fused_prefill_kernel(
     PAGE_SIZE: gl.constexpr,
     BLOCK_M: gl.constexpr,  # 128
     BLOCK_Q: gl.constexpr,
-    BLOCK_N: gl.constexpr,  # 64
+    BLOCK_N: gl.constexpr,  # 64 or 128
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
