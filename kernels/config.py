@@ -433,7 +433,7 @@ def choose_plan(
     On the 128-key Gluon kernels (``gluon``; kernels/README.md, "The 128-key contract") the
     fused kernel streams an under-filled grid faster than the split kernel and its merge: on an
     H100 (reports/h100-round20/README.md, call 3) decode batches of 8 and 16 requests (64 and
-    128 programs) took 0.93-0.98x the split plan's time fused, batches of 2 and 4 (16 and 32
+    128 programs) took 0.93-1.01x the split plan's time fused, batches of 2 and 4 (16 and 32
     programs) 1.08-3.07x. So there the split plan takes grids of at most a quarter of the SMs,
     and a larger under-filled grid is fused when its lengths are balanced (with statistics: the
     longest program walks at most twice the average); the other rules follow.
