@@ -77,9 +77,14 @@ class Kernels:
 
 
 def block_n(dtype: torch.dtype, head_dim: int) -> int:
+    """The tile width of this GPU's contract (128 keys for half precision at head dim 128 on
+    Hopper with Triton 3.6's Gluon), or the --tile override's."""
     if TILE is not None and TILE.block_n is not None and dtype in HALF:
         return TILE.block_n
-    return tile_config(dtype, head_dim).block_n
+    from kernels.attention import _gluon_installed, _sm_major
+
+    sm = _sm_major(torch.device("cuda")) if torch.cuda.is_available() else None
+    return tile_config(dtype, head_dim, sm, _gluon_installed(dtype, head_dim, sm)).block_n
 
 
 def record(name: str, ok: bool, detail: Any = None) -> None:

@@ -546,11 +546,14 @@ def plan_attention(
     wide_gluon = wide and tuning.gluon is not False and _gluon_ready(
         q, k_cache, v_cache, _wide_gluon_misfit(q, k_cache, block_n, sm_major, tuning),
         required=bool(tuning.gluon))
-    # An explicit block_m takes its warps and stages from tile_config, not from the per-batch
-    # choice (which pairs 128 rows with 8 warps and 3 stages); so does a 128-key launch on the
-    # Triton kernels.
-    launch = cfg if tuning.block_m is None and (wide_gluon or not wide) else replace(
-        tile_config(q.dtype, D, sm_major, wide), block_n=block_n)
+    # The Gluon tile runs 128 rows on 8 warps and 3 ring slots (the per-batch choice at 128
+    # keys); a 128-key launch on the Triton kernels takes tile_config's fixed launch, and so does
+    # an explicit block_m elsewhere (its warps and stages from tile_config, not from the per-batch
+    # choice, which pairs 128 rows with 8 warps and 3 stages).
+    if wide_gluon or (tuning.block_m is None and not wide):
+        launch = cfg
+    else:
+        launch = replace(tile_config(q.dtype, D, sm_major, wide), block_n=block_n)
     block_m, block_q = rows_per_block(tuning.block_m or launch.block_m, G)
     if tuning.value_blocks is not None and D // tuning.value_blocks < _MIN_DOT_COLUMNS:
         raise ValueError(
@@ -638,8 +641,11 @@ def plan_attention(
         use_gluon = _gluon_ready(q, k_cache, v_cache, shape_misfit, required=bool(tuning.gluon))
     elif tuning.gluon:
         chosen = " (plan='auto' chose it for this batch; pass plan='fused')" if auto else ""
-        raise ValueError(f"tuning: gluon=True needs the fused plan at {block_n} keys, got plan "
-                         f"{plan!r}{chosen}")
+        raise ValueError(
+            f"tuning: gluon=True needs the 128-key contract for the split plan (Hopper, "
+            f"fp16/bf16, head_dim 128, Triton 3.6) or the fused plan, got plan {plan!r}{chosen} "
+            f"at block_n {block_n}, {q.dtype}, head_dim {D}, compute capability major "
+            f"{sm_major}")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -675,13 +681,18 @@ def _wide_gluon_misfit(q: torch.Tensor, k_cache: torch.Tensor, block_n: int,
     D, page_size = q.shape[2], k_cache.shape[1]
     if not gluon_tile(q.dtype, D, block_n, page_size, sm_major):
         return f"pages of at least 16 tokens for the 128-key Gluon tile, got page_size {page_size}"
-    fixed = {"block_m": 128, "num_warps": 8, "nested_loop": True, "value_blocks": 1,
-             "tiles_per_step": 1}
+    G = q.shape[1] // k_cache.shape[2]
+    if rows_per_block(128, G)[0] != 128:
+        return (f"a GQA group of at most 128 query heads per KV head for the 128-key Gluon tile "
+                f"(128 rows), got {G}")
+    fixed = {"block_m": 128, "num_warps": 8, "num_stages": 3, "nested_loop": True,
+             "value_blocks": 1, "tiles_per_step": 1}
     bad = [f"{k}={getattr(tuning, k)!r}" for k, v in fixed.items()
            if getattr(tuning, k) not in (None, v)]
     if bad:
         return ("no Tuning override the 128-key Gluon tile cannot take (block_m 128, num_warps "
-                f"8, nested_loop True, value_blocks 1, tiles_per_step 1), got {', '.join(bad)}")
+                f"8, num_stages 3 (its ring slots), nested_loop True, value_blocks 1, "
+                f"tiles_per_step 1), got {', '.join(bad)}")
     return None
 
 
@@ -691,13 +702,13 @@ def _gluon_ready(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     :func:`~kernels.config.gluon_prefill` at 64 keys, :func:`_wide_gluon_misfit` at 128), caches
     TMA can read and Triton 3.6's Gluon. With ``required`` (``Tuning(gluon=True)``) a launch
     that is not eligible raises, naming every reason."""
-    from kernels import _gluon  # light: imports no Triton until a Hopper launch asks for it
+    from kernels import _gluon  # light: the kernels are imported by _gluon_installed, if at all
 
     reasons = [] if shape_misfit is None else [shape_misfit]
     misfit = _gluon.cache_misfit(k_cache, v_cache)
     if misfit is not None:
         reasons.append(misfit)
-    # Only where the rest allows it: importing Gluon's kernels costs time and needs a GPU build.
+    # Only where the rest allows it (cached after the first import).
     if not reasons or required:
         missing = _gluon.unavailable_reason()
         if missing is not None:

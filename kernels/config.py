@@ -68,9 +68,11 @@ class TileConfig:
 def tile_config(dtype: torch.dtype, head_dim: int, sm_major: int | None = None,
                 gluon: bool = False) -> TileConfig:
     """Tile configuration for (dtype, head_dim) on a GPU of compute capability major
-    ``sm_major`` (``None``: not a CUDA device, the interpreter), where the Gluon kernels can be
-    built (``gluon``: Triton 3.6, :func:`kernels._gluon.available`). Pure: never looks at a
-    batch.
+    ``sm_major`` (``None``: not a CUDA device, the interpreter) in a deployment where the Gluon
+    kernels can be built (``gluon``: Triton 3.6, :func:`kernels._gluon.available`), which picks
+    the 128-key contract. Pure: never looks at a batch. At 128 keys the launch settings returned
+    are the Triton kernels' (for calls the Gluon tile cannot take); the Gluon tile itself runs
+    128 rows on 8 warps (:func:`batch_tuning`).
 
     Half precision at head dim 128 on Hopper (``sm_major == 9``) with Gluon takes 128-key tiles
     (:func:`wide_tile`, kernels/README.md, "The 128-key contract"); everything else keeps the

@@ -1,7 +1,8 @@
 """Gluon kernels for Hopper: the fused plan's tile and, at 128 keys, the split plan's
-(kernels/README.md, "The Gluon tile"). This module is light (no Triton import); the kernel module
-(``attention_kernels``, Triton 3.6's Gluon) is imported only where :func:`available` is asked,
-which the launcher does only for a launch that meets every other condition."""
+(kernels/README.md, "The 128-key contract" and "The Gluon prefill tile"). This module is light
+(no Triton import); the kernel module (``attention_kernels``, Triton 3.6's Gluon) is imported
+where :func:`available` is first asked, which the launcher does only for half precision at head
+dim 128 on Hopper (the calls it could serve) or a ``Tuning(gluon=True)``."""
 
 from __future__ import annotations
 

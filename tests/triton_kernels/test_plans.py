@@ -575,7 +575,9 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     assert not plan_attention(*args, validate=False, plan="fused",
                               tuning=Tuning(block_n=64, nested_loop=False)).gluon
     with pytest.raises(ValueError,
-                       match=r"gluon=True needs the fused plan at 64 keys, got plan 'split'$"):
+                       match=r"gluon=True needs the 128-key contract for the split plan .* or "
+                             r"the fused plan, got plan 'split' at block_n 64, torch\.bfloat16, "
+                             r"head_dim 128, compute capability major 9$"):
         plan_attention(*args, validate=False, plan="split",
                        tuning=Tuning(block_n=64, gluon=True))
     # auto on a decode batch (64 rows: the split plan): the message says auto chose it.
@@ -660,6 +662,23 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
     with pytest.raises(ValueError, match=r"got block_m=64, num_warps=4"):
         plan_attention(*prompt, validate=False, tuning=Tuning(gluon=True, block_m=64,
                                                               num_warps=4))
+    # A GQA group above 128 (256 query heads on one KV head: 256-row blocks): the Triton kernels.
+    wide_group = (torch.zeros(4, 256, 128, dtype=bf16, device=device),
+                  torch.zeros(130, 16, 1, 128, dtype=bf16, device=device),
+                  torch.zeros(130, 16, 1, 128, dtype=bf16, device=device), *decode[3:])
+    lp = plan_attention(*wide_group, validate=False)
+    assert not lp.gluon and lp.block_n == 128
+    with pytest.raises(ValueError, match=r"at most 128 query heads per KV head .* got 256"):
+        plan_attention(*wide_group, validate=False, tuning=Tuning(gluon=True))
+    assert plan_attention(*wide_group[:1], torch.zeros(130, 16, 2, 128, dtype=bf16,
+                                                       device=device),
+                          torch.zeros(130, 16, 2, 128, dtype=bf16, device=device),
+                          *decode[3:], validate=False).gluon  # a group of 128
+    # Tuning that names the Gluon tile's own settings keeps it, and the plan reports them.
+    lp = plan_attention(*prompt, validate=False, tuning=Tuning(block_m=128, num_warps=8,
+                                                               num_stages=3))
+    assert lp.gluon and (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 3)
+    assert not plan_attention(*prompt, validate=False, tuning=Tuning(num_stages=5)).gluon
     # Pages of 8 tokens (no TMA box per page): the Triton kernels.
     small = torch.zeros(260, 8, 2, 128, dtype=bf16, device=device)
     paged8 = (prompt[0], small, small.clone(), *prompt[3:5],
