@@ -852,3 +852,22 @@ def test_probe_round19_summaries() -> None:
     assert d == dict(out=0.5, lse=0.25, nonfinite=0), d
     d = max_abs_diff((torch.tensor([[1.0, float("nan")]]), torch.tensor([float("inf")])), ref)
     assert d["nonfinite"] == 2, d
+
+
+def test_probe_round20_usage_and_cells() -> None:
+    """benchmarks/probe_round20.py (reports/h100-round20/): an unknown step exits naming the
+    steps; its cells compare the 128-key paths with the default and keep the 64-key contract
+    as the control and the timing base."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "benchmarks/probe_round20.py", "/tmp", "nope"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 1 and "bits|times|plans" in proc.stderr, proc.stderr[-800:]
+    sys.path.insert(0, str(ROOT))
+    try:
+        import kernels
+        from benchmarks.probe_round20 import BIT_CELLS, TIME_CELLS
+    finally:
+        sys.path.remove(str(ROOT))
+    assert BIT_CELLS["control-64-keys"][1] == kernels.Tuning(block_n=64)
+    assert {plan for plan, _ in BIT_CELLS.values()} == {"fused", "split", "auto"}
+    assert TIME_CELLS["keys64"] == ("auto", kernels.Tuning(block_n=64))
