@@ -82,10 +82,12 @@ def bits(out_dir: str, specs: list[str]) -> None:
 
 
 def times(out_dir: str, specs: list[str], cells: dict = TIME_CELLS, base: str = "keys64",
-          name: str = "times.jsonl") -> None:
+          name: str = "times.jsonl", defaults: list[str] = WORKLOADS) -> None:
+    """``cells`` timed interleaved on each workload (``specs``, else ``defaults``), each against
+    the ``base`` cell, into ``out_dir/name``."""
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
-    for spec in specs or (WORKLOADS if name == "times.jsonl" else PLAN_WORKLOADS):
+    for spec in specs or defaults:
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
         row: dict = dict(dtype="bfloat16", workload=spec)
         graphs = [(cell, graphed(call(batch, plan, tuning)))
@@ -112,7 +114,7 @@ def main() -> None:
         times(out_dir, specs)
     else:
         times(out_dir, specs, cells={"split": ("split", None), "fused": ("fused", None)},
-              base="split", name="plans.jsonl")
+              base="split", name="plans.jsonl", defaults=PLAN_WORKLOADS)
 
 
 if __name__ == "__main__":

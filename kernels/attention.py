@@ -383,7 +383,9 @@ def _check_options(split_size: object, plan: object, validate: object, block_n: 
             and split_size > 0 and split_size % block_n == 0):
         raise ValueError(
             f"split_size: expected a positive multiple of BLOCK_N={block_n} KV tokens "
-            f"(dtype {q.dtype}, head_dim {q.shape[2]}) or None, got {split_size!r}")
+            f"(dtype {q.dtype}, head_dim {q.shape[2]} on {q.device}: kernels.tile_config; "
+            f"128 for half precision at head dim 128 on Hopper with Triton 3.6) or None, got "
+            f"{split_size!r}")
     if not isinstance(plan, str) or plan not in PLANS:
         raise ValueError(f"plan: expected one of {PLANS}, got {plan!r}")
     if not isinstance(validate, bool):

@@ -514,7 +514,9 @@ def _split_kernel(
 ):
     """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (the first consumer warpgroup; the second
     and the loader warp are workers): the split plan's first phase. Slots are taken last first,
-    as ``_unified_attention_split_kernel`` takes them; a split past a block's last tile exits."""
+    as ``_unified_attention_split_kernel`` takes them; a split past a block's last tile exits
+    (with ``IS_DIRECT`` too: only malformed lengths, ``validate=False``, leave such a block, whose
+    rows then stay unwritten where the Triton kernel writes the empty state)."""
     i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
     i_kvh = gl.program_id(1)
     i_split = gl.program_id(2)

@@ -552,6 +552,22 @@ def test_gluon_prefill_rule() -> None:
     assert not gluon_prefill(torch.float32, 128, 128, 64, 8, 16, True, 9)
 
 
+
+def _hopper_batches(device) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """(a 2048-token prompt, 4 decodes over 2048 tokens): bf16, 8 query heads on 2 KV heads,
+    head dim 128, pages of 16 tokens; the plan-rule tests' shapes (nothing is launched)."""
+    bf16, i32 = torch.bfloat16, torch.int32
+    cache = torch.zeros(130, 16, 2, 128, dtype=bf16, device=device)
+    prompt = (torch.zeros(2048, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
+              torch.tensor([0, 2048], dtype=i32, device=device),
+              torch.tensor([2048], dtype=i32, device=device),
+              torch.arange(128, dtype=i32, device=device)[None])
+    decode = (torch.zeros(4, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
+              torch.arange(5, dtype=i32, device=device),
+              torch.full((4,), 2048, dtype=i32, device=device),
+              torch.arange(128, dtype=i32, device=device).repeat(4, 1))
+    return prompt, decode
+
 def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     # As on an H100 (sm 9): a prompt's fused plan asks for the Gluon kernel, which also needs
     # dense caches and Triton 3.6's Gluon (kernels._gluon.available). Without them, or with
@@ -560,12 +576,8 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     import kernels.attention as attention
 
     monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
-    bf16, i32 = torch.bfloat16, torch.int32
-    cache = torch.zeros(130, 16, 2, 128, dtype=bf16, device=device)
-    args = (torch.zeros(2048, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
-            torch.tensor([0, 2048], dtype=i32, device=device),
-            torch.tensor([2048], dtype=i32, device=device),
-            torch.arange(128, dtype=i32, device=device)[None])
+    bf16 = torch.bfloat16
+    args, decode = _hopper_batches(device)
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
     lp = plan_attention(*args, validate=False, plan="fused", tuning=N64)
     assert lp.gluon and (lp.block_m, lp.num_warps, lp.nested_loop) == (128, 8, True)
@@ -581,10 +593,6 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
         plan_attention(*args, validate=False, plan="split",
                        tuning=Tuning(block_n=64, gluon=True))
     # auto on a decode batch (64 rows: the split plan): the message says auto chose it.
-    decode = (torch.zeros(4, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
-              torch.arange(5, dtype=i32, device=device),
-              torch.full((4,), 2048, dtype=i32, device=device),
-              torch.arange(128, dtype=i32, device=device).repeat(4, 1))
     with pytest.raises(ValueError, match=r"got plan 'split' \(plan='auto' chose it for this "
                                          r"batch; pass plan='fused'\)"):
         plan_attention(*decode, validate=False, tuning=Tuning(block_n=64, gluon=True))
@@ -635,15 +643,7 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
     monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
     monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
     bf16, i32 = torch.bfloat16, torch.int32
-    cache = torch.zeros(130, 16, 2, 128, dtype=bf16, device=device)
-    prompt = (torch.zeros(2048, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
-              torch.tensor([0, 2048], dtype=i32, device=device),
-              torch.tensor([2048], dtype=i32, device=device),
-              torch.arange(128, dtype=i32, device=device)[None])
-    decode = (torch.zeros(4, 8, 128, dtype=bf16, device=device), cache, cache.clone(),
-              torch.arange(5, dtype=i32, device=device),
-              torch.full((4,), 2048, dtype=i32, device=device),
-              torch.arange(128, dtype=i32, device=device).repeat(4, 1))
+    prompt, decode = _hopper_batches(device)
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
     for args in (prompt, decode):
         for plan in ("auto", "fused", "split"):
