@@ -25,7 +25,9 @@ __all__ = [
     "control_num_splits",
     "decode_stages",
     "fused_loop",
+    "gluon_splits_per_program",
     "gluon_tile",
+    "gluon_value_blocks",
     "slot_order",
     "tile_config",
     "tiles_per_step",
@@ -309,6 +311,21 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     while blocks < 8 and _small_split_grid(num_programs * blocks, num_sms):
         blocks *= 2
     return blocks
+
+
+def gluon_value_blocks(num_programs: int, row_splits: int, num_sms: int) -> int:
+    """V column blocks per program of the 128-key Gluon split kernel (1, 2 or 4): scheduling
+    only (every block computes the same scores, max and denominator and its own columns of
+    ``p @ v``). ``num_programs``: the split grid's working programs at one block, ``row_splits``:
+    splits of the longest row. PROVISIONAL: 1 until measured."""
+    return 1
+
+
+def gluon_splits_per_program(num_programs: int, row_splits: int, num_sms: int,
+                             value_blocks: int) -> int:
+    """Consecutive splits one program of the 128-key Gluon split kernel walks: scheduling only
+    (each split from a fresh state, stored as its own state). PROVISIONAL: 1 until measured."""
+    return 1
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

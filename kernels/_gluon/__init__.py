@@ -20,19 +20,26 @@ GLUON_TRITON = "3.6."
 RING_SLOTS = 4
 #: K/V slots for 128-key tiles (64 KB each; with q's 32 KB a fourth does not fit in 227 KB).
 RING_SLOTS_128 = 3
+#: K/V slots for 128-key tiles whose V slots hold half or a quarter of the columns (48 or 40 KB
+#: each: four fit with q's 32 KB).
+RING_SLOTS_128_BLOCKED = 4
 
 
-def ring_slots(block_n: int) -> int:
-    """K/V slots of the TMA ring for ``block_n``-key tiles."""
-    return RING_SLOTS if block_n == 64 else RING_SLOTS_128
+def ring_slots(block_n: int, value_blocks: int = 1) -> int:
+    """K/V slots of the TMA ring for ``block_n``-key tiles (with ``value_blocks`` V column
+    blocks per program at 128 keys)."""
+    if block_n == 64:
+        return RING_SLOTS
+    return RING_SLOTS_128 if value_blocks == 1 else RING_SLOTS_128_BLOCKED
 
 
 def _descriptors(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 block_n: int) -> tuple[list[Any], int]:
+                 block_n: int, value_blocks: int = 1) -> tuple[list[Any], int]:
     """TMA descriptors of the caches seen as ``[pages * page_size, Hkv * D]`` rows, boxes of
-    ``min(page_size, block_n)`` rows (one per page, or the tile inside a larger page), and that
-    box height. Built on the host from shapes and pointers alone (no sync: a CUDA graph captures
-    them as kernel parameters)."""
+    ``min(page_size, block_n)`` rows (one per page, or the tile inside a larger page) and, for V,
+    ``D / value_blocks`` columns; and that box height. Built on the host from shapes and pointers
+    alone (no sync: a CUDA graph captures them as kernel parameters)."""
+    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from kernels._gluon import attention_kernels as ak
@@ -40,9 +47,13 @@ def _descriptors(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     D = q.shape[2]
     num_pages, page_size, Hkv, _ = k_cache.shape
     box = min(page_size, block_n)
-    return [TensorDescriptor.from_tensor(c.view(num_pages * page_size, Hkv * D), [box, D],
-                                         ak.SMEM_L.value)
-            for c in (k_cache, v_cache)], box
+    dv = D // value_blocks
+    v_layout = ak.SMEM_L.value if dv == D else gl.NVMMASharedLayout(
+        swizzle_byte_width=dv * q.element_size(), element_bitwidth=16, rank=2)
+    return [TensorDescriptor.from_tensor(k_cache.view(num_pages * page_size, Hkv * D), [box, D],
+                                         ak.SMEM_L.value),
+            TensorDescriptor.from_tensor(v_cache.view(num_pages * page_size, Hkv * D), [box, dv],
+                                         v_layout)], box
 
 
 @functools.cache
@@ -112,11 +123,16 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, block_table: torch.Tensor,
                  ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  qk_scale: float, *, num_slots: int, num_splits: int, split_tiles: int,
-                 block_m: int, block_q: int, block_n: int, direct: bool) -> None:
-    """The split plan's first phase, grid ``(num_slots, Hkv, num_splits)``, on the Gluon kernel
-    (``block_m`` 128, ``block_n`` 128): each split's raw state where the Triton split kernel
-    writes it, for the package's merge; with ``direct`` (``num_splits == 1``) the result itself
-    into out and lse, as the Triton split kernel's ``IS_DIRECT``.
+                 block_m: int, block_q: int, block_n: int, direct: bool, value_blocks: int = 1,
+                 splits_per_program: int = 1, dependent_merge: bool = False) -> None:
+    """The split plan's first phase, grid ``(num_slots, Hkv * value_blocks,
+    ceil(num_splits / splits_per_program))``, on the Gluon kernel (``block_m`` 128, ``block_n``
+    128): each split's raw state where the Triton split kernel writes it, for the package's
+    merge; with ``direct`` (``num_splits == 1``) the result itself into out and lse, as the
+    Triton split kernel's ``IS_DIRECT``. Scheduling only (``_split_kernel``): ``value_blocks``
+    (1, 2 or 4) V column blocks per (slot, KV head, split), ``splits_per_program`` consecutive
+    splits per program (1 with ``direct``), ``dependent_merge``: the merge that follows is a
+    programmatic dependent launch, which every program lets start at once.
 
     Shapes: as :func:`launch_fused_prefill`; ws_o ``[T, Hq, num_splits, D]`` and ws_ml
     ``[T, Hq, num_splits, 2]`` fp32, contiguous (not read with ``direct``)."""
@@ -124,11 +140,19 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
-    descs, box = _descriptors(q, k_cache, v_cache, block_n)
-    ak._split_kernel[(num_slots, Hkv, num_splits)](
+    if value_blocks not in (1, 2, 4) or splits_per_program < 1 or (
+            direct and splits_per_program != 1):
+        raise ValueError(f"launch_split: expected value_blocks in (1, 2, 4) and "
+                         f"splits_per_program >= 1 (1 with direct), got {value_blocks}, "
+                         f"{splits_per_program} (direct {direct})")
+    descs, box = _descriptors(q, k_cache, v_cache, block_n, value_blocks)
+    grid = (num_slots, Hkv * value_blocks, -(-num_splits // splits_per_program))
+    ak._split_kernel[grid](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles,
         block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size, num_splits,
         q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BOX=box, STAGES=ring_slots(block_n), IS_DIRECT=direct, num_warps=4)
+        BLOCK_N=block_n, BOX=box, STAGES=ring_slots(block_n, value_blocks), IS_DIRECT=direct,
+        VALUE_BLOCKS=value_blocks, SPLITS_PER_PROGRAM=splits_per_program,
+        IS_PDL=dependent_merge and not direct, num_warps=4)

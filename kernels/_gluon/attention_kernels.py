@@ -91,12 +91,14 @@ SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
 
 @gluon.jit
 def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Rows ``>= valid`` of a V slot ``[BLOCK_N, HEAD_DIM]`` set to +0, 16 rows at a time (only
+    """Rows ``>= valid`` of a V slot ``[BLOCK_N, HEAD_DIM]`` (``HEAD_DIM``: the slot's columns,
+    32-128) set to +0, 16 rows at a time (only
     the chunks that hold such rows are rewritten), then fenced for the tensor cores and a
     barrier of this warpgroup. Both warpgroups do it on the same slot, and one's stores may meet
     the other's ``p @ v`` reading the slot: they store the bytes the slot already holds (its
     valid rows) or the same zeros, so any order reads the same values."""
-    L16: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+    L16: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
+                                         threads_per_warp=[256 // HEAD_DIM, HEAD_DIM // 8],
                                          warps_per_cta=[4, 1], order=[1, 0])
     for i in gl.static_range(BLOCK_N // 16):
         if (i + 1) * 16 > valid:
@@ -296,18 +298,19 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
 
 @gluon.jit
 def _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
-            i_kvh, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-            BOX: gl.constexpr, STAGES: gl.constexpr):
+            i_kvh, i_vb, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+            BOX: gl.constexpr, STAGES: gl.constexpr, BLOCK_DV: gl.constexpr):
     """One warp: tile ``t``'s K and V by TMA into slot ``t % STAGES`` once both warpgroups have
     released that slot's previous tile. ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from
-    the caches seen as ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``. Page ids as the Triton kernels
+    the caches seen as ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``; of V, the ``BLOCK_DV`` columns of
+    V column block ``i_vb`` (the split kernel's ``VALUE_BLOCKS``). Page ids as the Triton kernels
     read them: block-table entries of keys past ``kv_len`` are never read (page 0 instead: its
     V rows are zeroed by the consumers, its K rows masked), ids clamped into the cache."""
     for t in range(0, n_tiles):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-        mbarrier.expect(ready.index(s), 2 * BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth
-                        // 8)
+        mbarrier.expect(ready.index(s), BLOCK_N * (HEAD_DIM + BLOCK_DV)
+                        * k_desc.dtype.primitive_bitwidth // 8)
         for i in gl.static_range(BLOCK_N // BOX):
             key = (j_lo + t) * BLOCK_N + i * BOX
             page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
@@ -315,7 +318,8 @@ def _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len,
             row = page * PAGE_SIZE + key % PAGE_SIZE
             tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
                                             k_s.index(s).slice(i * BOX, BOX))
-            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM + i_vb * BLOCK_DV],
+                                            ready.index(s),
                                             v_s.index(s).slice(i * BOX, BOX))
 
 
@@ -389,7 +393,8 @@ def _fused_prefill_kernel(
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
                      BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, 0, n_tiles, p_bt, kv_len, num_pages,
-                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
+                   i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [4, 1],
+        [232, 24])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -398,48 +403,90 @@ def _fused_prefill_kernel(
 # folds the splits.
 # ------------------------------------------------------------------------------------------------
 
+
 @gluon.jit
 def _split_consumer(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
-                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split,
-                    num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, IS_DIRECT: gl.constexpr):
+                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid,
+                    i_split, num_splits, split_tiles, qk_scale, G: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_DIRECT: gl.constexpr,
+                    BLOCK_DV: gl.constexpr, SPLITS_PER_PROGRAM: gl.constexpr):
     """One warpgroup of the split kernel: :func:`_split_rows`, or :func:`_release` where it
     holds no row (decode)."""
     if _idle(half, i_qblk, q_len, G, BLOCK_M, BLOCK_Q):
         _release(ready, empty, n, STAGES)
     else:
         _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
-                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
-                    i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
-                    STAGES, IS_DIRECT)
+                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid,
+                    i_split, num_splits, split_tiles, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q,
+                    BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV, SPLITS_PER_PROGRAM)
+
+
+@gluon.jit
+def _columns(i_vb, O_L: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_DV: gl.constexpr):
+    """The head-dim columns of V column block ``i_vb`` (``BLOCK_DV`` of them) in acc's layout."""
+    if BLOCK_DV == HEAD_DIM:
+        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+    else:
+        o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, O_L))
+    return o_d
+
+
+@gluon.jit
+def _store_state(ws_o_ptr, ws_ml_ptr, acc, m_i, l_i, tok, g, m_row, q_start, Hq, i_kvh, i_vb,
+                 i_split, num_splits, o_d, ROW_O: gl.constexpr, G: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, BLOCK_DV: gl.constexpr):
+    """Split ``i_split``'s raw state where the Triton split kernel stores it: acc's columns
+    ``o_d``, and m and l from the program of V column block 0."""
+    i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+    gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
+    if BLOCK_DV == HEAD_DIM:  # noqa: SIM108 (a constexpr branch: compiled away)
+        m_ml = m_row
+    else:
+        m_ml = m_row & (i_vb == 0)
+    gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_ml)
+    gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_ml)
 
 
 @gluon.jit
 def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
-                i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split,
-                num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, IS_DIRECT: gl.constexpr):
-    """One warpgroup: tiles ``j_lo .. j_lo + n - 1`` of one split from a fresh state in FA3's
-    issue order (the next tile's scores issued with this tile's ``p @ v``: without a fold state
-    the registers hold both), then the raw state ``(m, l, acc)`` stored where the Triton split
-    kernel stores it, or with ``IS_DIRECT`` (one split per row) normalised into out and lse as
-    that kernel's ``IS_DIRECT`` does."""
+                i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid,
+                i_split, num_splits, split_tiles, qk_scale, G: gl.constexpr,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_DIRECT: gl.constexpr,
+                BLOCK_DV: gl.constexpr, SPLITS_PER_PROGRAM: gl.constexpr):
+    """One warpgroup: tiles ``j_lo .. j_lo + n - 1`` (``SPLITS_PER_PROGRAM`` consecutive splits,
+    or fewer at the row's end) in FA3's issue order (the next tile's scores issued with this
+    tile's ``p @ v``: without a fold state the registers hold both), a fresh state per split;
+    each split's raw state ``(m, l, acc)`` stored where the Triton split kernel stores it when
+    the split ends, or with ``IS_DIRECT`` (one split per row) normalised into out and lse as that
+    kernel's ``IS_DIRECT`` does. ``acc`` holds the ``BLOCK_DV`` V columns of block ``i_vb``; the
+    scores, max and denominator are the whole row's, computed alike by every column block.
+
+    A split that starts inside the loop starts as the first does: its first tile's weights
+    against a max of ``-inf`` (selected, exactly), a denominator of 0 and acc of 0, so it runs
+    the same operations on the same values as a program that starts with it."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
-    O_L: gl.constexpr = WG_O_L
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_DV, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     HALF: gl.constexpr = BLOCK_M // 2
+    MULTI: gl.constexpr = SPLITS_PER_PROGRAM > 1
     o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
     _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     q_h = q_s.slice(half * HALF, HALF)
     zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
-    acc = gl.full([HALF, HEAD_DIM], 0.0, gl.float32, layout=O_L)
+    zero_o = gl.full([HALF, BLOCK_DV], 0.0, gl.float32, layout=O_L)
+    acc = zero_o
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
+    if MULTI:
+        o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+        tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+        o_d = _columns(i_vb, O_L, HEAD_DIM, BLOCK_DV)
     mbarrier.wait(ready.index(0), 0)
     m_i, l_i, acc, p = _step_weights(q_h, k_s.index(0), zero_s, m_i, l_i, acc, j_lo, j_mid, pos,
                                      qk_scale, BLOCK_N, S_L, ROW_O, P_L)
@@ -452,38 +499,55 @@ def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_p
         s_tok = warpgroup_mma(q_h, k_s.index(tn % STAGES).permute((1, 0)), zero_s,
                               is_async=True)
         if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
-            _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
+            _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
         acc_tok = warpgroup_mma(p, v_s.index(t % STAGES), acc, is_async=True)
         b_s = warpgroup_mma_wait(1, deps=[s_tok])
         if j_lo + tn >= j_mid:
             b_s = _masked(b_s, j_lo + tn, pos, BLOCK_N, S_L)
-        m_new, alpha, b_p = _weights(m_i, b_s, qk_scale)
+        if MULTI:
+            # Tile j ends its split: tile j + 1 starts the next one from a max of -inf.
+            ends = (j + 1) % split_tiles == 0
+            m_base = gl.where(ends, gl.full_like(m_i, float("-inf")), m_i)
+            m_new, alpha, b_p = _weights(m_base, b_s, qk_scale)
+        else:
+            m_new, alpha, b_p = _weights(m_i, b_s, qk_scale)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
         mbarrier.arrive(empty.index(t % STAGES))
+        if MULTI:  # noqa: SIM102 (a constexpr branch: the test compiles away)
+            if ends | (t + 1 == n):
+                _store_state(ws_o_ptr, ws_ml_ptr, acc, m_i, l_i, tok, g, m_row, q_start, Hq,
+                             i_kvh, i_vb, j // split_tiles, num_splits, o_d, ROW_O, G, HEAD_DIM,
+                             BLOCK_DV)
+                l_i = gl.full_like(l_i, 0.0)
+                acc = zero_o
         if t + 1 < n:
             m_i = m_new
             l_i = _sum(l_i, alpha, b_p)
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
             p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
-    o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
-    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-    if IS_DIRECT:
-        b_o, b_lse = _normalize(acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O))
-        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d,
-                      G, HEAD_DIM)
-    else:
-        i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
-        gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
-        gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_row)
-        gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_row)
+    if not MULTI:
+        o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+        tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+        o_d = _columns(i_vb, O_L, HEAD_DIM, BLOCK_DV)
+        if IS_DIRECT:
+            b_o, b_lse = _normalize(acc, gl.convert_layout(l_i, ROW_O),
+                                    gl.convert_layout(m_i, ROW_O))
+            if BLOCK_DV == HEAD_DIM:  # noqa: SIM108 (a constexpr branch)
+                m_lse = m_row
+            else:
+                m_lse = m_row & (i_vb == 0)
+            _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_lse, i_kvh, Hq,
+                          o_d, G, HEAD_DIM)
+        else:
+            _store_state(ws_o_ptr, ws_ml_ptr, acc, m_i, l_i, tok, g, m_row, q_start, Hq, i_kvh,
+                         i_vb, i_split, num_splits, o_d, ROW_O, G, HEAD_DIM, BLOCK_DV)
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
 def _split_kernel(
     q_ptr,  # [T, Hq, D]
     k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
-    v_desc,  # likewise for v_cache
+    v_desc,  # likewise for v_cache, box [BOX, D // VALUE_BLOCKS]
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
@@ -511,15 +575,40 @@ def _split_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
+    VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
+    SPLITS_PER_PROGRAM: gl.constexpr = 1,  # consecutive splits one program walks
+    IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
 ):
-    """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (the first consumer warpgroup; the second
-    and the loader warp are workers): the split plan's first phase. Slots are taken last first,
-    as ``_unified_attention_split_kernel`` takes them; a split past a block's last tile exits
-    (with ``IS_DIRECT`` too: only malformed lengths, ``validate=False``, leave such a block, whose
-    rows then stay unwritten where the Triton kernel writes the empty state)."""
+    """Grid ``(slots, Hkv * VALUE_BLOCKS, ceil(splits / SPLITS_PER_PROGRAM))``, ``num_warps=4``
+    (the first consumer warpgroup; the second and the loader warp are workers): the split plan's
+    first phase. Slots are taken last first, as ``_unified_attention_split_kernel`` takes them;
+    a program whose first split is past a block's last tile exits (with ``IS_DIRECT`` too: only
+    malformed lengths, ``validate=False``, leave such a block, whose rows then stay unwritten
+    where the Triton kernel writes the empty state).
+
+    Scheduling only, no arithmetic (kernels/README.md, "The 128-key contract"): with
+    ``VALUE_BLOCKS`` > 1 the programs of one (slot, KV head, split) compute the same scores,
+    max and denominator and each the ``p @ v`` of its ``D / VALUE_BLOCKS`` V columns (only
+    block 0 stores m, l and the LSE), as the Triton split kernel's ``BLOCK_DV``; with
+    ``SPLITS_PER_PROGRAM`` > 1 one program walks consecutive splits through one ring, each from
+    a fresh state, storing each split's state as it ends; with ``IS_PDL`` every program lets the
+    merge launch at once (``griddepcontrol.launch_dependents``; the merge waits for this grid's
+    writes)."""
+    if IS_PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    BLOCK_DV: gl.constexpr = HEAD_DIM // VALUE_BLOCKS
     i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
-    i_kvh = gl.program_id(1)
-    i_split = gl.program_id(2)
+    if VALUE_BLOCKS == 1:
+        i_kvh = gl.program_id(1)
+        i_vb = 0
+    else:
+        i_kvh = gl.program_id(1) // VALUE_BLOCKS
+        i_vb = gl.program_id(1) % VALUE_BLOCKS
+    if SPLITS_PER_PROGRAM == 1:  # noqa: SIM108 (a constexpr branch)
+        i_split = gl.program_id(2)
+    else:
+        i_split = gl.program_id(2) * SPLITS_PER_PROGRAM
     i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
                                                            max_kv_len, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
@@ -529,7 +618,7 @@ def _split_kernel(
     j_lo = i_split * split_tiles
     if j_lo >= n_tiles:
         return
-    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    n = gl.minimum(j_lo + SPLITS_PER_PROGRAM * split_tiles, n_tiles) - j_lo
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                           warps_per_cta=[4, 1], order=[1, 0])
     o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
@@ -538,7 +627,12 @@ def _split_kernel(
     b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
     q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
     k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
-    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    if BLOCK_DV == HEAD_DIM:
+        v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    else:
+        V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_DV * 2,
+                                                 element_bitwidth=16, rank=2)
+        v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, BLOCK_DV], V_L)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -549,12 +643,15 @@ def _split_kernel(
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
     gl.warp_specialize([
         (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, 0,
-                           i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
-                           i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
-                           STAGES, IS_DIRECT)),
+                           i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
+                           j_mid, i_split, num_splits, split_tiles, qk_scale, G, HEAD_DIM,
+                           BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV,
+                           SPLITS_PER_PROGRAM)),
         (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, 1,
-                           i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
-                           i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
-                           STAGES, IS_DIRECT)),
+                           i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
+                           j_mid, i_split, num_splits, split_tiles, qk_scale, G, HEAD_DIM,
+                           BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV,
+                           SPLITS_PER_PROGRAM)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
-                   i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [232, 24])
+                   i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [4, 1],
+        [232, 24])

@@ -1,0 +1,64 @@
+#!/bin/sh
+# The round-21 H100 runs (reports/h100-round21/README.md), one step per device call (each under
+# 10 minutes): sh benchmarks/gpu_round21.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
+# carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
+# folder into $OUT/STEP.tgz.
+#   probe: benchmarks/probe_round21.py bits (the Gluon split kernel's schedules against the
+#          default launch, and the 64-key control) and times (the schedules and the control
+#          against the default)
+#   tests: the Gluon tests (test_gluon.py, fp16 and bf16) with their durations, then the GPU
+#          kernel tests (test_gpu.py)
+#   final: the full check at three dtypes with the launches counted (benchmarks/count_gluon.py),
+#          the control, then memcheck and initcheck (benchmarks/gpu_sanitize.py)
+#   bench: the bench (kernels, the 64-key contract, the control, FlashInfer's variants)
+set -u
+STEP=${1:?usage: sh benchmarks/gpu_round21.sh probe|tests|final|bench}
+INV="python3 -m invariance.cli"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+
+. benchmarks/gpu_full_check.sh
+
+step_info() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $C/gpu.txt
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $C/gpu.txt
+  cat $C/gpu.txt
+}
+
+step_probe() {
+  step_info
+  for part in bits times; do
+    s=$(date +%s)
+    timeout -s INT -k 15 ${1:-260} python3 benchmarks/probe_round21.py $C $part > $C/$part.txt 2>&1
+    echo "$part rc=$? wall $(( $(date +%s) - s )) s"; tail -2 $C/$part.txt | cut -c1-600
+  done
+}
+
+step_tests() {
+  step_info
+  s=$(date +%s)
+  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 ${1:-420} python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE --durations=15 tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
+  echo "gluon tests rc=$? wall $(( $(date +%s) - s )) s"; grep -E "passed|failed|FAILED|Error" $C/tests-gluon.txt | tail -12 | cut -c1-300
+  s=$(date +%s)
+  PYTHONPATH=$PWD:$PWD/gpu_site timeout 150 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE tests/triton_kernels/test_gpu.py > $C/tests-gpu.txt 2>&1
+  echo "gpu tests rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/tests-gpu.txt
+}
+
+step_final() {
+  step_info
+  s=$(date +%s)
+  timeout 300 python3 benchmarks/count_gluon.py check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
+  echo "check rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED|launches" $C/check.txt | tail -2
+  s=$(date +%s)
+  timeout 100 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
+  echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
+  sanitize
+}
+
+step_bench() {
+  step_info
+  flashinfer_site
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 540 $INV bench --backend kernels --backend kernels:block_n=64 --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"; tail -3 $C/bench.txt; head -30 $C/bench-kernels-vs-flashinfer.md
+}
+
+run_step gpu_round21.sh "probe|tests|final|bench"

@@ -1,0 +1,85 @@
+"""Round-21 probe (H100): schedules of the 128-key Gluon split kernel (reports/h100-round21/).
+
+    python benchmarks/probe_round21.py OUT_DIR bits [WORKLOAD ...]
+    python benchmarks/probe_round21.py OUT_DIR times [WORKLOAD ...]
+
+``bits``: for each workload at bf16 and fp16, out and LSE of the split plan under each schedule
+(V column blocks, splits per program, the merge launched without ``griddepcontrol``) against
+the default launch, and the 64-key contract, which must differ (the control). Into
+``bits.jsonl``.
+
+``times``: at bf16, CUDA-graph replays with L2 flushed (medians of 20), interleaved in
+``REPEATS`` repeats: the default, the schedules, and the control (``split_size=None``, the
+split count from the batch: ``kernels-heuristic``), each against the default. Into
+``times.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+import kernels
+from benchmarks.probe_round4 import call
+from benchmarks.probe_round5 import _bits_vs
+from benchmarks.probe_round11 import _workload
+from benchmarks.probe_round20 import _record, times
+from invariance.bench import build_batch
+
+T = kernels.Tuning
+#: (plan, tuning) of each schedule.
+SCHEDULES = {"vb2": ("split", T(value_blocks=2)), "vb4": ("split", T(value_blocks=4)),
+             "spp2": ("split", T(splits_per_program=2)),
+             "spp4": ("split", T(splits_per_program=4)),
+             "vb2-spp2": ("split", T(value_blocks=2, splits_per_program=2)),
+             "no-pdl": ("split", T(dependent_merge=False))}
+BITS_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx8k", "decode-prod64",
+                  "mixed64", "prefill:1000,3001,17,130", "decode:777x3,3001x2"]
+TIME_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b1-ctx32k", "decode-b8-ctx1k",
+                  "decode-b8-ctx8k", "decode-b8-ctx32k", "decode-b64-ctx1k", "decode-prod64",
+                  "decode:2kx1", "decode:4kx1", "decode:16kx1", "decode:2kx4", "decode:32kx2"]
+REPEATS = 5
+
+
+def _call(batch, plan, tuning):
+    """``call``, with the plan ``"heuristic"`` for the control (``split_size=None``)."""
+    if plan == "heuristic":
+        return call(batch, "auto", None, split_size=None)
+    return call(batch, plan, tuning)
+
+
+def bits(out_dir: str, specs: list[str]) -> None:
+    rows: list[dict] = []
+    cells = {**SCHEDULES, "control-64-keys": ("auto", T(block_n=64))}
+    for spec in specs or BITS_WORKLOADS:
+        for dtype in (torch.bfloat16, torch.float16):
+            batch = build_batch(_workload(spec), dtype=dtype)
+            ref = call(batch)()
+            row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec)
+            row["bits_differing"] = {name: _bits_vs(ref, call(batch, plan, tuning)())
+                                     for name, (plan, tuning) in cells.items()}
+            del batch
+            _record(rows, row, out_dir, "bits.jsonl")
+
+
+def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[2] not in ("bits", "times"):
+        sys.exit("usage: python benchmarks/probe_round21.py OUT_DIR bits|times [WORKLOAD ...]")
+    out_dir, step, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    os.makedirs(out_dir, exist_ok=True)
+    if step == "bits":
+        bits(out_dir, specs)
+    else:
+        import benchmarks.probe_round20 as p20
+
+        p20.REPEATS = REPEATS
+        p20.call = _call  # times() builds each cell through probe_round20.call
+        times(out_dir, specs, cells={"default": ("auto", None), **SCHEDULES,
+                                     "heuristic": ("heuristic", None)},
+              base="default", defaults=TIME_WORKLOADS)
+
+
+if __name__ == "__main__":
+    main()
