@@ -6,10 +6,10 @@
 #   probe: benchmarks/probe_round21.py bits (the Gluon split kernel's schedules against the
 #          default launch, and the 64-key control) and times (the schedules and the control
 #          against the default)
-#   tests: the Gluon tests (test_gluon.py, fp16 and bf16) with their durations, then the GPU
-#          kernel tests (test_gpu.py)
+#   tests: the Gluon tests (test_gluon.py, fp16 and bf16) with their durations
 #   final: the full check at three dtypes with the launches counted (benchmarks/count_gluon.py),
-#          the control, then memcheck and initcheck (benchmarks/gpu_sanitize.py)
+#          the control, memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
+#          kernel tests (test_gpu.py)
 #   bench: the bench (kernels, the 64-key contract, the control, FlashInfer's variants)
 set -u
 STEP=${1:?usage: sh benchmarks/gpu_round21.sh probe|tests|final|bench}
@@ -36,8 +36,11 @@ step_probe() {
 step_tests() {
   step_info
   s=$(date +%s)
-  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 ${1:-420} python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE --durations=15 tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
+  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 ${1:-540} python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE --durations=15 tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
   echo "gluon tests rc=$? wall $(( $(date +%s) - s )) s"; grep -E "passed|failed|FAILED|Error" $C/tests-gluon.txt | tail -12 | cut -c1-300
+}
+
+gpu_tests() {
   s=$(date +%s)
   PYTHONPATH=$PWD:$PWD/gpu_site timeout 150 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE tests/triton_kernels/test_gpu.py > $C/tests-gpu.txt 2>&1
   echo "gpu tests rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/tests-gpu.txt
@@ -52,6 +55,7 @@ step_final() {
   timeout 100 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
   echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
   sanitize
+  gpu_tests
 }
 
 step_bench() {

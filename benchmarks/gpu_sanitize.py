@@ -10,7 +10,8 @@ bit), the fused plan with 128- and 256-row tiles and its nested loop (half preci
 ``plan="auto"``, the control mode (``split_size=None``), a step without query tokens,
 ``merge_states`` (with empty, NaN and +inf partials), the Gluon kernels where they run (half
 precision at head dim 128 on Hopper with Triton 3.6: the 128-key contract's fused and split
-kernels, bits compared with the Triton kernels at 128 keys, and the 64-key contract's prefill
+kernels, bits compared with the Triton kernels at 128 keys, the split kernel with 2 and 4 V
+column blocks, and the 64-key contract's prefill
 tile and Triton rules through ``Tuning(block_n=64)``), and
 malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
@@ -108,6 +109,14 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
                                        tuning=tuned(gluon=False))
             same = same and all(torch.equal(bits(a), bits(b))
                                 for a, b in zip(fused, triton, strict=True))
+    if wide and lp.gluon:
+        # The Gluon split kernel with 2 and 4 V column blocks, and its merge as an ordinary
+        # launch (bits compared).
+        for tuning in (tuned(value_blocks=2), tuned(value_blocks=4),
+                       tuned(dependent_merge=False)):
+            cut = unified_attention(*args, split_size=split, plan="split", tuning=tuning)
+            same = same and all(torch.equal(bits(a), bits(b))
+                                for a, b in zip(cut, split_plan, strict=True))
     # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
     # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only). The 64-key rules only.
     if args[0].dtype != torch.float32 and not wide:
@@ -189,6 +198,10 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                 case(f"{tag}/validate=False/{label}/fused-gluon",
                      lambda b=bad: call(b, validate=False, plan="fused",
                                         tuning=Tuning(gluon=True)))
+            if block_n != narrow and gluon:
+                case(f"{tag}/validate=False/{label}/split-gluon-4-value-blocks",
+                     lambda b=bad: call(b, validate=False, plan="split",
+                                        tuning=Tuning(gluon=True, value_blocks=4)))
             if block_n != narrow:
                 for plan in ("fused", "split"):
                     case(f"{tag}/validate=False/{label}/{plan}-triton-{block_n}-keys",

@@ -3,8 +3,7 @@ on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
 
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
-        [--value-blocks N] [--tiles-per-step N] [--splits-per-program N] [--dtype bfloat16]
-        [--no-dependent-merge]
+        [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
         [--fused-loop nested|flat] [--no-gluon] [--ptx-hash] [--dot-waits] [--copy-waits]
         [--sass-order] [--gluon-switch NAME=VALUE ...]
 
@@ -335,8 +334,7 @@ def main() -> None:
     p.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
     p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--plan", default="auto", choices=kernels.PLANS)
-    for f in ("block-m", "num-warps", "num-stages", "value-blocks", "tiles-per-step", "block-n",
-              "splits-per-program"):
+    for f in ("block-m", "num-warps", "num-stages", "value-blocks", "tiles-per-step", "block-n"):
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--no-dependent-merge", action="store_true",
                    help="launch the merge as an ordinary kernel (Tuning(dependent_merge=False)):"
@@ -372,8 +370,6 @@ def main() -> None:
     # Only the fields given, so that the script also runs against older kernels (--ptx-hash).
     fields = dict(block_m=a.block_m, num_warps=a.num_warps, num_stages=a.num_stages,
                   value_blocks=a.value_blocks, tiles_per_step=a.tiles_per_step, block_n=a.block_n)
-    if a.splits_per_program is not None:
-        fields["splits_per_program"] = a.splits_per_program
     if a.no_dependent_merge:
         fields["dependent_merge"] = False
     if a.fused_loop is not None:

@@ -46,7 +46,6 @@ from kernels.config import (
     decode_stages,
     fused_loop,
     gluon_prefill,
-    gluon_splits_per_program,
     gluon_tile,
     gluon_value_blocks,
     prefill_like,
@@ -160,10 +159,6 @@ class Tuning:
       at head dim 128 (kernels/README.md); ``None`` takes :func:`~kernels.config.value_blocks`'
       choice. The 128-key Gluon split kernel takes 1, 2 or 4 (its rule:
       :func:`~kernels.config.gluon_value_blocks`); 8 runs the Triton kernels.
-    - ``splits_per_program`` (an int >= 1; the 128-key Gluon split kernel only, ignored
-      elsewhere): consecutive splits of a row one program walks through one ring, each from a
-      fresh state and stored as its own split state. Scheduling only; ``None`` takes
-      :func:`~kernels.config.gluon_splits_per_program`'s choice.
     - ``tiles_per_step`` (1 or 2; split plan, and the fused plan's nested loop): fully visible
       KV tiles per loop step (both tiles' scores and exponentials ahead of the first ``p @ v``).
       The same arithmetic per row: bit-neutral on an H100 for half precision at head dim 128
@@ -210,7 +205,6 @@ class Tuning:
     block_n: int | None = None
     value_blocks: int | None = None
     tiles_per_step: int | None = None
-    splits_per_program: int | None = None
     dependent_merge: bool | None = None
     slot_order: bool | None = None
     nested_loop: bool | None = None
@@ -225,7 +219,6 @@ class Tuning:
              "a power of two >= 16"),
             ("value_blocks", self.value_blocks, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8"),
             ("tiles_per_step", self.tiles_per_step, lambda v: v in (1, 2), "1 or 2"),
-            ("splits_per_program", self.splits_per_program, lambda v: v >= 1, "an int >= 1"),
         )
         for name, value, ok, expected in checks:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
@@ -269,7 +262,6 @@ class LaunchPlan:
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     value_blocks: int  # split plan: V column blocks per (slot, KV head, split); fused: 1
     tiles_per_step: int  # fully visible KV tiles per loop step (1 or 2); flat fused loop: 1
-    splits_per_program: int  # Gluon split kernel: consecutive splits per program; else 1
     dependent_merge: bool  # split plan's merge as a programmatic dependent launch (sm_90+)
     slot_order: bool  # fused plan: requests with the most KV first (sorted on the device)
     nested_loop: bool  # fused plan: an inner loop per split, its fold after it (else one loop)
@@ -599,7 +591,7 @@ def plan_attention(
             decode=not prefill_like(T, G, B), gluon=wide_gluon)
     num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
     num_warps = tuning.num_warps or launch.num_warps
-    v_blocks, step, walk = 1, 1, 1
+    v_blocks, step = 1, 1
     if plan == "split":
         # Split programs that do work: every query block times the longest row's splits, or
         # with statistics at most each block's own splits (its tiles / split_tiles, plus one).
@@ -612,10 +604,7 @@ def plan_attention(
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
         if wide_gluon:  # the Gluon split kernel's rules (kernels.config)
-            v_blocks = tuning.value_blocks or gluon_value_blocks(live * Hkv, row_splits, num_sms)
-            walk = 1 if num_splits == 1 else (
-                tuning.splits_per_program
-                or gluon_splits_per_program(live * Hkv, row_splits, num_sms, v_blocks))
+            v_blocks = tuning.value_blocks or gluon_value_blocks(live * Hkv, num_sms)
         elif wide:  # the 64-key rules do not apply (kernels.config.wide_tile)
             v_blocks = tuning.value_blocks or 1
             step = tuning.tiles_per_step or 1
@@ -674,8 +663,7 @@ def plan_attention(
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
-        splits_per_program=walk, dependent_merge=dependent, slot_order=ordered,
-        nested_loop=nested, gluon=use_gluon,
+        dependent_merge=dependent, slot_order=ordered, nested_loop=nested, gluon=use_gluon,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -839,7 +827,6 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                      lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
                      split_tiles=lp.split_tiles, block_m=lp.block_m, block_q=lp.block_q,
                      block_n=lp.block_n, direct=direct, value_blocks=lp.value_blocks,
-                     splits_per_program=lp.splits_per_program,
                      dependent_merge=lp.dependent_merge)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)

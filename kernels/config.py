@@ -25,7 +25,6 @@ __all__ = [
     "control_num_splits",
     "decode_stages",
     "fused_loop",
-    "gluon_splits_per_program",
     "gluon_tile",
     "gluon_value_blocks",
     "slot_order",
@@ -313,19 +312,21 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     return blocks
 
 
-def gluon_value_blocks(num_programs: int, row_splits: int, num_sms: int) -> int:
-    """V column blocks per program of the 128-key Gluon split kernel (1, 2 or 4): scheduling
-    only (every block computes the same scores, max and denominator and its own columns of
-    ``p @ v``). ``num_programs``: the split grid's working programs at one block, ``row_splits``:
-    splits of the longest row. PROVISIONAL: 1 until measured."""
-    return 1
+def gluon_value_blocks(num_programs: int, num_sms: int) -> int:
+    """V column blocks per program of the 128-key Gluon split kernel: 4 where the grid with 4
+    blocks fits the SMs once (``num_programs * 4 <= num_sms``), else 1. ``num_programs``: the
+    split grid's working programs at one block (query blocks x KV heads x splits). Shapes only
+    (no sync).
 
-
-def gluon_splits_per_program(num_programs: int, row_splits: int, num_sms: int,
-                             value_blocks: int) -> int:
-    """Consecutive splits one program of the 128-key Gluon split kernel walks: scheduling only
-    (each split from a fresh state, stored as its own state). PROVISIONAL: 1 until measured."""
-    return 1
+    Scheduling only: every block computes the same scores, max and denominator and ``p @ v``
+    for its quarter of V's columns (the ``wgmma`` per-element results do not depend on the
+    column count: 0 bits differing with 2 and 4 blocks on 7 workloads at fp16 and bf16,
+    reports/h100-round21/README.md). Measured on an H100 (bf16, round 21, call 1): decode at
+    batch 1 with 1k / 2k / 4k tokens (8 / 16 / 32 programs) 19.2 -> 16.8, 21.1 -> 18.8 and
+    22.3 -> 20.2 us with 4 blocks (2 blocks: 17.8, 19.4, 20.4); on 64 programs (batch 1 with
+    8k, batch 8 with 1k, batch 4 with 2k) 2 blocks ran between 1% faster and 5% slower and 4
+    blocks 24-38% slower; larger grids lose with either."""
+    return 4 if num_programs * 4 <= num_sms else 1
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

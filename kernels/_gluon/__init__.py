@@ -124,15 +124,14 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  qk_scale: float, *, num_slots: int, num_splits: int, split_tiles: int,
                  block_m: int, block_q: int, block_n: int, direct: bool, value_blocks: int = 1,
-                 splits_per_program: int = 1, dependent_merge: bool = False) -> None:
-    """The split plan's first phase, grid ``(num_slots, Hkv * value_blocks,
-    ceil(num_splits / splits_per_program))``, on the Gluon kernel (``block_m`` 128, ``block_n``
-    128): each split's raw state where the Triton split kernel writes it, for the package's
-    merge; with ``direct`` (``num_splits == 1``) the result itself into out and lse, as the
-    Triton split kernel's ``IS_DIRECT``. Scheduling only (``_split_kernel``): ``value_blocks``
-    (1, 2 or 4) V column blocks per (slot, KV head, split), ``splits_per_program`` consecutive
-    splits per program (1 with ``direct``), ``dependent_merge``: the merge that follows is a
-    programmatic dependent launch, which every program lets start at once.
+                 dependent_merge: bool = False) -> None:
+    """The split plan's first phase, grid ``(num_slots, Hkv * value_blocks, num_splits)``, on
+    the Gluon kernel (``block_m`` 128, ``block_n`` 128): each split's raw state where the Triton
+    split kernel writes it, for the package's merge; with ``direct`` (``num_splits == 1``) the
+    result itself into out and lse, as the Triton split kernel's ``IS_DIRECT``. Scheduling only
+    (``_split_kernel``): ``value_blocks`` (1, 2 or 4) V column blocks per (slot, KV head,
+    split); ``dependent_merge``: the merge that follows is a programmatic dependent launch,
+    which every program lets start at once.
 
     Shapes: as :func:`launch_fused_prefill`; ws_o ``[T, Hq, num_splits, D]`` and ws_ml
     ``[T, Hq, num_splits, 2]`` fp32, contiguous (not read with ``direct``)."""
@@ -140,19 +139,14 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
-    if value_blocks not in (1, 2, 4) or splits_per_program < 1 or (
-            direct and splits_per_program != 1):
-        raise ValueError(f"launch_split: expected value_blocks in (1, 2, 4) and "
-                         f"splits_per_program >= 1 (1 with direct), got {value_blocks}, "
-                         f"{splits_per_program} (direct {direct})")
+    if value_blocks not in (1, 2, 4):
+        raise ValueError(f"launch_split: expected value_blocks 1, 2 or 4, got {value_blocks}")
     descs, box = _descriptors(q, k_cache, v_cache, block_n, value_blocks)
-    grid = (num_slots, Hkv * value_blocks, -(-num_splits // splits_per_program))
-    ak._split_kernel[grid](
+    ak._split_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles,
         block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size, num_splits,
         q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, STAGES=ring_slots(block_n, value_blocks), IS_DIRECT=direct,
-        VALUE_BLOCKS=value_blocks, SPLITS_PER_PROGRAM=splits_per_program,
-        IS_PDL=dependent_merge and not direct, num_warps=4)
+        VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)

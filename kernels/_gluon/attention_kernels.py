@@ -407,10 +407,9 @@ def _fused_prefill_kernel(
 @gluon.jit
 def _split_consumer(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid,
-                    i_split, num_splits, split_tiles, qk_scale, G: gl.constexpr,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_DIRECT: gl.constexpr,
-                    BLOCK_DV: gl.constexpr, SPLITS_PER_PROGRAM: gl.constexpr):
+                    i_split, num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr):
     """One warpgroup of the split kernel: :func:`_split_rows`, or :func:`_release` where it
     holds no row (decode)."""
     if _idle(half, i_qblk, q_len, G, BLOCK_M, BLOCK_Q):
@@ -418,54 +417,23 @@ def _split_consumer(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, l
     else:
         _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid,
-                    i_split, num_splits, split_tiles, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q,
-                    BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV, SPLITS_PER_PROGRAM)
-
-
-@gluon.jit
-def _columns(i_vb, O_L: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_DV: gl.constexpr):
-    """The head-dim columns of V column block ``i_vb`` (``BLOCK_DV`` of them) in acc's layout."""
-    if BLOCK_DV == HEAD_DIM:
-        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-    else:
-        o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, O_L))
-    return o_d
-
-
-@gluon.jit
-def _store_state(ws_o_ptr, ws_ml_ptr, acc, m_i, l_i, tok, g, m_row, q_start, Hq, i_kvh, i_vb,
-                 i_split, num_splits, o_d, ROW_O: gl.constexpr, G: gl.constexpr,
-                 HEAD_DIM: gl.constexpr, BLOCK_DV: gl.constexpr):
-    """Split ``i_split``'s raw state where the Triton split kernel stores it: acc's columns
-    ``o_d``, and m and l from the program of V column block 0."""
-    i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
-    gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
-    if BLOCK_DV == HEAD_DIM:  # noqa: SIM108 (a constexpr branch: compiled away)
-        m_ml = m_row
-    else:
-        m_ml = m_row & (i_vb == 0)
-    gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_ml)
-    gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_ml)
+                    i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N,
+                    STAGES, IS_DIRECT, BLOCK_DV)
 
 
 @gluon.jit
 def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, half,
                 i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid,
-                i_split, num_splits, split_tiles, qk_scale, G: gl.constexpr,
-                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_DIRECT: gl.constexpr,
-                BLOCK_DV: gl.constexpr, SPLITS_PER_PROGRAM: gl.constexpr):
-    """One warpgroup: tiles ``j_lo .. j_lo + n - 1`` (``SPLITS_PER_PROGRAM`` consecutive splits,
-    or fewer at the row's end) in FA3's issue order (the next tile's scores issued with this
-    tile's ``p @ v``: without a fold state the registers hold both), a fresh state per split;
-    each split's raw state ``(m, l, acc)`` stored where the Triton split kernel stores it when
-    the split ends, or with ``IS_DIRECT`` (one split per row) normalised into out and lse as that
-    kernel's ``IS_DIRECT`` does. ``acc`` holds the ``BLOCK_DV`` V columns of block ``i_vb``; the
-    scores, max and denominator are the whole row's, computed alike by every column block.
-
-    A split that starts inside the loop starts as the first does: its first tile's weights
-    against a max of ``-inf`` (selected, exactly), a denominator of 0 and acc of 0, so it runs
-    the same operations on the same values as a program that starts with it."""
+                i_split, num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr):
+    """One warpgroup: tiles ``j_lo .. j_lo + n - 1`` of one split from a fresh state in FA3's
+    issue order (the next tile's scores issued with this tile's ``p @ v``: without a fold state
+    the registers hold both), then the raw state ``(m, l, acc)`` stored where the Triton split
+    kernel stores it, or with ``IS_DIRECT`` (one split per row) normalised into out and lse as
+    that kernel's ``IS_DIRECT`` does. ``acc`` holds the ``BLOCK_DV`` V columns of block
+    ``i_vb``; the scores, max and denominator are the whole row's, computed alike by every
+    column block."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -474,19 +442,13 @@ def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_p
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     HALF: gl.constexpr = BLOCK_M // 2
-    MULTI: gl.constexpr = SPLITS_PER_PROGRAM > 1
     o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
     _, _, _, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     q_h = q_s.slice(half * HALF, HALF)
     zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
-    zero_o = gl.full([HALF, BLOCK_DV], 0.0, gl.float32, layout=O_L)
-    acc = zero_o
+    acc = gl.full([HALF, BLOCK_DV], 0.0, gl.float32, layout=O_L)
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
-    if MULTI:
-        o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
-        tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-        o_d = _columns(i_vb, O_L, HEAD_DIM, BLOCK_DV)
     mbarrier.wait(ready.index(0), 0)
     m_i, l_i, acc, p = _step_weights(q_h, k_s.index(0), zero_s, m_i, l_i, acc, j_lo, j_mid, pos,
                                      qk_scale, BLOCK_N, S_L, ROW_O, P_L)
@@ -504,43 +466,31 @@ def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_p
         b_s = warpgroup_mma_wait(1, deps=[s_tok])
         if j_lo + tn >= j_mid:
             b_s = _masked(b_s, j_lo + tn, pos, BLOCK_N, S_L)
-        if MULTI:
-            # Tile j ends its split: tile j + 1 starts the next one from a max of -inf.
-            ends = (j + 1) % split_tiles == 0
-            m_base = gl.where(ends, gl.full_like(m_i, float("-inf")), m_i)
-            m_new, alpha, b_p = _weights(m_base, b_s, qk_scale)
-        else:
-            m_new, alpha, b_p = _weights(m_i, b_s, qk_scale)
+        m_new, alpha, b_p = _weights(m_i, b_s, qk_scale)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
         mbarrier.arrive(empty.index(t % STAGES))
-        if MULTI:  # noqa: SIM102 (a constexpr branch: the test compiles away)
-            if ends | (t + 1 == n):
-                _store_state(ws_o_ptr, ws_ml_ptr, acc, m_i, l_i, tok, g, m_row, q_start, Hq,
-                             i_kvh, i_vb, j // split_tiles, num_splits, o_d, ROW_O, G, HEAD_DIM,
-                             BLOCK_DV)
-                l_i = gl.full_like(l_i, 0.0)
-                acc = zero_o
         if t + 1 < n:
             m_i = m_new
             l_i = _sum(l_i, alpha, b_p)
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
             p = gl.convert_layout(b_p.to(k_s.dtype), P_L)
-    if not MULTI:
-        o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
-        tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-        o_d = _columns(i_vb, O_L, HEAD_DIM, BLOCK_DV)
-        if IS_DIRECT:
-            b_o, b_lse = _normalize(acc, gl.convert_layout(l_i, ROW_O),
-                                    gl.convert_layout(m_i, ROW_O))
-            if BLOCK_DV == HEAD_DIM:  # noqa: SIM108 (a constexpr branch)
-                m_lse = m_row
-            else:
-                m_lse = m_row & (i_vb == 0)
-            _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_lse, i_kvh, Hq,
-                          o_d, G, HEAD_DIM)
-        else:
-            _store_state(ws_o_ptr, ws_ml_ptr, acc, m_i, l_i, tok, g, m_row, q_start, Hq, i_kvh,
-                         i_vb, i_split, num_splits, o_d, ROW_O, G, HEAD_DIM, BLOCK_DV)
+    o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    if BLOCK_DV == HEAD_DIM:
+        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+        m_ml = m_row
+    else:  # m, l and the LSE from the program of V column block 0
+        o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, O_L))
+        m_ml = m_row & (i_vb == 0)
+    if IS_DIRECT:
+        b_o, b_lse = _normalize(acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O))
+        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_ml, i_kvh, Hq, o_d,
+                      G, HEAD_DIM)
+    else:
+        i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+        gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
+        gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_ml)
+        gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_ml)
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
@@ -576,24 +526,21 @@ def _split_kernel(
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
-    SPLITS_PER_PROGRAM: gl.constexpr = 1,  # consecutive splits one program walks
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
 ):
-    """Grid ``(slots, Hkv * VALUE_BLOCKS, ceil(splits / SPLITS_PER_PROGRAM))``, ``num_warps=4``
-    (the first consumer warpgroup; the second and the loader warp are workers): the split plan's
-    first phase. Slots are taken last first, as ``_unified_attention_split_kernel`` takes them;
-    a program whose first split is past a block's last tile exits (with ``IS_DIRECT`` too: only
-    malformed lengths, ``validate=False``, leave such a block, whose rows then stay unwritten
-    where the Triton kernel writes the empty state).
+    """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the first consumer
+    warpgroup; the second and the loader warp are workers): the split plan's first phase.
+    Slots are taken last first, as ``_unified_attention_split_kernel`` takes them; a split past
+    a block's last tile exits (with ``IS_DIRECT`` too: only malformed lengths,
+    ``validate=False``, leave such a block, whose rows then stay unwritten where the Triton
+    kernel writes the empty state).
 
     Scheduling only, no arithmetic (kernels/README.md, "The 128-key contract"): with
     ``VALUE_BLOCKS`` > 1 the programs of one (slot, KV head, split) compute the same scores,
     max and denominator and each the ``p @ v`` of its ``D / VALUE_BLOCKS`` V columns (only
     block 0 stores m, l and the LSE), as the Triton split kernel's ``BLOCK_DV``; with
-    ``SPLITS_PER_PROGRAM`` > 1 one program walks consecutive splits through one ring, each from
-    a fresh state, storing each split's state as it ends; with ``IS_PDL`` every program lets the
-    merge launch at once (``griddepcontrol.launch_dependents``; the merge waits for this grid's
-    writes)."""
+    ``IS_PDL`` every program lets the merge launch at once (``griddepcontrol.
+    launch_dependents``; the merge waits in-kernel for this grid's writes)."""
     if IS_PDL:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -605,10 +552,7 @@ def _split_kernel(
     else:
         i_kvh = gl.program_id(1) // VALUE_BLOCKS
         i_vb = gl.program_id(1) % VALUE_BLOCKS
-    if SPLITS_PER_PROGRAM == 1:  # noqa: SIM108 (a constexpr branch)
-        i_split = gl.program_id(2)
-    else:
-        i_split = gl.program_id(2) * SPLITS_PER_PROGRAM
+    i_split = gl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
                                                            max_kv_len, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
@@ -618,7 +562,7 @@ def _split_kernel(
     j_lo = i_split * split_tiles
     if j_lo >= n_tiles:
         return
-    n = gl.minimum(j_lo + SPLITS_PER_PROGRAM * split_tiles, n_tiles) - j_lo
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                           warps_per_cta=[4, 1], order=[1, 0])
     o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
@@ -644,14 +588,12 @@ def _split_kernel(
     gl.warp_specialize([
         (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, 0,
                            i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
-                           j_mid, i_split, num_splits, split_tiles, qk_scale, G, HEAD_DIM,
-                           BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV,
-                           SPLITS_PER_PROGRAM)),
+                           j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M,
+                           BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV)),
         (_split_consumer, (q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, 1,
                            i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
-                           j_mid, i_split, num_splits, split_tiles, qk_scale, G, HEAD_DIM,
-                           BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV,
-                           SPLITS_PER_PROGRAM)),
+                           j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M,
+                           BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [4, 1],
         [232, 24])

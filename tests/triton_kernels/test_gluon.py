@@ -233,39 +233,30 @@ def test_a_misaligned_cache_runs_the_triton_kernel(dtype, make_batch, args_of,
                      "Triton on a misaligned cache vs Gluon on an aligned one")
 
 
-#: The Gluon split kernel's schedules (V column blocks, splits per program), each against one
-#: block walking one split.
-SCHEDULES = [(2, 1), (4, 1), (1, 2), (1, 3), (2, 2), (4, 5)]
-
-
-@pytest.mark.parametrize(("value_blocks", "walk"), SCHEDULES)
+@pytest.mark.parametrize("value_blocks", [2, 4])
 @pytest.mark.parametrize("layout", ["p16", "p64"])
-def test_gluon_split_schedules_give_the_same_bits(dtype, make_batch, args_of, assert_same_bits,
-                                                  layout: str, value_blocks: int,
-                                                  walk: int) -> None:
+def test_gluon_value_blocks_give_the_same_bits(dtype, make_batch, args_of, assert_same_bits,
+                                               layout: str, value_blocks: int) -> None:
     # Several splits per row (256 tokens: rows of 1-12 splits, the last one partial, NaN in
-    # every unused slot): each program's V columns and consecutive splits change the schedule,
-    # not the bits. Then one split per row (decode at 1024 tokens, the direct store).
+    # every unused slot): each program's share of V's columns changes the schedule, not the
+    # bits. Then one split per row (decode at 1024 tokens: the direct store).
     _half(dtype)
     batch = make_batch(dtype, SHAPE, LAYOUTS[layout], HEADS["g4"])
     args = args_of(batch)
-    tuning = Tuning(gluon=True, value_blocks=value_blocks, splits_per_program=walk)
+    tuning = Tuning(gluon=True, value_blocks=value_blocks)
     lp = plan_attention(*args, plan="split", split_size=256, tuning=tuning)
-    assert lp.gluon and lp.num_splits > walk
-    assert (lp.value_blocks, lp.splits_per_program) == (value_blocks, walk)
+    assert lp.gluon and lp.num_splits > 1 and lp.value_blocks == value_blocks
     got = unified_attention(*args, plan="split", split_size=256, tuning=tuning)
     ref = unified_attention(*args, plan="split", split_size=256,
-                            tuning=Tuning(gluon=True, value_blocks=1, splits_per_program=1))
-    assert_same_bits(got, ref, f"Gluon split, {value_blocks} V blocks, {walk} splits/program")
+                            tuning=Tuning(gluon=True, value_blocks=1))
+    assert_same_bits(got, ref, f"Gluon split, {value_blocks} V blocks vs 1")
     assert_same_bits(got, unified_attention(*args, plan="fused", split_size=256, tuning=GLUON),
-                     "Gluon split schedule vs Gluon fused")
-    if walk != 1:
-        return
+                     f"Gluon split, {value_blocks} V blocks vs Gluon fused")
     decode = make_batch(dtype, [(1, 777), (1, 1024), (1, 130), (1, 1)], LAYOUTS[layout],
                         HEADS["g4"])
     args = args_of(decode)
     lp = plan_attention(*args, plan="split", tuning=tuning)
-    assert lp.num_splits == 1 and lp.value_blocks == value_blocks
+    assert lp.gluon and lp.num_splits == 1 and lp.value_blocks == value_blocks
     assert_same_bits(unified_attention(*args, plan="split", tuning=tuning),
                      unified_attention(*args, plan="fused", tuning=GLUON),
                      f"Gluon split, {value_blocks} V blocks, one split per row, vs fused")
@@ -274,13 +265,16 @@ def test_gluon_split_schedules_give_the_same_bits(dtype, make_batch, args_of, as
 def test_gluon_split_schedules_under_cuda_graph_capture(dtype, make_batch, args_of,
                                                         assert_same_bits) -> None:
     # The merge as a dependent launch that every split program lets start at once
-    # (griddepcontrol), V column blocks and walking programs, captured and replayed.
+    # (griddepcontrol), with V column blocks, and the merge as an ordinary launch: captured and
+    # replayed, the eager bits.
     _half(dtype)
     batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
     args = args_of(batch)
-    for tuning in (Tuning(gluon=True, value_blocks=2, splits_per_program=2),
-                   Tuning(gluon=True, dependent_merge=False)):
+    for tuning in (Tuning(gluon=True, value_blocks=2), Tuning(gluon=True, dependent_merge=False)):
         kw = dict(plan="split", split_size=256, tuning=tuning, validate=False)
+        lp = plan_attention(*args, **kw)
+        assert lp.gluon and lp.num_splits > 1
+        assert lp.dependent_merge == (tuning.dependent_merge is None)
         eager = unified_attention(*args, **kw)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

@@ -553,6 +553,34 @@ def test_gluon_prefill_rule() -> None:
 
 
 
+def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, device) -> None:
+    # The 128-key Gluon split kernel's rule: 4 V column blocks where the grid times 4 fits the
+    # SMs once, else 1 (round 21: 2 blocks never won, 4 lost on 64-program grids).
+    pick = kernels.config.gluon_value_blocks
+    assert [pick(n, 132) for n in (1, 8, 32, 33, 34, 64, 256)] == [4, 4, 4, 4, 1, 1, 1]
+    assert pick(8, 16) == 1
+    import kernels._gluon as gluon_module
+    import kernels.attention as attention
+
+    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
+    _, decode = _hopper_batches(device)  # 4 decodes of 2048 tokens on 2 KV heads
+    q, k, v, cu, kv_lens, table = decode
+    # By the caller's lengths (host_lens): 1 request of 1024 tokens on 2 KV heads is a grid of
+    # 2 programs, 4 blocks; 64 requests of 2048 tokens, 256 programs, 1 block.
+    one = plan_attention(q[:1], k, v, cu[:2], kv_lens[:1], table[:1], validate=False,
+                         plan="split", host_lens=([1], [1024]))
+    assert one.gluon and one.value_blocks == 4
+    many = plan_attention(q.repeat(16, 1, 1), k, v, torch.arange(65, dtype=torch.int32,
+                          device=device), kv_lens.repeat(16), table.repeat(16, 1),
+                          validate=False, plan="split", host_lens=([1] * 64, [2048] * 64))
+    assert many.gluon and many.value_blocks == 1
+    # The Triton kernels at 128 keys (gluon=False) keep one block: the 64-key rules do not apply.
+    assert plan_attention(*decode, validate=False, plan="split",
+                          tuning=Tuning(gluon=False)).value_blocks == 1
+
+
 def _hopper_batches(device) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """(a 2048-token prompt, 4 decodes over 2048 tokens): bf16, 8 query heads on 2 KV heads,
     head dim 128, pages of 16 tokens; the plan-rule tests' shapes (nothing is launched)."""
@@ -649,7 +677,10 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
         for plan in ("auto", "fused", "split"):
             lp = plan_attention(*args, validate=False, plan=plan)
             assert lp.gluon and lp.block_n == 128, plan
-            assert (lp.block_m, lp.num_warps, lp.value_blocks, lp.tiles_per_step) == (128, 8, 1, 1)
+            # The decode batch's split grid (16 programs) takes 4 V column blocks.
+            blocks = 4 if lp.plan == "split" and args is decode else 1
+            assert (lp.block_m, lp.num_warps, lp.value_blocks, lp.tiles_per_step) == (
+                128, 8, blocks, 1)
             assert lp.split_tiles == 1024 // 128
             if lp.plan == "fused":
                 assert lp.nested_loop
@@ -657,8 +688,12 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
                                          "BLOCK_N=128"):
         plan_attention(*decode, validate=False, split_size=64)
     # Overrides the Gluon tile cannot take: the Triton kernels, or a message naming them.
-    lp = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(value_blocks=2))
-    assert not lp.gluon and lp.value_blocks == 2
+    lp = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(value_blocks=8))
+    assert not lp.gluon and lp.value_blocks == 8
+    for blocks in (1, 2):
+        lp = plan_attention(*decode, validate=False, plan="split",
+                            tuning=Tuning(value_blocks=blocks))
+        assert lp.gluon and lp.value_blocks == blocks
     with pytest.raises(ValueError, match=r"got block_m=64, num_warps=4"):
         plan_attention(*prompt, validate=False, tuning=Tuning(gluon=True, block_m=64,
                                                               num_warps=4))
