@@ -11,8 +11,9 @@
 #          the control, memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
 #          kernel tests (test_gpu.py)
 #   bench: the bench (kernels, the 64-key contract, the control, FlashInfer's variants)
+#   san: memcheck alone with a longer timeout (500 s; the new cases took final's 150 s past)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round21.sh probe|tests|final|bench}
+STEP=${1:?usage: sh benchmarks/gpu_round21.sh probe|tests|final|bench|san}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -65,4 +66,11 @@ step_bench() {
   echo "bench rc=$?"; tail -3 $C/bench.txt; head -30 $C/bench-kernels-vs-flashinfer.md
 }
 
-run_step gpu_round21.sh "probe|tests|final|bench"
+step_san() {
+  step_info
+  s=$(date +%s)
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${1:-500} compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
+  echo "memcheck rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/memcheck-bf16.txt; tail -3 $C/memcheck-bf16.txt
+}
+
+run_step gpu_round21.sh "probe|tests|final|bench|san"
