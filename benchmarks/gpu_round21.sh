@@ -11,7 +11,7 @@
 #          the control, memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
 #          kernel tests (test_gpu.py)
 #   bench: the bench (kernels, the 64-key contract, the control, FlashInfer's variants)
-#   san: memcheck alone with a longer timeout (500 s; the new cases took final's 150 s past)
+#   san: memcheck alone with a longer timeout ($SAN_S, 500 s by default; final's 150 s ran out)
 set -u
 STEP=${1:?usage: sh benchmarks/gpu_round21.sh probe|tests|final|bench|san}
 INV="python3 -m invariance.cli"
@@ -69,7 +69,7 @@ step_bench() {
 step_san() {
   step_info
   s=$(date +%s)
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${1:-500} compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-500} compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
   echo "memcheck rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/memcheck-bf16.txt; tail -3 $C/memcheck-bf16.txt
 }
 
