@@ -4,7 +4,8 @@
 
 Runs ``invariance.cli.main`` on the arguments, then prints how many ``unified_attention`` calls
 ran each plan on the Gluon kernels and on the Triton kernels: evidence that a check's PASS
-covers the Gluon kernels, not only the Triton ones.
+covers the Gluon kernels, not only the Triton ones. The Gluon split launches are also counted by
+their V column blocks and, with several splits, by how the merge was launched (round 21).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ COUNTS = {"gluon fused": 0, "gluon split": 0, "triton fused": 0, "triton split":
 def _counted(fn: Any, gluon: str, triton: str) -> Any:
     """``fn`` (a launcher taking the LaunchPlan first), counted by the kernels its plan runs."""
     def run(lp: Any, *args: Any, **kwargs: Any) -> Any:
-        COUNTS[gluon if getattr(lp, "gluon", False) else triton] += 1
+        on_gluon = getattr(lp, "gluon", False)
+        COUNTS[gluon if on_gluon else triton] += 1
+        if on_gluon and lp.plan == "split":
+            for key in (f"gluon split with {lp.value_blocks} V blocks",
+                        "gluon split, one split per row" if lp.num_splits == 1 else
+                        f"gluon split, merge {'dependent' if lp.dependent_merge else 'plain'}"):
+                COUNTS[key] = COUNTS.get(key, 0) + 1
         return fn(lp, *args, **kwargs)
     return run
 
