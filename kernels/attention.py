@@ -184,7 +184,7 @@ class Tuning:
       3.6 for half precision at head dim 128, :func:`~kernels.config.tile_config`) both plans
       run them where :func:`~kernels.config.gluon_tile` allows (pages of >= 16 tokens) and no
       other override asks for what they do not take (``block_m`` other than 128, ``num_warps``
-      other than 8, ``nested_loop=False``, ``value_blocks`` or ``tiles_per_step`` above 1); at
+      other than 8, ``nested_loop=False``, ``value_blocks`` 8, ``tiles_per_step`` 2); at
       64 keys only the fused plan's prefill tile does (:func:`~kernels.config.gluon_prefill`:
       128 rows on 8 warps in the nested loop, pages of >= 16 tokens). Both also need caches
       TMA can read (contiguous, 16-byte aligned, under 2**31 token rows) and Triton 3.6
