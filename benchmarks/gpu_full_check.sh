@@ -27,6 +27,25 @@ gluon_tests() {
   echo "gluon tests rc=$?"; grep -E "passed|failed|FAILED|Error|^[.sFE]+ " $C/tests-gluon.txt | tail -8
 }
 
+# The GPU, driver, torch and Triton into $C/gpu.txt (rounds 20-21).
+step_info() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $C/gpu.txt
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $C/gpu.txt
+  cat $C/gpu.txt
+}
+
+# The full check at three dtypes with the Gluon launches counted, the control, memcheck and
+# initcheck, into $C (rounds 20-21's final step).
+counted_final() {
+  s=$(date +%s)
+  timeout 300 python3 benchmarks/count_gluon.py check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
+  echo "check rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED|launches" $C/check.txt | tail -2
+  s=$(date +%s)
+  timeout 100 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
+  echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
+  sanitize
+}
+
 # FlashInfer's carried wheels (.whl/) into /tmp/site, for PYTHONPATH=$PWD:/tmp/site.
 flashinfer_site() {
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl

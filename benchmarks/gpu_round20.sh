@@ -23,12 +23,6 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 . benchmarks/gpu_full_check.sh
 
-step_info() {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $C/gpu.txt
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $C/gpu.txt
-  cat $C/gpu.txt
-}
-
 step_probe() {
   step_info
   gluon_tests 330
@@ -74,13 +68,7 @@ gpu_tests() {
 
 step_final() {
   step_info
-  s=$(date +%s)
-  timeout 300 python3 benchmarks/count_gluon.py check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
-  echo "check rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED|launches" $C/check.txt | tail -2
-  s=$(date +%s)
-  timeout 100 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
-  echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
-  sanitize
+  counted_final
 }
 
 step_final2() {

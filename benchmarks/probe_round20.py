@@ -65,9 +65,12 @@ def _record(rows: list[dict], row: dict, out_dir: str, name: str) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def bits(out_dir: str, specs: list[str]) -> None:
+def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
+         defaults: list[str] = BITS_WORKLOADS) -> None:
+    """Out and LSE of each of ``cells`` against the default launch, in differing bits, on each
+    workload (``specs``, else ``defaults``) at bf16 and fp16, into ``out_dir/bits.jsonl``."""
     rows: list[dict] = []
-    for spec in specs or BITS_WORKLOADS:
+    for spec in specs or defaults:
         for dtype in (torch.bfloat16, torch.float16):
             batch = build_batch(_workload(spec), dtype=dtype)
             ref = call(batch)()
@@ -76,7 +79,7 @@ def bits(out_dir: str, specs: list[str]) -> None:
             row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
                              default=dict(plan=lp.plan, gluon=lp.gluon, block_n=lp.block_n))
             row["bits_differing"] = {name: _bits_vs(ref, call(batch, plan, tuning)())
-                                     for name, (plan, tuning) in BIT_CELLS.items()}
+                                     for name, (plan, tuning) in cells.items()}
             del batch
             _record(rows, row, out_dir, "bits.jsonl")
 

@@ -124,6 +124,21 @@ def test_the_comparison_sees_a_different_split(dtype, make_batch, args_of) -> No
     assert not torch.equal(c[0].view(torch.int16), b[0].view(torch.int16))
 
 
+def _replayed(args, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """``unified_attention(*args, **kw)`` captured in a CUDA graph (compiled outside it), its
+    outputs filled with NaN, then replayed: what the replay wrote."""
+    unified_attention(*args, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = unified_attention(*args, **kw)
+    captured[0].fill_(float("nan"))
+    captured[1].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return captured
+
+
 @pytest.mark.parametrize("plan", ["fused", "split"])
 def test_gluon_under_cuda_graph_capture(dtype, make_batch, args_of, assert_same_bits,
                                         plan: str) -> None:
@@ -133,17 +148,8 @@ def test_gluon_under_cuda_graph_capture(dtype, make_batch, args_of, assert_same_
     batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
     args = args_of(batch)
     eager = unified_attention(*args, plan=plan, tuning=GLUON)
-    kw = dict(plan=plan, tuning=GLUON, validate=False)
-    unified_attention(*args, **kw)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = unified_attention(*args, **kw)
-    captured[0].fill_(float("nan"))
-    captured[1].fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_same_bits(captured, eager, "CUDA-graph replay vs eager (Gluon)")
+    assert_same_bits(_replayed(args, plan=plan, tuning=GLUON, validate=False), eager,
+                     "CUDA-graph replay vs eager (Gluon)")
 
 
 def test_auto_takes_gluon_in_both_plans_at_128_keys(dtype, make_batch, args_of,
@@ -275,13 +281,5 @@ def test_gluon_split_schedules_under_cuda_graph_capture(dtype, make_batch, args_
         lp = plan_attention(*args, **kw)
         assert lp.gluon and lp.num_splits > 1
         assert lp.dependent_merge == (tuning.dependent_merge is None)
-        eager = unified_attention(*args, **kw)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = unified_attention(*args, **kw)
-        captured[0].fill_(float("nan"))
-        captured[1].fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_same_bits(captured, eager, f"CUDA-graph replay vs eager ({tuning})")
+        assert_same_bits(_replayed(args, **kw), unified_attention(*args, **kw),
+                         f"CUDA-graph replay vs eager ({tuning})")
