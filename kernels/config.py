@@ -324,8 +324,8 @@ def gluon_value_blocks(num_programs: int, num_sms: int) -> int:
     reports/h100-round21/README.md). Measured on an H100 (bf16, round 21, call 1): decode at
     batch 1 with 1k / 2k / 4k tokens (8 / 16 / 32 programs) 19.2 -> 16.8, 21.1 -> 18.8 and
     22.3 -> 20.2 us with 4 blocks (2 blocks: 17.8, 19.4, 20.4); on 64 programs (batch 1 with
-    8k, batch 4 with 2k) 2 blocks ran 1% faster and 5% slower and 4 blocks 24% and 33%
-    slower; larger grids lose with either."""
+    8k, batch 4 with 2k) 2 blocks ran 1% faster and 4-5% slower and 4 blocks 24% and 33%
+    slower; larger grids lose with either (4 blocks: 1.4-2.1x)."""
     return 4 if num_programs * 4 <= num_sms else 1
 
 
