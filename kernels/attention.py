@@ -652,13 +652,20 @@ def plan_attention(
             f"fp16/bf16, head_dim 128, Triton 3.6) or the fused plan, got plan {plan!r}{chosen} "
             f"at block_n {block_n}, {q.dtype}, head_dim {D}, compute capability major "
             f"{sm_major}")
+    # The Gluon split kernel's ring: 4 slots with 2 or 4 V column blocks (smaller V slots), else
+    # the 3 that num_stages names (kernels._gluon.ring_slots).
+    ring = 0
+    if use_gluon and plan == "split" and v_blocks > 1:
+        from kernels import _gluon  # light: imports no Triton
+
+        ring = _gluon.ring_slots(block_n, v_blocks)
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=num_warps,
-        num_stages=tuning.num_stages or num_stages,
+        num_stages=ring if ring else tuning.num_stages or num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
@@ -683,7 +690,8 @@ def _wide_gluon_misfit(q: torch.Tensor, k_cache: torch.Tensor, block_n: int,
                        sm_major: int | None, tuning: Tuning) -> str | None:
     """Why a 128-key launch cannot run the Gluon tile by its shapes and ``Tuning`` (None: it
     can): :func:`~kernels.config.gluon_tile`, and no override the tile cannot take (it runs
-    128 rows on two warpgroups, one inner loop per split, one tile per step, all V columns)."""
+    128 rows on two warpgroups, one inner loop per split, one tile per step, all V columns or
+    2 or 4 V column blocks in the split plan)."""
     D, page_size = q.shape[2], k_cache.shape[1]
     if not gluon_tile(q.dtype, D, block_n, page_size, sm_major):
         return f"pages of at least 16 tokens for the 128-key Gluon tile, got page_size {page_size}"
@@ -697,7 +705,8 @@ def _wide_gluon_misfit(q: torch.Tensor, k_cache: torch.Tensor, block_n: int,
            if getattr(tuning, k) not in (None, *v)]
     if bad:
         return ("no Tuning override the 128-key Gluon tile cannot take (block_m 128, num_warps "
-                f"8, num_stages 3 (its ring slots), nested_loop True, value_blocks 1, 2 or 4, "
+                f"8, num_stages 3 (its ring slots with one V block), nested_loop True, "
+                f"value_blocks 1, 2 or 4, "
                 f"tiles_per_step 1), got {', '.join(bad)}")
     return None
 

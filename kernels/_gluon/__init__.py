@@ -49,7 +49,7 @@ def _descriptors(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     box = min(page_size, block_n)
     dv = D // value_blocks
     v_layout = ak.SMEM_L.value if dv == D else gl.NVMMASharedLayout(
-        swizzle_byte_width=dv * q.element_size(), element_bitwidth=16, rank=2)
+        swizzle_byte_width=min(128, dv * q.element_size()), element_bitwidth=16, rank=2)
     return [TensorDescriptor.from_tensor(k_cache.view(num_pages * page_size, Hkv * D), [box, D],
                                          ak.SMEM_L.value),
             TensorDescriptor.from_tensor(v_cache.view(num_pages * page_size, Hkv * D), [box, dv],

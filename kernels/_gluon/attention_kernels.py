@@ -9,8 +9,9 @@ each plus one loader warp, in two kernels:
   Triton fused kernel with its nested loop (``_unified_attention_fused_kernel``, ``IS_NESTED``):
   every tile of the block in order, a fresh state per split folded after it;
 - ``_split_kernel`` (128-key tiles only): the split plan's first phase, one program per
-  (slot, KV head, split), as ``_unified_attention_split_kernel``: the split's raw state for the
-  package's merge, or with one split per row the result itself (``IS_DIRECT``).
+  (slot, KV head x V column block, split), as ``_unified_attention_split_kernel``: the split's
+  raw state for the package's merge, or with one split per row the result itself
+  (``IS_DIRECT``).
 
 In both:
 
@@ -36,7 +37,8 @@ Bits: per row the same operations in the same order as the Triton kernels (ARCHI
 the same tiles at absolute positions, a fresh state per split, raw scores masked by ``key <=
 pos`` on tiles some row does not fully see, the package's own ``_tile_weights`` and
 ``_tile_sum`` (``fma(l, alpha, sum(p))``), ``acc * alpha`` then ``p @ v`` on the same ``wgmma``
-shapes (m64nBLOCK_Nk16 scores, m64n128k16 ``p @ v``, fp32 accumulators), the splits folded by
+shapes (m64nBLOCK_Nk16 scores, m64nDk16 ``p @ v`` over the program's D V columns: 128, or 64
+or 32 with V column blocks, fp32 accumulators), the splits folded by
 the package's own ``state_fold`` after each split and normalised by ``state_normalize``. The
 issue order moves no bit (it changes when an instruction runs, not what it computes). The Triton
 jit functions are compiled as Gluon (``gluon.jit(fn.fn)``), so the arithmetic is one source. V
@@ -398,9 +400,9 @@ def _fused_prefill_kernel(
 
 
 # ------------------------------------------------------------------------------------------------
-# The split plan on the Gluon tile (128-key tiles): one program per (slot, KV head, split) writes
-# the split's raw state where ``_unified_attention_split_kernel`` writes it; the package's merge
-# folds the splits.
+# The split plan on the Gluon tile (128-key tiles): one program per (slot, KV head x V column
+# block, split) writes the split's raw state where ``_unified_attention_split_kernel`` writes it;
+# the package's merge folds the splits.
 # ------------------------------------------------------------------------------------------------
 
 
@@ -574,7 +576,7 @@ def _split_kernel(
     if BLOCK_DV == HEAD_DIM:
         v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
     else:
-        V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_DV * 2,
+        V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_DV * 2),
                                                  element_bitwidth=16, rank=2)
         v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, BLOCK_DV], V_L)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

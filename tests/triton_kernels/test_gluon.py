@@ -263,23 +263,35 @@ def test_gluon_value_blocks_give_the_same_bits(dtype, make_batch, args_of, asser
     args = args_of(decode)
     lp = plan_attention(*args, plan="split", tuning=tuning)
     assert lp.gluon and lp.num_splits == 1 and lp.value_blocks == value_blocks
-    assert_same_bits(unified_attention(*args, plan="split", tuning=tuning),
-                     unified_attention(*args, plan="fused", tuning=GLUON),
+    fused = unified_attention(*args, plan="fused", tuning=GLUON)
+    assert_same_bits(unified_attention(*args, plan="split", tuning=tuning), fused,
                      f"Gluon split, {value_blocks} V blocks, one split per row, vs fused")
+    # Without a Tuning the rule picks the blocks: 4 decode rows on 8 KV heads are 32 programs,
+    # 4 blocks on an H100's 132 SMs.
+    lp = plan_attention(*args, plan="split")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert lp.value_blocks == (4 if sms >= 32 * 4 else 1)
+    assert_same_bits(unified_attention(*args, plan="split"), fused,
+                     f"Gluon split, the rule's {lp.value_blocks} V blocks, vs fused")
 
 
 def test_gluon_split_schedules_under_cuda_graph_capture(dtype, make_batch, args_of,
                                                         assert_same_bits) -> None:
     # The merge as a dependent launch that every split program lets start at once
-    # (griddepcontrol), with V column blocks, and the merge as an ordinary launch: captured and
-    # replayed, the eager bits.
+    # (griddepcontrol), and as an ordinary launch, with 1, 2 and 4 V column blocks: captured and
+    # replayed, the bits of the Triton split kernel and merge (no Gluon, ordinary launch).
     _half(dtype)
     batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
     args = args_of(batch)
-    for tuning in (Tuning(gluon=True, value_blocks=2), Tuning(gluon=True, dependent_merge=False)):
+    ref = unified_attention(*args, plan="split", split_size=256,
+                            tuning=Tuning(gluon=False, dependent_merge=False))
+    for tuning in (GLUON, Tuning(gluon=True, value_blocks=2),
+                   Tuning(gluon=True, value_blocks=4, dependent_merge=False)):
         kw = dict(plan="split", split_size=256, tuning=tuning, validate=False)
         lp = plan_attention(*args, **kw)
         assert lp.gluon and lp.num_splits > 1
         assert lp.dependent_merge == (tuning.dependent_merge is None)
-        assert_same_bits(_replayed(args, **kw), unified_attention(*args, **kw),
-                         f"CUDA-graph replay vs eager ({tuning})")
+        assert_same_bits(_replayed(args, **kw), ref,
+                         f"CUDA-graph replay ({tuning}) vs the Triton kernels")
+        assert_same_bits(unified_attention(*args, **kw), ref,
+                         f"eager ({tuning}) vs the Triton kernels")

@@ -555,7 +555,7 @@ def test_gluon_prefill_rule() -> None:
 
 def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, device) -> None:
     # The 128-key Gluon split kernel's rule: 4 V column blocks where the grid times 4 fits the
-    # SMs once, else 1 (round 21: 2 blocks never won, 4 lost on 64-program grids).
+    # SMs once, else 1 (round 21: 2 blocks never beat 4, both lost on larger grids).
     pick = kernels.config.gluon_value_blocks
     assert [pick(n, 132) for n in (1, 8, 32, 33, 34, 64, 256)] == [4, 4, 4, 4, 1, 1, 1]
     assert pick(8, 16) == 1
@@ -571,11 +571,11 @@ def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, devi
     # 2 programs, 4 blocks; 64 requests of 2048 tokens, 256 programs, 1 block.
     one = plan_attention(q[:1], k, v, cu[:2], kv_lens[:1], table[:1], validate=False,
                          plan="split", host_lens=([1], [1024]))
-    assert one.gluon and one.value_blocks == 4
+    assert one.gluon and one.value_blocks == 4 and one.num_stages == 4  # the ring's slots
     many = plan_attention(q.repeat(16, 1, 1), k, v, torch.arange(65, dtype=torch.int32,
                           device=device), kv_lens.repeat(16), table.repeat(16, 1),
                           validate=False, plan="split", host_lens=([1] * 64, [2048] * 64))
-    assert many.gluon and many.value_blocks == 1
+    assert many.gluon and many.value_blocks == 1 and many.num_stages == 3
     # The Triton kernels at 128 keys (gluon=False) keep one block: the 64-key rules do not apply.
     assert plan_attention(*decode, validate=False, plan="split",
                           tuning=Tuning(gluon=False)).value_blocks == 1
