@@ -148,9 +148,9 @@ def gluon_tile(dtype: torch.dtype, head_dim: int, block_n: int, page_size: int,
     16 tokens (one TMA box per page, 128-byte swizzled; V boxes of 32 columns 64-byte). Shapes
     only; the launcher also needs Triton 3.6's Gluon and dense caches
     (:func:`kernels._gluon.available`, :func:`kernels._gluon.cache_misfit`). Both plans: the
-    fused plan on
-    ``_fused_prefill_kernel`` (the serial order), the split plan on ``_split_kernel`` with the
-    package's merge (one split per row: the split kernel stores the result itself)."""
+    fused plan on ``_fused_prefill_kernel`` (the serial order), the split plan on
+    ``_split_kernel`` with the package's merge (one split per row: the split kernel stores the
+    result itself)."""
     return wide_tile(dtype, head_dim, block_n, sm_major) and page_size >= 16
 
 
