@@ -155,6 +155,21 @@ def _idle(half, i_qblk, q_len, G: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_Q: 
 
 
 @gluon.jit
+def _store_folded(f_acc, f_l, f_m, out_ptr, lse_ptr, half, i_qblk, q_start, q_len, kv_len, T,
+                  Hq, i_kvh, G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_Q: gl.constexpr, O_L: gl.constexpr):
+    """The fused plan's end for one warpgroup's rows ``[half * 64, half * 64 + 64)``: the fold
+    of every split normalised (``state_normalize``) into out and lse."""
+    b_o, b_lse = _normalize(f_acc, f_l, f_m)
+    HALF: gl.constexpr = BLOCK_M // 2
+    o_mo = half * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, O_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+    _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d, G,
+                  HEAD_DIM)
+
+
+@gluon.jit
 def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
                  kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
                  G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -205,12 +220,8 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
                 m_i, l_i, acc, p = _step_weights(q_h, k_s.index(jn % STAGES), zero_s, m_base,
                                                  l_i, acc, jn, j_mid, pos, qk_scale, BLOCK_N,
                                                  S_L, ROW_O, P_L)
-    b_o, b_lse = _normalize(f_acc, f_l, f_m)
-    o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
-    tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-    _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d, G,
-                  HEAD_DIM)
+    _store_folded(f_acc, f_l, f_m, out_ptr, lse_ptr, half, i_qblk, q_start, q_len, kv_len, T,
+                  Hq, i_kvh, G, HEAD_DIM, BLOCK_M, BLOCK_Q, O_L)
 
 
 @gluon.jit
@@ -290,12 +301,8 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                     l_i = _sum(l_i, alpha, b_p_n)
                     acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
                     b_p = b_p_n
-        b_o, b_lse = _normalize(f_acc, f_l, f_m)
-        o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
-        tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq,
-                      o_d, G, HEAD_DIM)
+        _store_folded(f_acc, f_l, f_m, out_ptr, lse_ptr, half, i_qblk, q_start, q_len, kv_len,
+                      T, Hq, i_kvh, G, HEAD_DIM, BLOCK_M, BLOCK_Q, O_L)
 
 
 @gluon.jit
