@@ -85,17 +85,19 @@ def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
 
 
 def times(out_dir: str, specs: list[str], cells: dict = TIME_CELLS, base: str = "keys64",
-          name: str = "times.jsonl", defaults: list[str] = WORKLOADS) -> None:
+          name: str = "times.jsonl", defaults: list[str] = WORKLOADS, repeats: int = REPEATS,
+          make=call) -> None:
     """``cells`` timed interleaved on each workload (``specs``, else ``defaults``), each against
-    the ``base`` cell, into ``out_dir/name``."""
+    the ``base`` cell, into ``out_dir/name``; ``repeats`` interleaved repeats, each cell's call
+    built by ``make(batch, plan, tuning)``."""
     timer = CudaTimer(iters=20, warmup=2)
     rows: list[dict] = []
     for spec in specs or defaults:
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
         row: dict = dict(dtype="bfloat16", workload=spec)
-        graphs = [(cell, graphed(call(batch, plan, tuning)))
+        graphs = [(cell, graphed(make(batch, plan, tuning)))
                   for cell, (plan, tuning) in cells.items()]
-        time_interleaved(row, graphs, timer, repeats=REPEATS)
+        time_interleaved(row, graphs, timer, repeats=repeats)
         for cell in cells:
             if cell != base:
                 ratios = [x / d for x, d in zip(row[f"us_{cell}"], row[f"us_{base}"], strict=True)]

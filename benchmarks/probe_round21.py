@@ -61,13 +61,9 @@ def main() -> None:
         bits(out_dir, specs, cells={**SCHEDULES, "control-64-keys": ("auto", T(block_n=64))},
              defaults=BITS_WORKLOADS)
     else:
-        import benchmarks.probe_round20 as p20
-
-        p20.REPEATS = REPEATS
-        p20.call = _call  # times() builds each cell through probe_round20.call
         times(out_dir, specs, cells={"default": ("auto", None), **SCHEDULES,
                                      "heuristic": ("heuristic", None)},
-              base="default", defaults=TIME_WORKLOADS)
+              base="default", defaults=TIME_WORKLOADS, repeats=REPEATS, make=_call)
 
 
 if __name__ == "__main__":

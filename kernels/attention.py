@@ -255,7 +255,7 @@ class LaunchPlan:
     block_q: int  # query tokens per tile: block_m // G
     block_n: int  # KV tokens per tile
     num_warps: int
-    num_stages: int
+    num_stages: int  # pipeline stages; on the Gluon kernels their TMA ring's K/V slots
     split_tokens: int  # KV tokens per split (a multiple of block_n)
     split_tiles: int  # KV tiles per split: split_tokens // block_n
     num_splits: int  # splits of the longest KV length (or its bound): the workspace depth
@@ -652,20 +652,18 @@ def plan_attention(
             f"fp16/bf16, head_dim 128, Triton 3.6) or the fused plan, got plan {plan!r}{chosen} "
             f"at block_n {block_n}, {q.dtype}, head_dim {D}, compute capability major "
             f"{sm_major}")
-    # The Gluon split kernel's ring: 4 slots with 2 or 4 V column blocks (smaller V slots), else
-    # the 3 that num_stages names (kernels._gluon.ring_slots).
-    ring = 0
-    if use_gluon and plan == "split" and v_blocks > 1:
+    num_stages = tuning.num_stages or num_stages
+    if use_gluon:  # the Gluon kernels pipeline through their TMA ring (kernels._gluon.ring_slots)
         from kernels import _gluon  # light: imports no Triton
 
-        ring = _gluon.ring_slots(block_n, v_blocks)
+        num_stages = _gluon.ring_slots(block_n, v_blocks)
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
     return LaunchPlan(
         plan=plan, block_m=block_m, block_q=block_q, block_n=block_n,
         num_warps=num_warps,
-        num_stages=ring if ring else tuning.num_stages or num_stages,
+        num_stages=num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
@@ -706,8 +704,7 @@ def _wide_gluon_misfit(q: torch.Tensor, k_cache: torch.Tensor, block_n: int,
     if bad:
         return ("no Tuning override the 128-key Gluon tile cannot take (block_m 128, num_warps "
                 f"8, num_stages 3 (its ring slots with one V block), nested_loop True, "
-                f"value_blocks 1, 2 or 4, "
-                f"tiles_per_step 1), got {', '.join(bad)}")
+                f"value_blocks 1, 2 or 4, tiles_per_step 1), got {', '.join(bad)}")
     return None
 
 

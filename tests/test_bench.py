@@ -871,3 +871,24 @@ def test_probe_round20_usage_and_cells() -> None:
     assert BIT_CELLS["control-64-keys"][1] == kernels.Tuning(block_n=64)
     assert {plan for plan, _ in BIT_CELLS.values()} == {"fused", "split", "auto"}
     assert TIME_CELLS["keys64"] == ("auto", kernels.Tuning(block_n=64))
+
+
+def test_probe_round21_usage_and_schedules() -> None:
+    """benchmarks/probe_round21.py (reports/h100-round21/): an unknown step exits naming the
+    steps; at commits without the walking programs (``Tuning.splits_per_program``, experiment
+    commit c53c413 only) its schedules are the V column blocks and the ordinary merge launch."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "benchmarks/probe_round21.py", "/tmp", "nope"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 1 and "bits|times" in proc.stderr, proc.stderr[-800:]
+    sys.path.insert(0, str(ROOT))
+    try:
+        import kernels
+        from benchmarks.probe_round21 import SCHEDULES, WALKING
+    finally:
+        sys.path.remove(str(ROOT))
+    assert not WALKING
+    expected = {"vb2": ("split", kernels.Tuning(value_blocks=2)),
+                "vb4": ("split", kernels.Tuning(value_blocks=4)),
+                "no-pdl": ("split", kernels.Tuning(dependent_merge=False))}
+    assert expected == SCHEDULES, SCHEDULES

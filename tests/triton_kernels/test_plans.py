@@ -398,6 +398,7 @@ def test_split_plan_ignores_uninitialised_workspace(dtype: torch.dtype, make_bat
 # Per-batch choices from shapes and host lengths (speed only: checked bit-neutral on the GPU)
 # ------------------------------------------------------------------------------------------------
 
+
 def test_batch_tuning_raises_block_m_only_where_measured_neutral() -> None:
     from kernels.config import batch_tuning
 
@@ -552,7 +553,6 @@ def test_gluon_prefill_rule() -> None:
     assert not gluon_prefill(torch.float32, 128, 128, 64, 8, 16, True, 9)
 
 
-
 def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, device) -> None:
     # The 128-key Gluon split kernel's rule: 4 V column blocks where the grid times 4 fits the
     # SMs once, else 1 (round 21: 2 blocks never beat 4, both lost on larger grids).
@@ -596,6 +596,7 @@ def _hopper_batches(device) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tenso
               torch.arange(128, dtype=i32, device=device).repeat(4, 1))
     return prompt, decode
 
+
 def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     # As on an H100 (sm 9): a prompt's fused plan asks for the Gluon kernel, which also needs
     # dense caches and Triton 3.6's Gluon (kernels._gluon.available). Without them, or with
@@ -609,6 +610,7 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
     lp = plan_attention(*args, validate=False, plan="fused", tuning=N64)
     assert lp.gluon and (lp.block_m, lp.num_warps, lp.nested_loop) == (128, 8, True)
+    assert lp.num_stages == 4  # the 64-key tile's TMA ring (kernels._gluon.RING_SLOTS)
     assert not plan_attention(*args, validate=False, plan="fused",
                               tuning=Tuning(block_n=64, gluon=False)).gluon
     assert not plan_attention(*args, validate=False, plan="split", tuning=N64).gluon
@@ -655,7 +657,6 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     # The interpreter (and every GPU other than Hopper) never plans it.
     monkeypatch.setattr(attention, "_sm_major", lambda device: None)
     assert not plan_attention(*args, validate=False, plan="fused", tuning=N64).gluon
-
 
 
 def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
@@ -746,6 +747,7 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
         assert tile_config(bf16, 128, sm, gluon=True).block_n == 64
     assert tile_config(bf16, 128, 9).block_n == 64
     assert tile_config(bf16, 128, 9, gluon=True).block_n == 128
+
 
 def test_gluon_needs_triton_3_6(monkeypatch) -> None:
     import triton
