@@ -34,15 +34,19 @@ step_info() {
   cat $C/gpu.txt
 }
 
-# The full check at three dtypes with the Gluon launches counted, the control, memcheck and
-# initcheck, into $C (rounds 20-21's final step).
-counted_final() {
+# The full check at three dtypes with the Gluon launches counted, then the control, into $C.
+counted_check_and_control() {
   s=$(date +%s)
   timeout 300 python3 benchmarks/count_gluon.py check --backend kernels --device cuda --no-progress --json $C/kernels-all-dtypes.json --markdown $C/kernels-all-dtypes.md > $C/check.txt 2>&1
   echo "check rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED|launches" $C/check.txt | tail -2
   s=$(date +%s)
   timeout 100 $INV check --backend kernels-heuristic --device cuda --dtype bf16 --no-progress --json $C/control-bf16.json --markdown $C/control-bf16.md > $C/control.txt 2>&1
   echo "control rc=$? wall $(( $(date +%s) - s )) s"; grep -h -E "PASSED|FAILED" $C/control.txt | tail -1
+}
+
+# counted_check_and_control, then memcheck and initcheck (rounds 20-21's final step).
+counted_final() {
+  counted_check_and_control
   sanitize
 }
 

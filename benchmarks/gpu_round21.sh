@@ -11,9 +11,11 @@
 #          the control, memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
 #          kernel tests (test_gpu.py)
 #   bench: the bench (kernels, the 64-key contract, the control, FlashInfer's variants)
+#   check: the full check counted, the control, then the GPU kernel tests (test_gpu.py): the
+#          final step without the sanitizers
 #   san: memcheck alone with a longer timeout ($SAN_S, 500 s by default; final's 150 s ran out)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round21.sh probe|tests|final|bench|san}
+STEP=${1:?usage: sh benchmarks/gpu_round21.sh probe|tests|final|check|bench|san}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -54,6 +56,12 @@ step_bench() {
   echo "bench rc=$?"; tail -3 $C/bench.txt; head -30 $C/bench-kernels-vs-flashinfer.md
 }
 
+step_check() {
+  step_info
+  counted_check_and_control
+  gpu_tests
+}
+
 step_san() {
   step_info
   s=$(date +%s)
@@ -61,4 +69,4 @@ step_san() {
   echo "memcheck rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/memcheck-bf16.txt; tail -3 $C/memcheck-bf16.txt
 }
 
-run_step gpu_round21.sh "probe|tests|final|bench|san"
+run_step gpu_round21.sh "probe|tests|final|check|bench|san"
