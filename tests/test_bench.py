@@ -854,41 +854,40 @@ def test_probe_round19_summaries() -> None:
     assert d["nonfinite"] == 2, d
 
 
+def _probe(name: str, steps: str) -> Any:
+    """``benchmarks/NAME.py``: an unknown step exits 1 naming ``steps``; returns the module."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, f"benchmarks/{name}.py", "/tmp", "nope"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 1 and steps in proc.stderr, proc.stderr[-800:]
+    sys.path.insert(0, str(ROOT))
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    finally:
+        sys.path.remove(str(ROOT))
+
+
 def test_probe_round20_usage_and_cells() -> None:
     """benchmarks/probe_round20.py (reports/h100-round20/): an unknown step exits naming the
     steps; its cells compare the 128-key paths with the default and keep the 64-key contract
     as the control and the timing base."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "benchmarks/probe_round20.py", "/tmp", "nope"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert proc.returncode == 1 and "bits|times|plans" in proc.stderr, proc.stderr[-800:]
-    sys.path.insert(0, str(ROOT))
-    try:
-        import kernels
-        from benchmarks.probe_round20 import BIT_CELLS, TIME_CELLS
-    finally:
-        sys.path.remove(str(ROOT))
-    assert BIT_CELLS["control-64-keys"][1] == kernels.Tuning(block_n=64)
-    assert {plan for plan, _ in BIT_CELLS.values()} == {"fused", "split", "auto"}
-    assert TIME_CELLS["keys64"] == ("auto", kernels.Tuning(block_n=64))
+    import kernels
+
+    probe = _probe("probe_round20", "bits|times|plans")
+    assert probe.BIT_CELLS["control-64-keys"][1] == kernels.Tuning(block_n=64)
+    assert {plan for plan, _ in probe.BIT_CELLS.values()} == {"fused", "split", "auto"}
+    assert probe.TIME_CELLS["keys64"] == ("auto", kernels.Tuning(block_n=64))
 
 
 def test_probe_round21_usage_and_schedules() -> None:
     """benchmarks/probe_round21.py (reports/h100-round21/): an unknown step exits naming the
     steps; at commits without the walking programs (``Tuning.splits_per_program``, experiment
     commit c53c413 only) its schedules are the V column blocks and the ordinary merge launch."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "benchmarks/probe_round21.py", "/tmp", "nope"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert proc.returncode == 1 and "bits|times" in proc.stderr, proc.stderr[-800:]
-    sys.path.insert(0, str(ROOT))
-    try:
-        import kernels
-        from benchmarks.probe_round21 import SCHEDULES, WALKING
-    finally:
-        sys.path.remove(str(ROOT))
-    assert not WALKING
+    import kernels
+
+    probe = _probe("probe_round21", "bits|times")
+    assert not probe.WALKING
     expected = {"vb2": ("split", kernels.Tuning(value_blocks=2)),
                 "vb4": ("split", kernels.Tuning(value_blocks=4)),
                 "no-pdl": ("split", kernels.Tuning(dependent_merge=False))}
-    assert expected == SCHEDULES, SCHEDULES
+    assert expected == probe.SCHEDULES, probe.SCHEDULES
