@@ -6,8 +6,8 @@
 #   probe: benchmarks/probe_round22.py bits (the loader's page ids one tile ahead against the
 #          default launch, and the 64-key control) and times (the same, and the control with
 #          and without)
-#   ncu:   each kernel's duration under ncu at batch 1 (1k and 32k tokens): the default, the
-#          control, each with and without the page ids ahead
+#   ncu:   each kernel's duration and warp states under ncu at batch 1 (1k and 32k tokens):
+#          the default and the control
 #   tests: the Gluon tests (test_gluon.py, fp16 and bf16) with their durations
 #   final: the full check at three dtypes with the launches counted (benchmarks/count_gluon.py),
 #          the control, memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
@@ -25,7 +25,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 step_probe() {
   step_info
-  for part in bits times; do
+  for part in ${PARTS:-bits times}; do
     s=$(date +%s)
     timeout -s INT -k 15 ${1:-260} python3 benchmarks/probe_round22.py $C $part > $C/$part.txt 2>&1
     echo "$part rc=$? wall $(( $(date +%s) - s )) s"; tail -2 $C/$part.txt | cut -c1-600
@@ -35,9 +35,9 @@ step_probe() {
 step_ncu() {
   step_info
   for wl in decode-b1-ctx1k decode-b1-ctx32k; do
-    for cell in auto auto+ahead heuristic heuristic+ahead; do
-      timeout 60 ncu --metrics gpu__time_duration.sum --csv python3 benchmarks/probe_round22.py $C once $cell $wl > $C/ncu-$cell-$wl.csv 2> $C/ncu-$cell-$wl.err
-      echo "ncu $cell $wl rc=$?"; grep -E "duration" $C/ncu-$cell-$wl.csv | awk -F'","' '{print $5, $NF}' | cut -c1-80 | tail -4
+    for cell in auto heuristic; do
+      timeout 90 ncu --section SpeedOfLight --section WarpStateStats --section LaunchStats --csv python3 benchmarks/probe_round22.py $C once $cell $wl > $C/ncu-$cell-$wl.csv 2> $C/ncu-$cell-$wl.err
+      echo "ncu $cell $wl rc=$?"; grep -E '"Duration"' $C/ncu-$cell-$wl.csv | awk -F'","' '{print $5, $(NF-2), $NF}' | cut -c1-100 | tail -4
     done
   done
 }

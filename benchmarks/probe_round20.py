@@ -66,10 +66,10 @@ def _record(rows: list[dict], row: dict, out_dir: str, name: str) -> None:
 
 
 def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
-         defaults: list[str] = BITS_WORKLOADS, make=call) -> None:
+         defaults: list[str] = BITS_WORKLOADS, make=call, name: str = "bits.jsonl") -> None:
     """Out and LSE of each of ``cells`` against the default launch, in differing bits, on each
-    workload (``specs``, else ``defaults``) at bf16 and fp16, into ``out_dir/bits.jsonl``;
-    each cell's call built by ``make(batch, plan, tuning)``."""
+    workload (``specs``, else ``defaults``) at bf16 and fp16, into ``out_dir/name``; each
+    cell's call built by ``make(batch, plan, tuning)``."""
     rows: list[dict] = []
     for spec in specs or defaults:
         for dtype in (torch.bfloat16, torch.float16):
@@ -82,7 +82,7 @@ def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
             row["bits_differing"] = {name: _bits_vs(ref, make(batch, plan, tuning)())
                                      for name, (plan, tuning) in cells.items()}
             del batch
-            _record(rows, row, out_dir, "bits.jsonl")
+            _record(rows, row, out_dir, name)
 
 
 def times(out_dir: str, specs: list[str], cells: dict = TIME_CELLS, base: str = "keys64",

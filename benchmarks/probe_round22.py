@@ -1,19 +1,23 @@
-"""Round-22 probe (H100): the Gluon loader's page ids one tile ahead (reports/h100-round22/).
+"""Round-22 probe (H100): the Gluon loader's page ids one tile ahead, the merge's chunk
+(reports/h100-round22/).
 
-    python benchmarks/probe_round22.py OUT_DIR bits [WORKLOAD ...]
-    python benchmarks/probe_round22.py OUT_DIR times [WORKLOAD ...]
+    python benchmarks/probe_round22.py OUT_DIR bits|times [WORKLOAD ...]
+    python benchmarks/probe_round22.py OUT_DIR bits-merge|times-merge [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR once CELL WORKLOAD   (under ncu)
 
-A cell is a plan, ``heuristic`` (the control: ``split_size=None``), or either with ``+ahead``:
-the same launch with ``kernels._gluon.IDS_AHEAD`` set while it is built and run (the loader
-loads a tile's page ids in one load, one tile ahead; at the experiment commit only).
+A cell is a plan or ``heuristic`` (the control: ``split_size=None``), optionally followed by
+``+ahead`` (the launch built and run with ``kernels._gluon.IDS_AHEAD`` set: the loader loads a
+tile's page ids in one load, one tile ahead; experiment commit 565ee23 only) or ``+chunkN`` (with
+``kernels.attention._MERGE_CHUNK = N``: the merge loads N splits' partials per step).
 
 ``bits``: each workload at bf16 and fp16, out and LSE of ``+ahead`` (both plans) against the
-default launch, and the 64-key contract, which must differ (the control), into ``bits.jsonl``.
+default launch, and the 64-key contract, which must differ (the control), into ``bits.jsonl``;
+``bits-merge``: the same for chunks of 16 and 32 splits, into ``bits-merge.jsonl``.
 
 ``times``: at bf16, CUDA-graph replays with L2 flushed (medians of 20), interleaved in
 ``REPEATS`` repeats: the default, ``+ahead``, the control and the control ``+ahead``, each
-against the default, into ``times.jsonl``.
+against the default, into ``times.jsonl``; ``times-merge``: the same with chunks of 16 and 32,
+into ``times-merge.jsonl``.
 
 ``once``: CELL's call on WORKLOAD, run 5 times with a sync after each (for ``ncu``).
 """
@@ -27,6 +31,7 @@ import torch
 
 import kernels
 import kernels._gluon as kg
+import kernels.attention as ka
 from benchmarks.probe_round4 import call, patched
 from benchmarks.probe_round11 import _workload
 from benchmarks.probe_round20 import bits, times
@@ -38,21 +43,28 @@ BITS_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx8k", "deco
 TIME_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ctx8k",
                   "decode-b1-ctx32k", "decode-b8-ctx1k", "decode-b8-ctx8k", "decode-b64-ctx1k",
                   "decode-prod64", "mixed64", "prefill-varlen"]
+MERGE_WORKLOADS = ["decode-b1-ctx32k", "decode:16kx1", "decode-b1-ctx8k", "decode:32kx2",
+                   "decode:2kx4", "decode-prod64", "decode:100x3"]
 REPEATS = 5
 
 
 def make(batch, plan, tuning):
     """The call of cell ``plan`` (see the module docstring) with ``tuning``."""
-    base, ahead = plan.removesuffix("+ahead"), plan.endswith("+ahead")
+    base, _, switch = plan.partition("+")
     fn = (call(batch, "auto", None, split_size=None) if base == "heuristic"
           else call(batch, base, tuning))
-    return patched(fn, kg, "IDS_AHEAD", True) if ahead else fn
+    if switch == "ahead":
+        return patched(fn, kg, "IDS_AHEAD", True)
+    if switch.startswith("chunk"):
+        return patched(fn, ka, "_MERGE_CHUNK", int(switch.removeprefix("chunk")))
+    return fn
 
 
 def main() -> None:
-    if len(sys.argv) < 3 or sys.argv[2] not in ("bits", "times", "once"):
-        sys.exit("usage: python benchmarks/probe_round22.py OUT_DIR bits|times [WORKLOAD ...]"
-                 " | once CELL WORKLOAD")
+    if len(sys.argv) < 3 or sys.argv[2] not in ("bits", "times", "bits-merge", "times-merge",
+                                                "once"):
+        sys.exit("usage: python benchmarks/probe_round22.py OUT_DIR bits|times|bits-merge|"
+                 "times-merge [WORKLOAD ...] | once CELL WORKLOAD")
     out_dir, step, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":
@@ -66,6 +78,20 @@ def main() -> None:
                                      "heuristic": ("heuristic", None),
                                      "heuristic+ahead": ("heuristic+ahead", None)},
               base="default", defaults=TIME_WORKLOADS, repeats=REPEATS, make=make)
+    elif step == "bits-merge":
+        bits(out_dir, specs, cells={"chunk16": ("auto+chunk16", None),
+                                    "chunk32": ("auto+chunk32", None),
+                                    "split-chunk32": ("split+chunk32", None),
+                                    "control-64-keys": ("auto", T(block_n=64))},
+             defaults=MERGE_WORKLOADS, make=make, name="bits-merge.jsonl")
+    elif step == "times-merge":
+        times(out_dir, specs, cells={"default": ("auto", None), "chunk16": ("auto+chunk16", None),
+                                     "chunk32": ("auto+chunk32", None),
+                                     "heuristic": ("heuristic", None),
+                                     "heuristic+chunk16": ("heuristic+chunk16", None),
+                                     "heuristic+chunk32": ("heuristic+chunk32", None)},
+              base="default", defaults=MERGE_WORKLOADS, repeats=REPEATS, make=make,
+              name="times-merge.jsonl")
     else:
         cell, spec = specs
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
