@@ -3,6 +3,7 @@
 
     python benchmarks/probe_round22.py OUT_DIR bits|times [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR bits-merge|times-merge [WORKLOAD ...]
+    python benchmarks/probe_round22.py OUT_DIR times-split [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR once CELL WORKLOAD   (under ncu)
 
 A cell is a plan or ``heuristic`` (the control: ``split_size=None``), optionally followed by
@@ -18,6 +19,11 @@ default launch, and the 64-key contract, which must differ (the control), into `
 ``REPEATS`` repeats: the default, ``+ahead``, the control and the control ``+ahead``, each
 against the default, into ``times.jsonl``; ``times-merge``: the same with chunks of 16 and 32,
 into ``times-merge.jsonl``.
+
+``times-split``: the same timing of fixed split sizes other than the contract's 1024 tokens
+(``sN``: ``split_size=N``, a cell ``sN`` is the plan ``auto`` at that split), against the
+default, into ``times-split.jsonl``: what a split size chosen per row, from the row's own
+position (still batch-invariant), would cost or gain on batches of rows of one length.
 
 ``once``: CELL's call on WORKLOAD, run 5 times with a sync after each (for ``ncu``).
 """
@@ -45,14 +51,22 @@ TIME_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ct
                   "decode-prod64", "mixed64", "prefill-varlen"]
 MERGE_WORKLOADS = ["decode-b1-ctx32k", "decode:16kx1", "decode-b1-ctx8k", "decode:32kx2",
                    "decode:2kx4", "decode-prod64", "decode:100x3"]
+SPLIT_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ctx8k",
+                   "decode-b1-ctx32k", "decode-b8-ctx1k", "decode-b8-ctx8k", "decode-b8-ctx32k",
+                   "decode-b64-ctx1k", "decode-b64-ctx8k", "decode-prod64", "mixed64",
+                   "prefill-varlen"]
 REPEATS = 5
 
 
 def make(batch, plan, tuning):
     """The call of cell ``plan`` (see the module docstring) with ``tuning``."""
     base, _, switch = plan.partition("+")
-    fn = (call(batch, "auto", None, split_size=None) if base == "heuristic"
-          else call(batch, base, tuning))
+    if base == "heuristic":
+        fn = call(batch, "auto", None, split_size=None)
+    elif base.startswith("s") and base[1:].isdigit():
+        fn = call(batch, "auto", tuning, split_size=int(base[1:]))
+    else:
+        fn = call(batch, base, tuning)
     if switch == "ahead":
         return patched(fn, kg, "IDS_AHEAD", True)
     if switch.startswith("chunk"):
@@ -62,9 +76,9 @@ def make(batch, plan, tuning):
 
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[2] not in ("bits", "times", "bits-merge", "times-merge",
-                                                "once"):
+                                                "times-split", "once"):
         sys.exit("usage: python benchmarks/probe_round22.py OUT_DIR bits|times|bits-merge|"
-                 "times-merge [WORKLOAD ...] | once CELL WORKLOAD")
+                 "times-merge|times-split [WORKLOAD ...] | once CELL WORKLOAD")
     out_dir, step, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":
@@ -92,6 +106,12 @@ def main() -> None:
                                      "heuristic+chunk32": ("heuristic+chunk32", None)},
               base="default", defaults=MERGE_WORKLOADS, repeats=REPEATS, make=make,
               name="times-merge.jsonl")
+    elif step == "times-split":
+        times(out_dir, specs, cells={"default": ("auto", None),
+                                     **{f"s{n}": (f"s{n}", None) for n in (128, 256, 512, 2048)},
+                                     "heuristic": ("heuristic", None)},
+              base="default", defaults=SPLIT_WORKLOADS, repeats=REPEATS, make=make,
+              name="times-split.jsonl")
     else:
         cell, spec = specs
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
