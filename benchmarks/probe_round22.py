@@ -8,8 +8,9 @@
 
 A cell is a plan or ``heuristic`` (the control: ``split_size=None``), optionally followed by
 ``+ahead`` (the launch built and run with ``kernels._gluon.IDS_AHEAD`` set: the loader loads a
-tile's page ids in one load, one tile ahead; experiment commit 565ee23 only) or ``+chunkN`` (with
-``kernels.attention._MERGE_CHUNK = N``: the merge loads N splits' partials per step).
+tile's page ids in one load, one tile ahead; experiment commit 565ee23 only, see ``AHEAD``)
+or ``+chunkN`` (with ``kernels.attention._MERGE_CHUNK = N``: the merge loads N splits'
+partials per step).
 
 ``bits``: each workload at bf16 and fp16, out and LSE of ``+ahead`` (both plans) against the
 default launch, and the 64-key contract, which must differ (the control), into ``bits.jsonl``;
@@ -44,6 +45,9 @@ from benchmarks.probe_round20 import bits, times
 from invariance.bench import build_batch
 
 T = kernels.Tuning
+#: Whether this commit's Gluon launcher has the loader switch (experiment commit 565ee23 only;
+#: later commits leave the ``+ahead`` cells out of ``bits`` and ``times``).
+AHEAD = hasattr(kg, "IDS_AHEAD")
 BITS_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx8k", "decode-prod64",
                   "mixed64", "prefill:1000,3001,17,130", "decode:777x3,3001x2", "decode:100x3"]
 TIME_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ctx8k",
@@ -82,15 +86,17 @@ def main() -> None:
     out_dir, step, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":
-        bits(out_dir, specs, cells={"ahead": ("auto+ahead", None),
-                                    "ahead-split": ("split+ahead", None),
-                                    "ahead-fused": ("fused+ahead", None),
+        bits(out_dir, specs, cells={**({"ahead": ("auto+ahead", None),
+                                        "ahead-split": ("split+ahead", None),
+                                        "ahead-fused": ("fused+ahead", None)} if AHEAD else {}),
                                     "control-64-keys": ("auto", T(block_n=64))},
              defaults=BITS_WORKLOADS, make=make)
     elif step == "times":
-        times(out_dir, specs, cells={"default": ("auto", None), "ahead": ("auto+ahead", None),
+        times(out_dir, specs, cells={"default": ("auto", None),
+                                     **({"ahead": ("auto+ahead", None)} if AHEAD else {}),
                                      "heuristic": ("heuristic", None),
-                                     "heuristic+ahead": ("heuristic+ahead", None)},
+                                     **({"heuristic+ahead": ("heuristic+ahead", None)}
+                                        if AHEAD else {})},
               base="default", defaults=TIME_WORKLOADS, repeats=REPEATS, make=make)
     elif step == "bits-merge":
         bits(out_dir, specs, cells={"chunk16": ("auto+chunk16", None),

@@ -891,3 +891,31 @@ def test_probe_round21_usage_and_schedules() -> None:
                 "vb4": ("split", kernels.Tuning(value_blocks=4)),
                 "no-pdl": ("split", kernels.Tuning(dependent_merge=False))}
     assert expected == probe.SCHEDULES, probe.SCHEDULES
+
+
+def test_probe_round22_usage_and_cells() -> None:
+    """benchmarks/probe_round22.py (reports/h100-round22/): an unknown step exits naming the
+    steps; without the loader switch (experiment commit 565ee23 only) no cell asks for it; a
+    cell ``sN`` runs the contract's kernels at a fixed split of N tokens and ``heuristic`` the
+    batch-dependent control, each with the merge's chunk patched for ``+chunkN`` only while it
+    runs."""
+    from unittest import mock
+
+    import kernels
+    import kernels.attention as ka
+
+    probe = _probe("probe_round22", "bits|times|bits-merge|times-merge|times-split")
+    assert not probe.AHEAD
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        return lambda: seen.append((plan, tuning, split_size, ka._MERGE_CHUNK))
+
+    chunk = ka._MERGE_CHUNK
+    with mock.patch.object(probe, "call", fake_call):
+        probe.make(None, "s2048", None)()
+        probe.make(None, "heuristic+chunk32", None)()
+        probe.make(None, "split", kernels.Tuning(value_blocks=2))()
+    assert seen == [("auto", None, 2048, chunk), ("auto", None, None, 32),
+                    ("split", kernels.Tuning(value_blocks=2), kernels.DEFAULT_SPLIT_SIZE, chunk)]
+    assert chunk == ka._MERGE_CHUNK

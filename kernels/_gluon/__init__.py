@@ -23,9 +23,6 @@ RING_SLOTS_128 = 3
 #: K/V slots for 128-key tiles whose V slots hold half or a quarter of the columns (48 or 40 KB
 #: each: four fit with q's 32 KB).
 RING_SLOTS_128_BLOCKED = 4
-#: Experiment switch (round 22): the loader's page ids one tile ahead (``_loader``'s
-#: ``IDS_AHEAD``).
-IDS_AHEAD = False
 
 
 def ring_slots(block_n: int, value_blocks: int = 1) -> int:
@@ -119,7 +116,7 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=ring_slots(block_n),
-        IDS_AHEAD=IDS_AHEAD, num_warps=4)
+        num_warps=4)
 
 
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -152,5 +149,4 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, STAGES=ring_slots(block_n, value_blocks), IS_DIRECT=direct,
-        VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, IDS_AHEAD=IDS_AHEAD,
-        num_warps=4)
+        VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)

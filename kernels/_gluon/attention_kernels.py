@@ -306,69 +306,30 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
 
 
 @gluon.jit
-def _tile_pages(p_bt, t_abs, live, kv_len, num_pages, PAGE_SIZE: gl.constexpr,
-                BLOCK_N: gl.constexpr, BOX: gl.constexpr):
-    """The page ids of tile ``t_abs``'s ``BLOCK_N // BOX`` boxes in one load, every lane holding
-    all of them (none read unless ``live``); as :func:`_loader` reads them one by one."""
-    NB: gl.constexpr = BLOCK_N // BOX
-    ID_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[NB], threads_per_warp=[32],
-                                          warps_per_cta=[1], order=[0])
-    key = t_abs * BLOCK_N + gl.arange(0, NB, layout=ID_L) * BOX
-    page = gl.load(p_bt + key // PAGE_SIZE, mask=(key < kv_len) & live, other=0)
-    return gl.minimum(gl.maximum(page, 0), num_pages - 1)
-
-
-@gluon.jit
 def _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
             i_kvh, i_vb, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-            BOX: gl.constexpr, STAGES: gl.constexpr, BLOCK_DV: gl.constexpr,
-            IDS_AHEAD: gl.constexpr = False):
+            BOX: gl.constexpr, STAGES: gl.constexpr, BLOCK_DV: gl.constexpr):
     """One warp: tile ``t``'s K and V by TMA into slot ``t % STAGES`` once both warpgroups have
     released that slot's previous tile. ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows per copy, from
     the caches seen as ``[pages * PAGE_SIZE, Hkv * HEAD_DIM]``; of V, the ``BLOCK_DV`` columns of
     V column block ``i_vb`` (the split kernel's ``VALUE_BLOCKS``). Page ids as the Triton kernels
     read them: block-table entries of keys past ``kv_len`` are never read (page 0 instead: its
-    V rows are zeroed by the consumers, its K rows masked), ids clamped into the cache.
-    ``IDS_AHEAD``: a tile's ids in one load, issued one tile ahead (before the wait for the
-    slot) instead of one dependent load per box."""
-    if IDS_AHEAD:
-        NB: gl.constexpr = BLOCK_N // BOX
-        ID_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[NB], threads_per_warp=[32],
-                                              warps_per_cta=[1], order=[0])
-        o_b = gl.arange(0, NB, layout=ID_L)
-        pages = _tile_pages(p_bt, j_lo, n_tiles > 0, kv_len, num_pages, PAGE_SIZE, BLOCK_N, BOX)
-        for t in range(0, n_tiles):
-            s = t % STAGES
-            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-            mbarrier.expect(ready.index(s), BLOCK_N * (HEAD_DIM + BLOCK_DV)
-                            * k_desc.dtype.primitive_bitwidth // 8)
-            for i in gl.static_range(NB):
-                key = (j_lo + t) * BLOCK_N + i * BOX
-                page = gl.sum(gl.where(o_b == i, pages, 0), axis=0)
-                row = page * PAGE_SIZE + key % PAGE_SIZE
-                tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
-                                                k_s.index(s).slice(i * BOX, BOX))
-                tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM + i_vb * BLOCK_DV],
-                                                ready.index(s),
-                                                v_s.index(s).slice(i * BOX, BOX))
-            pages = _tile_pages(p_bt, j_lo + t + 1, t + 1 < n_tiles, kv_len, num_pages,
-                                PAGE_SIZE, BLOCK_N, BOX)
-    else:
-        for t in range(0, n_tiles):
-            s = t % STAGES
-            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-            mbarrier.expect(ready.index(s), BLOCK_N * (HEAD_DIM + BLOCK_DV)
-                            * k_desc.dtype.primitive_bitwidth // 8)
-            for i in gl.static_range(BLOCK_N // BOX):
-                key = (j_lo + t) * BLOCK_N + i * BOX
-                page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
-                page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-                row = page * PAGE_SIZE + key % PAGE_SIZE
-                tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
-                                                k_s.index(s).slice(i * BOX, BOX))
-                tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM + i_vb * BLOCK_DV],
-                                                ready.index(s),
-                                                v_s.index(s).slice(i * BOX, BOX))
+    V rows are zeroed by the consumers, its K rows masked), ids clamped into the cache."""
+    for t in range(0, n_tiles):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(ready.index(s), BLOCK_N * (HEAD_DIM + BLOCK_DV)
+                        * k_desc.dtype.primitive_bitwidth // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = (j_lo + t) * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            k_s.index(s).slice(i * BOX, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM + i_vb * BLOCK_DV],
+                                            ready.index(s),
+                                            v_s.index(s).slice(i * BOX, BOX))
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len"])
@@ -401,7 +362,6 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
-    IDS_AHEAD: gl.constexpr = False,  # the loader's page ids one tile ahead (_loader)
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -442,8 +402,7 @@ def _fused_prefill_kernel(
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
                      BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, 0, n_tiles, p_bt, kv_len, num_pages,
-                   i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM, IDS_AHEAD))],
-        [4, 1],
+                   i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [4, 1],
         [232, 24])
 
 
@@ -577,7 +536,6 @@ def _split_kernel(
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    IDS_AHEAD: gl.constexpr = False,  # the loader's page ids one tile ahead (_loader)
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the first consumer
     warpgroup; the second and the loader warp are workers): the split plan's first phase.
@@ -646,6 +604,5 @@ def _split_kernel(
                            j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, BLOCK_M,
                            BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
-                   i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV, IDS_AHEAD))],
-        [4, 1],
+                   i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [4, 1],
         [232, 24])
