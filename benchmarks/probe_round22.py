@@ -4,13 +4,16 @@
     python benchmarks/probe_round22.py OUT_DIR bits|times [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR bits-merge|times-merge [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR times-split [WORKLOAD ...]
+    python benchmarks/probe_round22.py OUT_DIR times-grow|err-grow [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR once CELL WORKLOAD   (under ncu)
 
 A cell is a plan or ``heuristic`` (the control: ``split_size=None``), optionally followed by
 ``+ahead`` (the launch built and run with ``kernels._gluon.IDS_AHEAD`` set: the loader loads a
 tile's page ids in one load, one tile ahead; experiment commit 565ee23 only, see ``AHEAD``)
 or ``+chunkN`` (with ``kernels.attention._MERGE_CHUNK = N``: the merge loads N splits'
-partials per step).
+partials per step), or ``+grow`` (with ``kernels._gluon.GROW`` set: the Gluon split kernel and
+the merge cut each row at fixed absolute boundaries growing with the position,
+``kernels._gluon.grow_splits``; experiment commit only, see ``GROW``).
 
 ``bits``: each workload at bf16 and fp16, out and LSE of ``+ahead`` (both plans) against the
 default launch, and the 64-key contract, which must differ (the control), into ``bits.jsonl``;
@@ -26,6 +29,12 @@ into ``times-merge.jsonl``.
 default, into ``times-split.jsonl``: what a split size chosen per row, from the row's own
 position (still batch-invariant), would cost or gain on batches of rows of one length.
 
+``times-grow``: the same timing of ``split+grow`` against the default, fixed splits of 256 and
+2048 tokens and the control, on decodes of 1-4 requests of 1k-32k tokens, into
+``times-grow.jsonl``; ``err-grow``: the largest absolute difference of out and LSE between
+``split+grow`` and the default on the same batches (a different contract: not bits, a sanity
+check that the experiment computes attention), into ``err-grow.jsonl``.
+
 ``once``: CELL's call on WORKLOAD, run 5 times with a sync after each (for ``ncu``).
 """
 
@@ -39,7 +48,7 @@ import torch
 import kernels
 import kernels._gluon as kg
 import kernels.attention as ka
-from benchmarks.probe_round4 import call, patched
+from benchmarks.probe_round4 import call, patched, save
 from benchmarks.probe_round11 import _workload
 from benchmarks.probe_round20 import bits, times
 from invariance.bench import build_batch
@@ -48,6 +57,8 @@ T = kernels.Tuning
 #: Whether this commit's Gluon launcher has the loader switch (experiment commit 565ee23 only;
 #: later commits leave the ``+ahead`` cells out of ``bits`` and ``times``).
 AHEAD = hasattr(kg, "IDS_AHEAD")
+#: Whether this commit has the growing-split experiment (``kernels._gluon.GROW``).
+GROW = hasattr(kg, "GROW")
 BITS_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx8k", "decode-prod64",
                   "mixed64", "prefill:1000,3001,17,130", "decode:777x3,3001x2", "decode:100x3"]
 TIME_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ctx8k",
@@ -59,6 +70,8 @@ SPLIT_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-c
                    "decode-b1-ctx32k", "decode-b8-ctx1k", "decode-b8-ctx8k", "decode-b8-ctx32k",
                    "decode-b64-ctx1k", "decode-b64-ctx8k", "decode-prod64", "mixed64",
                    "prefill-varlen"]
+GROW_WORKLOADS = [f"decode:{n}x{b}" for b in (1, 2, 4)
+                  for n in ("1k", "2k", "4k", "8k", "16k", "32k")]
 REPEATS = 5
 
 
@@ -73,6 +86,8 @@ def make(batch, plan, tuning):
         fn = call(batch, base, tuning)
     if switch == "ahead":
         return patched(fn, kg, "IDS_AHEAD", True)
+    if switch == "grow":
+        return patched(fn, kg, "GROW", True)
     if switch.startswith("chunk"):
         return patched(fn, ka, "_MERGE_CHUNK", int(switch.removeprefix("chunk")))
     return fn
@@ -80,9 +95,9 @@ def make(batch, plan, tuning):
 
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[2] not in ("bits", "times", "bits-merge", "times-merge",
-                                                "times-split", "once"):
+                                                "times-split", "times-grow", "err-grow", "once"):
         sys.exit("usage: python benchmarks/probe_round22.py OUT_DIR bits|times|bits-merge|"
-                 "times-merge|times-split [WORKLOAD ...] | once CELL WORKLOAD")
+                 "times-merge|times-split|times-grow|err-grow [WORKLOAD ...] | once CELL WORKLOAD")
     out_dir, step, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":
@@ -118,6 +133,24 @@ def main() -> None:
                                      "heuristic": ("heuristic", None)},
               base="default", defaults=SPLIT_WORKLOADS, repeats=REPEATS, make=make,
               name="times-split.jsonl")
+    elif step == "times-grow":
+        times(out_dir, specs, cells={"default": ("auto", None), "grow": ("split+grow", None),
+                                     "s256": ("s256", None), "s2048": ("s2048", None),
+                                     "heuristic": ("heuristic", None)},
+              base="default", defaults=GROW_WORKLOADS, repeats=REPEATS, make=make,
+              name="times-grow.jsonl")
+    elif step == "err-grow":
+        rows = []
+        for spec in specs or GROW_WORKLOADS:
+            batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+            ref = make(batch, "auto", None)()
+            got = make(batch, "split+grow", None)()
+            rows.append(dict(workload=spec,
+                             out=float((got[0].float() - ref[0].float()).abs().max()),
+                             lse=float((got[1] - ref[1]).abs().max()),
+                             finite=bool(torch.isfinite(got[0]).all())))
+            print(rows[-1], flush=True)
+        save(out_dir, "err-grow.jsonl", rows)
     else:
         cell, spec = specs
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
