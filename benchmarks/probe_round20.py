@@ -65,8 +65,8 @@ def _record(rows: list[dict], row: dict, out_dir: str, name: str) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
-         defaults: list[str] = BITS_WORKLOADS, make=call, name: str = "bits.jsonl") -> None:
+def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS, name: str = "bits.jsonl",
+         defaults: list[str] = BITS_WORKLOADS, make=call) -> None:
     """Out and LSE of each of ``cells`` against the default launch, in differing bits, on each
     workload (``specs``, else ``defaults``) at bf16 and fp16, into ``out_dir/name``; each
     cell's call built by ``make(batch, plan, tuning)``."""
@@ -79,8 +79,8 @@ def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
                                         batch.kv_lens, batch.block_table)
             row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
                              default=dict(plan=lp.plan, gluon=lp.gluon, block_n=lp.block_n))
-            row["bits_differing"] = {name: _bits_vs(ref, make(batch, plan, tuning)())
-                                     for name, (plan, tuning) in cells.items()}
+            row["bits_differing"] = {cell: _bits_vs(ref, make(batch, plan, tuning)())
+                                     for cell, (plan, tuning) in cells.items()}
             del batch
             _record(rows, row, out_dir, name)
 

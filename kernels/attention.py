@@ -590,11 +590,6 @@ def plan_attention(
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
             decode=not prefill_like(T, G, B), gluon=wide_gluon)
     num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
-    from kernels import _gluon as _kg  # experiment (round 22): GROW
-
-    grow = _kg.GROW and wide_gluon and plan == "split"
-    if grow:
-        num_splits = max(1, _kg.grow_splits(max_kv if trusted else bound))
     num_warps = tuning.num_warps or launch.num_warps
     v_blocks, step = 1, 1
     if plan == "split":
@@ -604,9 +599,9 @@ def plan_attention(
         # bounds the lengths, so a wide table keeps the defaults. Speed only.
         # Splits per row by the longest length known (checked, or the caller's host_lens), else
         # by the table's bound.
-        row_splits = _kg.grow_splits(max_kv) if grow else _cdiv(max_kv, split_tokens)
+        row_splits = _cdiv(max_kv, split_tokens)
         live = num_q_blocks * row_splits
-        if stats is not None and not grow:
+        if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
         if wide_gluon:  # the Gluon split kernel's rules (kernels.config)
             v_blocks = tuning.value_blocks or gluon_value_blocks(live * Hkv, num_sms)
@@ -851,12 +846,6 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
 
 
-def _gluon_grow() -> bool:
-    from kernels import _gluon as _kg  # experiment (round 22)
-
-    return _kg.GROW
-
-
 def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
                   inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor) -> None:
     """One program per (query token, KV head, block of head-dim columns) folds its row's partials
@@ -873,8 +862,7 @@ def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
         split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
         G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
-        CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, GROW=lp.gluon and _gluon_grow(),
-        num_warps=_MERGE_NUM_WARPS,
+        CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, num_warps=_MERGE_NUM_WARPS,
         **({"launch_pdl": True} if lp.dependent_merge else {}))
 
 

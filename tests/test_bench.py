@@ -893,29 +893,42 @@ def test_probe_round21_usage_and_schedules() -> None:
     assert expected == probe.SCHEDULES, probe.SCHEDULES
 
 
-def test_probe_round22_usage_and_cells() -> None:
+def test_probe_round22_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/probe_round22.py (reports/h100-round22/): an unknown step exits naming the
-    steps; without the loader switch (experiment commit 565ee23 only) no cell asks for it; a
-    cell ``sN`` runs the contract's kernels at a fixed split of N tokens and ``heuristic`` the
-    batch-dependent control, each with the merge's chunk patched for ``+chunkN`` only while it
-    runs."""
-    from unittest import mock
-
+    steps; without the loader switch (experiment commit 565ee23 only) no cell asks for it; every
+    cell builds; a cell ``sN`` runs the contract's kernels at a fixed split of N tokens with the
+    tuning given and ``heuristic`` the batch-dependent control (with no tuning), the merge's
+    chunk patched for ``+chunkN`` only while the call runs; an unknown cell or switch raises
+    instead of timing the default."""
     import kernels
     import kernels.attention as ka
 
-    probe = _probe("probe_round22", "bits|times|bits-merge|times-merge|times-split")
-    assert not probe.AHEAD
+    probe = _probe("probe_round22", probe_steps := "bits|times|bits-merge|times-merge|"
+                   "times-split|times-grow|err-grow")
+    assert probe_steps == probe.STEPS
+    assert not probe.AHEAD and not probe.GROW
     seen: list[tuple] = []
 
     def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
         return lambda: seen.append((plan, tuning, split_size, ka._MERGE_CHUNK))
 
-    chunk = ka._MERGE_CHUNK
-    with mock.patch.object(probe, "call", fake_call):
-        probe.make(None, "s2048", None)()
-        probe.make(None, "heuristic+chunk32", None)()
-        probe.make(None, "split", kernels.Tuning(value_blocks=2))()
-    assert seen == [("auto", None, 2048, chunk), ("auto", None, None, 32),
-                    ("split", kernels.Tuning(value_blocks=2), kernels.DEFAULT_SPLIT_SIZE, chunk)]
+    monkeypatch.setattr(probe, "call", fake_call)
+    cells = [probe.BIT_CELLS, probe.TIME_CELLS, probe.MERGE_BIT_CELLS, probe.MERGE_TIME_CELLS,
+             probe.SPLIT_TIME_CELLS, probe.GROW_TIME_CELLS]
+    assert not any("+ahead" in cell for group in cells for cell, _ in group.values())
+    for group in cells:
+        for cell, tuning in group.values():
+            probe.make(None, cell, tuning)
+    chunk, vb2 = ka._MERGE_CHUNK, kernels.Tuning(value_blocks=2)
+    probe.make(None, "s2048", vb2)()
+    probe.make(None, "heuristic+chunk32", None)()
+    probe.make(None, "split", vb2)()
+    assert seen == [("auto", vb2, 2048, chunk), ("auto", None, None, 32),
+                    ("split", vb2, kernels.DEFAULT_SPLIT_SIZE, chunk)]
     assert chunk == ka._MERGE_CHUNK
+    for bad, tuning in (("auto+ahaed", None), ("auto+chunk", None), ("autoo", None),
+                        ("heuristic", vb2)):
+        with pytest.raises(ValueError, match="cell"):
+            probe.make(None, bad, tuning)
+    with pytest.raises(AttributeError):  # no loader switch at this commit
+        probe.make(None, "auto+ahead", None)()

@@ -23,21 +23,6 @@ RING_SLOTS_128 = 3
 #: K/V slots for 128-key tiles whose V slots hold half or a quarter of the columns (48 or 40 KB
 #: each: four fit with q's 32 KB).
 RING_SLOTS_128_BLOCKED = 4
-#: Experiment switch (round 22, not a contract): the split plan's splits at fixed absolute
-#: boundaries growing with the key position (``grow_splits``), on the Gluon split kernel only.
-GROW = False
-
-
-def grow_splits(keys: int) -> int:
-    """Splits covering ``keys`` keys under ``GROW``: 256 tokens each up to 2048 keys, 512 up to
-    4096, 1024 up to 16384, 2048 beyond (boundaries at absolute positions)."""
-    if keys <= 2048:
-        return -(-keys // 256)
-    if keys <= 4096:
-        return 8 + -(-(keys - 2048) // 512)
-    if keys <= 16384:
-        return 12 + -(-(keys - 4096) // 1024)
-    return 24 + -(-(keys - 16384) // 2048)
 
 
 def ring_slots(block_n: int, value_blocks: int = 1) -> int:
@@ -164,4 +149,4 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, STAGES=ring_slots(block_n, value_blocks), IS_DIRECT=direct,
-        VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, GROW=GROW, num_warps=4)
+        VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)

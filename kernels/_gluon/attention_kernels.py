@@ -536,7 +536,6 @@ def _split_kernel(
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    GROW: gl.constexpr = False,  # experiment: kernels._gluon.grow_splits's boundaries
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the first consumer
     warpgroup; the second and the loader warp are workers): the split plan's first phase.
@@ -562,35 +561,17 @@ def _split_kernel(
     else:
         i_kvh = gl.program_id(1) // VALUE_BLOCKS
         i_vb = gl.program_id(1) % VALUE_BLOCKS
-    # With GROW the largest splits first.
-    i_split = num_splits - 1 - gl.program_id(2) if GROW else gl.program_id(2)
+    i_split = gl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
                                                            max_kv_len, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
     min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
     n_tiles = max_pos // BLOCK_N + 1
-    if GROW:
-        if i_split < 8:
-            t_lo = i_split * 256
-            t_len = 256
-        elif i_split < 12:
-            t_lo = 2048 + (i_split - 8) * 512
-            t_len = 512
-        elif i_split < 24:
-            t_lo = 4096 + (i_split - 12) * 1024
-            t_len = 1024
-        else:
-            t_lo = 16384 + (i_split - 24) * 2048
-            t_len = 2048
-        j_lo = t_lo // BLOCK_N
-        s_tiles = t_len // BLOCK_N
-    else:
-        j_lo = i_split * split_tiles
-        s_tiles = split_tiles
+    j_lo = i_split * split_tiles
     if j_lo >= n_tiles:
         return
-    n = gl.minimum(j_lo + s_tiles, n_tiles) - j_lo
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                           warps_per_cta=[4, 1], order=[1, 0])
     o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))

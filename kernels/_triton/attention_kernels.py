@@ -778,7 +778,6 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
     IS_PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel (sm_90+)
-    GROW: tl.constexpr = False,  # experiment: kernels._gluon.grow_splits's boundaries
 ):
     """Split plan, phase 2: one program per (query token, kv head, BLOCK_D columns of the head
     dim) folds the raw partials of the group's heads in increasing split order
@@ -804,19 +803,7 @@ def _merge_splits_kernel(
     pos = kv_len - q_len + (i_t - q_start)
     # NOTE: the clamp to num_splits is a no-op for valid input (pos < max kv_len, which sized the
     # workspace); it keeps malformed lengths (validate=False) inside the workspace.
-    if GROW:
-        keys = pos + 1
-        if keys <= 2048:
-            n_grow = (keys + 255) // 256
-        elif keys <= 4096:
-            n_grow = 8 + (keys - 2048 + 511) // 512
-        elif keys <= 16384:
-            n_grow = 12 + (keys - 4096 + 1023) // 1024
-        else:
-            n_grow = 24 + (keys - 16384 + 2047) // 2048
-        n_splits = tl.minimum(n_grow, num_splits)
-    else:
-        n_splits = tl.minimum(pos // split_tokens + 1, num_splits)
+    n_splits = tl.minimum(pos // split_tokens + 1, num_splits)
     o_g = tl.arange(0, BLOCK_G)
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
     m_g = o_g < G

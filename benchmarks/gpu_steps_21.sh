@@ -1,0 +1,51 @@
+# Sourced after gpu_full_check.sh by the round-21 and round-22 GPU scripts: their shared steps
+# (tests, final, check, bench, san; with $INV the invariance command, $C the output folder,
+# gpu_site/ carried for the tests and .whl/ for the bench), overriding rounds 14-15's step_bench
+# and step_san.
+#   tests: the Gluon tests (test_gluon.py, fp16 and bf16) with their durations
+#   final: the full check at three dtypes with the launches counted (benchmarks/count_gluon.py),
+#          the control, memcheck and initcheck (benchmarks/gpu_sanitize.py), then the GPU
+#          kernel tests (test_gpu.py)
+#   bench: the bench (kernels, the 64-key contract, the control, FlashInfer's variants)
+#   check: the full check counted, the control, then the GPU kernel tests (test_gpu.py): the
+#          final step without the sanitizers
+#   san: memcheck alone with a longer timeout ($SAN_S, 500 s by default; final's 150 s ran out)
+
+step_tests() {
+  step_info
+  s=$(date +%s)
+  INVARIANCE_DTYPE=float16,bfloat16 PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 540 python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE --durations=15 tests/triton_kernels/test_gluon.py > $C/tests-gluon.txt 2>&1
+  echo "gluon tests rc=$? wall $(( $(date +%s) - s )) s"; grep -E "passed|failed|FAILED|Error" $C/tests-gluon.txt | tail -12 | cut -c1-300
+}
+
+gpu_tests() {
+  s=$(date +%s)
+  PYTHONPATH=$PWD:$PWD/gpu_site timeout 150 python3 -m pytest -q -p _invariance_pytestplugin -p no:cacheprovider -rfE tests/triton_kernels/test_gpu.py > $C/tests-gpu.txt 2>&1
+  echo "gpu tests rc=$? wall $(( $(date +%s) - s )) s"; tail -3 $C/tests-gpu.txt
+}
+
+step_final() {
+  step_info
+  counted_final
+  gpu_tests
+}
+
+step_bench() {
+  step_info
+  flashinfer_site
+  PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 15 540 $INV bench --backend kernels --backend kernels:block_n=64 --backend kernels-heuristic --backend flashinfer:use_tensor_cores=true --backend flashinfer-fa3 --baseline flashinfer --iters 30 --no-progress --markdown $C/bench-kernels-vs-flashinfer.md --json $C/bench-kernels-vs-flashinfer.json > $C/bench.txt 2>&1
+  echo "bench rc=$?"; tail -3 $C/bench.txt; head -30 $C/bench-kernels-vs-flashinfer.md
+}
+
+step_check() {
+  step_info
+  counted_check_and_control
+  gpu_tests
+}
+
+step_san() {
+  step_info
+  s=$(date +%s)
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-500} compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
+  echo "memcheck rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/memcheck-bf16.txt; tail -3 $C/memcheck-bf16.txt
+}
