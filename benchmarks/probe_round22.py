@@ -5,6 +5,7 @@
     python benchmarks/probe_round22.py OUT_DIR bits-merge|times-merge [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR times-split [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR times-grow|err-grow [WORKLOAD ...]
+    python benchmarks/probe_round22.py OUT_DIR bits-scores|times-scores [WORKLOAD ...]
     python benchmarks/probe_round22.py OUT_DIR once CELL WORKLOAD   (under ncu)
 
 A cell is a plan (``auto``, ``fused``, ``split``), ``heuristic`` (the control:
@@ -17,7 +18,10 @@ one switch, set while the call is built and run:
   step);
 - ``+grow``: ``kernels._gluon.GROW`` (the Gluon split kernel and the merge cut each row at fixed
   absolute boundaries growing with the position, ``kernels._gluon.grow_splits``; experiment
-  commit 2bbb717 only, see ``GROW``).
+  commit 2bbb717 only, see ``GROW``);
+- ``+scores``: ``kernels._gluon.SCORES`` (the Gluon split kernel's scores computed by separate
+  programs, one per KV tile, and read back by the chain; experiment commit only, see
+  ``SCORES``).
 
 ``bits``: each workload at bf16 and fp16, out and LSE of each cell against the default launch in
 differing bits (``+ahead`` under the three plans, where it exists), and the 64-key contract,
@@ -32,6 +36,10 @@ control, into ``times-split.jsonl`` (what a split size chosen per row, from the 
 position, would cost or gain on batches of rows of one length); ``times-grow``: ``split+grow``,
 fixed splits of 256 and 2048 tokens and the control, on decodes of 1-4 requests of 1k-32k
 tokens, into ``times-grow.jsonl``.
+
+``bits-scores``: ``+scores`` under ``split`` (and ``auto``) against the default in differing
+bits, with the 64-key control, into ``bits-scores.jsonl``; ``times-scores``: ``split+scores``
+against the default and the control on decodes of 1-4 requests, into ``times-scores.jsonl``.
 
 ``err-grow``: the largest absolute difference of out and LSE between ``split+grow`` and the
 default on the same batches (another contract: not bits; a check that the experiment computes
@@ -62,6 +70,9 @@ AHEAD = hasattr(kg, "IDS_AHEAD")
 #: Whether this commit has the growing-split experiment (``kernels._gluon.GROW``, experiment
 #: commit 2bbb717 only; elsewhere ``times-grow`` and ``err-grow`` exit).
 GROW = hasattr(kg, "GROW")
+#: Whether this commit has the scores experiment (``kernels._gluon.SCORES``; elsewhere
+#: ``bits-scores`` and ``times-scores`` exit).
+SCORES = hasattr(kg, "SCORES")
 BITS_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx8k", "decode-prod64",
                   "mixed64", "prefill:1000,3001,17,130", "decode:777x3,3001x2", "decode:100x3"]
 TIME_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ctx8k",
@@ -75,6 +86,8 @@ SPLIT_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-c
                    "prefill-varlen"]
 GROW_WORKLOADS = [f"decode:{n}x{b}" for b in (1, 2, 4)
                   for n in ("1k", "2k", "4k", "8k", "16k", "32k")]
+SCORES_WORKLOADS = [f"decode:{n}x{b}" for b in (1, 2, 4)
+                    for n in ("1k", "2k", "3k", "4k", "8k", "32k")] + ["decode-b8-ctx1k"]
 REPEATS = 5
 #: Each step's cells: name -> (cell, tuning).
 CONTROL_64 = {"control-64-keys": ("auto", T(block_n=64))}
@@ -95,7 +108,12 @@ SPLIT_TIME_CELLS = {"default": ("auto", None),
 GROW_TIME_CELLS = {"default": ("auto", None), "grow": ("split+grow", None),
                    "s256": ("s256", None), "s2048": ("s2048", None),
                    "heuristic": ("heuristic", None)}
-STEPS = "bits|times|bits-merge|times-merge|times-split|times-grow|err-grow"
+SCORES_BIT_CELLS = {"scores": ("auto+scores", None), "scores-split": ("split+scores", None),
+                    **CONTROL_64}
+SCORES_TIME_CELLS = {"default": ("auto", None), "scores": ("split+scores", None),
+                     "heuristic": ("heuristic", None)}
+STEPS = ("bits|times|bits-merge|times-merge|times-split|times-grow|err-grow|bits-scores|"
+         "times-scores")
 
 
 def make(batch, cell, tuning):
@@ -118,9 +136,11 @@ def make(batch, cell, tuning):
         return patched(fn, kg, "IDS_AHEAD", True)
     if switch == "grow":
         return patched(fn, kg, "GROW", True)
+    if switch == "scores":
+        return patched(fn, kg, "SCORES", True)
     if switch.startswith("chunk") and switch[5:].isdigit():
         return patched(fn, ka, "_MERGE_CHUNK", int(switch[5:]))
-    raise ValueError(f"cell {cell!r}: expected the switch +ahead, +grow or +chunkN, got "
+    raise ValueError(f"cell {cell!r}: expected the switch +ahead, +grow, +scores or +chunkN, got "
                      f"+{switch}")
 
 
@@ -148,6 +168,8 @@ def main() -> None:
     out_dir, step, specs = args[0], args[1], args[2:]
     if step in ("times-grow", "err-grow") and not GROW:
         sys.exit(f"{step}: needs kernels._gluon.GROW (experiment commit 2bbb717)")
+    if step in ("bits-scores", "times-scores") and not SCORES:
+        sys.exit(f"{step}: needs kernels._gluon.SCORES (its experiment commit)")
     os.makedirs(out_dir, exist_ok=True)
     timed = dict(base="default", repeats=REPEATS, make=make)
     if step == "bits":
@@ -166,6 +188,12 @@ def main() -> None:
     elif step == "times-grow":
         times(out_dir, specs, cells=GROW_TIME_CELLS, defaults=GROW_WORKLOADS,
               name="times-grow.jsonl", **timed)
+    elif step == "bits-scores":
+        bits(out_dir, specs, cells=SCORES_BIT_CELLS, defaults=BITS_WORKLOADS + SCORES_WORKLOADS,
+             make=make, name="bits-scores.jsonl")
+    elif step == "times-scores":
+        times(out_dir, specs, cells=SCORES_TIME_CELLS, defaults=SCORES_WORKLOADS,
+              name="times-scores.jsonl", **timed)
     elif step == "err-grow":
         err_grow(out_dir, specs)
     else:

@@ -606,3 +606,229 @@ def _split_kernel(
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [4, 1],
         [232, 24])
+
+
+# ------------------------------------------------------------------------------------------------
+# Experiment (round 22, not a contract change): the split kernel's scores computed by separate
+# programs (`_scores_kernel`, one per KV tile) and read back by the chain (`_chain_kernel`).
+# ------------------------------------------------------------------------------------------------
+
+@gluon.jit(do_not_specialize=["B", "T", "num_pages", "max_kv_len", "n_ws_tiles"])
+def _scores_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_desc,  # as _split_kernel's
+    cu_seqlens_q_ptr,
+    kv_lens_ptr,
+    block_table_ptr,
+    ws_s_ptr,  # [T, Hq, n_ws_tiles, BLOCK_N] fp32: raw scores per tile
+    B,
+    T,
+    Hq,
+    num_pages,
+    max_kv_len,
+    n_ws_tiles,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    G: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_Q: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BOX: gl.constexpr,
+):
+    """Grid ``(slots, Hkv, n_ws_tiles)``, ``num_warps=4``: tile ``j``'s raw scores ``q @ k^T``
+    of each valid row, on the split kernel's ``wgmma`` (same operands, layouts and shape)."""
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    i_kvh = gl.program_id(1)
+    j = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    _, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    if j > max_pos // BLOCK_N:
+        return
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_M, HEAD_DIM], SMEM_L, b_q)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [BLOCK_N, HEAD_DIM], SMEM_L)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    fence_async_shared()
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    mbarrier.expect(bar, BLOCK_N * HEAD_DIM * k_desc.dtype.primitive_bitwidth // 8)
+    for i in gl.static_range(BLOCK_N // BOX):
+        key = j * BLOCK_N + i * BOX
+        page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+        page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+        row = page * PAGE_SIZE + key % PAGE_SIZE
+        tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], bar,
+                                        k_s.slice(i * BOX, BOX))
+    mbarrier.wait(bar, 0)
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    HALF: gl.constexpr = BLOCK_M // 2
+    zero_s = gl.full([HALF, BLOCK_N], 0.0, gl.float32, layout=S_L)
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    for half in gl.static_range(2):
+        if not _idle(half, i_qblk, q_len, G, BLOCK_M, BLOCK_Q):
+            s_tok = warpgroup_mma(q_s.slice(half * HALF, HALF), k_s.permute((1, 0)), zero_s,
+                                  is_async=True)
+            b_s = warpgroup_mma_wait(0, deps=[s_tok])
+            o_ms = half * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, S_L))
+            tok_s, g_s, m_s, _pos_s = _block_row_ids_g(o_ms, i_qblk, q_start, q_len, kv_len, T,
+                                                       G, BLOCK_Q)
+            i_ws = ((q_start + tok_s).to(gl.int64) * Hq + (i_kvh * G + g_s)) * n_ws_tiles + j
+            gl.store(ws_s_ptr + i_ws[:, None] * BLOCK_N + o_n[None, :], b_s, mask=m_s[:, None])
+
+
+@gluon.jit
+def _v_loader(v_desc, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages, i_kvh, i_vb,
+              HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+              BOX: gl.constexpr, STAGES: gl.constexpr, BLOCK_DV: gl.constexpr):
+    """:func:`_loader` for V alone."""
+    for t in range(0, n_tiles):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(ready.index(s), BLOCK_N * BLOCK_DV * v_desc.dtype.primitive_bitwidth // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = (j_lo + t) * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM + i_vb * BLOCK_DV],
+                                            ready.index(s), v_s.index(s).slice(i * BOX, BOX))
+
+
+@gluon.jit
+def _chain_consumer(v_s, ready, empty, ws_s_ptr, n_ws_tiles, ws_o_ptr, ws_ml_ptr, out_ptr,
+                    lse_ptr, half, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n,
+                    n_tiles, j_mid, i_split, num_splits, qk_scale, G: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_Q: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_DIRECT: gl.constexpr,
+                    BLOCK_DV: gl.constexpr):
+    """:func:`_split_rows` with each tile's raw scores read from ``ws_s`` (written by
+    :func:`_scores_kernel`) instead of computed: the same weights, sums, rescales and
+    ``p @ v`` in the same order."""
+    if _idle(half, i_qblk, q_len, G, BLOCK_M, BLOCK_Q):
+        _release(ready, empty, n, STAGES)
+    else:
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_DV, 16])
+        P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+        ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+        HALF: gl.constexpr = BLOCK_M // 2
+        o_m = half * HALF + gl.arange(0, HALF, layout=ROW_S)
+        tok_s, g_s, m_s, pos = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G,
+                                                BLOCK_Q)
+        i_row = ((q_start + tok_s).to(gl.int64) * Hq + (i_kvh * G + g_s)) * n_ws_tiles
+        o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+        acc = gl.full([HALF, BLOCK_DV], 0.0, gl.float32, layout=O_L)
+        m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
+        l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
+        b_s = gl.load(ws_s_ptr + (i_row + j_lo)[:, None] * BLOCK_N + o_n[None, :],
+                      mask=m_s[:, None], other=0.0)
+        for t in range(0, n):
+            j = j_lo + t
+            if j >= j_mid:
+                b_s = _masked(b_s, j, pos, BLOCK_N, S_L)
+            m_i, alpha, b_p = _weights(m_i, b_s, qk_scale)
+            l_i = _sum(l_i, alpha, b_p)
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            p = gl.convert_layout(b_p.to(v_s.dtype), P_L)
+            tn = gl.minimum(t + 1, n - 1)
+            b_s = gl.load(ws_s_ptr + (i_row + j_lo + tn)[:, None] * BLOCK_N + o_n[None, :],
+                          mask=m_s[:, None], other=0.0)
+            mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
+            if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+                _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+            acc_tok = warpgroup_mma(p, v_s.index(t % STAGES), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(t % STAGES))
+        o_mo = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+        tok, g, m_row, _ = _block_row_ids_g(o_mo, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+        if BLOCK_DV == HEAD_DIM:
+            o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
+            m_ml = m_row
+        else:
+            o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, O_L))
+            m_ml = m_row & (i_vb == 0)
+        if IS_DIRECT:
+            b_o, b_lse = _normalize(acc, gl.convert_layout(l_i, ROW_O),
+                                    gl.convert_layout(m_i, ROW_O))
+            _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_ml, i_kvh, Hq,
+                          o_d, G, HEAD_DIM)
+        else:
+            i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+            gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc,
+                     mask=m_row[:, None])
+            gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_ml)
+            gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_ml)
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits",
+                              "n_ws_tiles"])
+def _chain_kernel(
+    q_ptr, v_desc, cu_seqlens_q_ptr, kv_lens_ptr, block_table_ptr, ws_s_ptr, ws_o_ptr, ws_ml_ptr,
+    out_ptr, lse_ptr, qk_scale, split_tiles, B, T, Hq, num_pages, max_kv_len, num_splits,
+    n_ws_tiles, stride_bt,
+    G: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
+    IS_DIRECT: gl.constexpr, VALUE_BLOCKS: gl.constexpr, IS_PDL: gl.constexpr,
+):
+    """:func:`_split_kernel` (same grid, slots, splits and stores) with the scores read from
+    ``ws_s``; its ring holds V alone."""
+    if IS_PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    BLOCK_DV: gl.constexpr = HEAD_DIM // VALUE_BLOCKS
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    if VALUE_BLOCKS == 1:
+        i_kvh = gl.program_id(1)
+        i_vb = 0
+    else:
+        i_kvh = gl.program_id(1) // VALUE_BLOCKS
+        i_vb = gl.program_id(1) % VALUE_BLOCKS
+    i_split = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    n_tiles = max_pos // BLOCK_N + 1
+    j_lo = i_split * split_tiles
+    if j_lo >= n_tiles:
+        return
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_DV * 2),
+                                             element_bitwidth=16, rank=2)
+    v_s = gl.allocate_shared_memory(q_ptr.dtype.element_ty, [STAGES, BLOCK_N, BLOCK_DV], V_L)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    gl.warp_specialize([
+        (_chain_consumer, (v_s, ready, empty, ws_s_ptr, n_ws_tiles, ws_o_ptr, ws_ml_ptr, out_ptr,
+                           lse_ptr, 0, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo,
+                           n, n_tiles, j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM,
+                           BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV)),
+        (_chain_consumer, (v_s, ready, empty, ws_s_ptr, n_ws_tiles, ws_o_ptr, ws_ml_ptr, out_ptr,
+                           lse_ptr, 1, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo,
+                           n, n_tiles, j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM,
+                           BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV)),
+        (_v_loader, (v_desc, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages, i_kvh, i_vb,
+                     HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [4, 1],
+        [232, 24])
