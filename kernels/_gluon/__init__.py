@@ -23,9 +23,6 @@ RING_SLOTS_128 = 3
 #: K/V slots for 128-key tiles whose V slots hold half or a quarter of the columns (48 or 40 KB
 #: each: four fit with q's 32 KB).
 RING_SLOTS_128_BLOCKED = 4
-#: Experiment switch (round 22): the split kernel's scores computed by separate programs, one
-#: per KV tile (``_scores_kernel``), and read back by the chain (``_chain_kernel``).
-SCORES = False
 
 
 def ring_slots(block_n: int, value_blocks: int = 1) -> int:
@@ -145,22 +142,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if value_blocks not in (1, 2, 4):
         raise ValueError(f"launch_split: expected value_blocks 1, 2 or 4, got {value_blocks}")
     descs, box = _descriptors(q, k_cache, v_cache, block_n, value_blocks)
-    if SCORES:  # experiment (round 22)
-        n_ws_tiles = num_splits * split_tiles
-        ws_s = torch.empty((T, Hq, n_ws_tiles, block_n), dtype=torch.float32, device=q.device)
-        ak._scores_kernel[(num_slots, Hkv, n_ws_tiles)](
-            q, descs[0], cu_seqlens_q, kv_lens, block_table, ws_s, block_table.shape[0], T, Hq,
-            num_pages, block_table.shape[1] * page_size, n_ws_tiles, q.stride(0), q.stride(1),
-            block_table.stride(0), G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m,
-            BLOCK_Q=block_q, BLOCK_N=block_n, BOX=box, num_warps=4)
-        ak._chain_kernel[(num_slots, Hkv * value_blocks, num_splits)](
-            q, descs[1], cu_seqlens_q, kv_lens, block_table, ws_s, ws_o, ws_ml, out, lse,
-            qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
-            block_table.shape[1] * page_size, num_splits, n_ws_tiles, block_table.stride(0),
-            G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-            BLOCK_N=block_n, BOX=box, STAGES=4 if value_blocks == 1 else 8, IS_DIRECT=direct,
-            VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)
-        return
     ak._split_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles,
