@@ -8,7 +8,8 @@
 #          at experiment commit 565ee23 only; later commits run the default, the control and
 #          the 64-key control alone), bits-merge/times-merge (the merge's chunk), times-split
 #          (fixed split sizes), err-grow/times-grow (growing split boundaries, at experiment
-#          commit 2bbb717 only)
+#          commit 2bbb717 only), bits-scores/times-scores (the scores by separate programs, at
+#          experiment commit 8a58915 only)
 #   ncu:   each kernel's duration and warp states under ncu at batch 1 (1k and 32k tokens):
 #          the default and the control
 #   tests, final, check, bench, san: the steps shared with round 21 (benchmarks/gpu_steps_21.sh)
