@@ -22,12 +22,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 . benchmarks/gpu_steps_21.sh
 
 step_probe() {
-  step_info
-  for part in ${PARTS:-bits times}; do
-    s=$(date +%s)
-    timeout -s INT -k 15 260 python3 benchmarks/probe_round22.py $C $part > $C/$part.txt 2>&1
-    echo "$part rc=$? wall $(( $(date +%s) - s )) s"; tail -2 $C/$part.txt | cut -c1-600
-  done
+  probe_parts probe_round22.py "${PARTS:-bits times}"
 }
 
 step_ncu() {

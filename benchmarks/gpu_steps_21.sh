@@ -10,6 +10,17 @@
 #   check: the full check counted, the control, then the GPU kernel tests (test_gpu.py): the
 #          final step without the sanitizers
 #   san: memcheck alone with a longer timeout ($SAN_S, 500 s by default; final's 150 s ran out)
+# and probe_parts SCRIPT PARTS: the GPU, then each part (space-separated) of benchmarks/SCRIPT
+# into $C/PART.txt (260 s each), with its last lines.
+
+probe_parts() {
+  step_info
+  for part in $2; do
+    s=$(date +%s)
+    timeout -s INT -k 15 260 python3 benchmarks/$1 $C $part > $C/$part.txt 2>&1
+    echo "$part rc=$? wall $(( $(date +%s) - s )) s"; tail -2 $C/$part.txt | cut -c1-600
+  done
+}
 
 step_tests() {
   step_info
