@@ -895,7 +895,8 @@ def test_probe_round21_usage_and_schedules() -> None:
 
 def test_probe_round22_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/probe_round22.py (reports/h100-round22/): an unknown step exits naming the
-    steps; without the loader switch (experiment commit 565ee23 only) no cell asks for it; every
+    steps; without the loader switch (experiment commit 565ee23 only) no cell asks for it, and
+    the experiment switches of 565ee23, 2bbb717 and 8a58915 fail loudly here; every
     cell builds; a cell ``sN`` runs the contract's kernels at a fixed split of N tokens with the
     tuning given and ``heuristic`` the batch-dependent control (with no tuning), the merge's
     chunk patched for ``+chunkN`` only while the call runs; an unknown cell or switch raises
@@ -904,9 +905,9 @@ def test_probe_round22_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
     import kernels.attention as ka
 
     probe = _probe("probe_round22", probe_steps := "bits|times|bits-merge|times-merge|"
-                   "times-split|times-grow|err-grow")
+                   "times-split|times-grow|err-grow|bits-scores|times-scores")
     assert probe_steps == probe.STEPS
-    assert not probe.AHEAD and not probe.GROW
+    assert not probe.AHEAD and not probe.GROW and not probe.SCORES
     seen: list[tuple] = []
 
     def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
@@ -914,7 +915,8 @@ def test_probe_round22_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(probe, "call", fake_call)
     cells = [probe.BIT_CELLS, probe.TIME_CELLS, probe.MERGE_BIT_CELLS, probe.MERGE_TIME_CELLS,
-             probe.SPLIT_TIME_CELLS, probe.GROW_TIME_CELLS]
+             probe.SPLIT_TIME_CELLS, probe.GROW_TIME_CELLS, probe.SCORES_BIT_CELLS,
+             probe.SCORES_TIME_CELLS]
     assert not any("+ahead" in cell for group in cells for cell, _ in group.values())
     for group in cells:
         for cell, tuning in group.values():
@@ -930,5 +932,6 @@ def test_probe_round22_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
                         ("heuristic", vb2)):
         with pytest.raises(ValueError, match="cell"):
             probe.make(None, bad, tuning)
-    with pytest.raises(AttributeError):  # no loader switch at this commit
-        probe.make(None, "auto+ahead", None)()
+    for switch in ("ahead", "grow", "scores"):  # no experiment switch at this commit
+        with pytest.raises(AttributeError):
+            probe.make(None, f"split+{switch}", None)()
