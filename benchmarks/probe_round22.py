@@ -64,15 +64,13 @@ from benchmarks.probe_round20 import bits, times
 from invariance.bench import build_batch
 
 T = kernels.Tuning
-#: Whether this commit's Gluon launcher has the loader switch (experiment commit 565ee23 only;
-#: later commits leave the ``+ahead`` cells out of ``bits`` and ``times``).
-AHEAD = hasattr(kg, "IDS_AHEAD")
-#: Whether this commit has the growing-split experiment (``kernels._gluon.GROW``, experiment
-#: commit 2bbb717 only; elsewhere ``times-grow`` and ``err-grow`` exit).
-GROW = hasattr(kg, "GROW")
-#: Whether this commit has the scores experiment (``kernels._gluon.SCORES``; elsewhere
+#: Each experiment switch: the ``kernels._gluon`` flag it sets while a call is built and run.
+SWITCHES = {"ahead": "IDS_AHEAD", "grow": "GROW", "scores": "SCORES"}
+#: Whether this commit has each experiment: the loader switch (565ee23 only; later commits
+#: leave the ``+ahead`` cells out of ``bits`` and ``times``), the growing splits (2bbb717 only;
+#: elsewhere ``times-grow`` and ``err-grow`` exit), the scores (8a58915 only; elsewhere
 #: ``bits-scores`` and ``times-scores`` exit).
-SCORES = hasattr(kg, "SCORES")
+AHEAD, GROW, SCORES = (hasattr(kg, flag) for flag in SWITCHES.values())
 BITS_WORKLOADS = ["decode-b1-ctx1k", "decode-b1-ctx8k", "decode-b8-ctx8k", "decode-prod64",
                   "mixed64", "prefill:1000,3001,17,130", "decode:777x3,3001x2", "decode:100x3"]
 TIME_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ctx8k",
@@ -132,12 +130,8 @@ def make(batch, cell, tuning):
         raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS}, 'heuristic' or 'sN'")
     if switch == "":
         return fn
-    if switch == "ahead":
-        return patched(fn, kg, "IDS_AHEAD", True)
-    if switch == "grow":
-        return patched(fn, kg, "GROW", True)
-    if switch == "scores":
-        return patched(fn, kg, "SCORES", True)
+    if switch in SWITCHES:
+        return patched(fn, kg, SWITCHES[switch], True)
     if switch.startswith("chunk") and switch[5:].isdigit():
         return patched(fn, ka, "_MERGE_CHUNK", int(switch[5:]))
     raise ValueError(f"cell {cell!r}: expected the switch +ahead, +grow, +scores or +chunkN, got "
