@@ -5,7 +5,8 @@
 Runs ``invariance.cli.main`` on the arguments, then prints how many ``unified_attention`` calls
 ran each plan on the Gluon kernels and on the Triton kernels: evidence that a check's PASS
 covers the Gluon kernels, not only the Triton ones. The Gluon split launches are also counted by
-their V column blocks and, with several splits, by how the merge was launched (round 21).
+their tile (round 23: the keys-as-rows decode tile or the 128-row one), their V column blocks
+and, with several splits, by how the merge was launched (round 21).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def _counted(fn: Any, gluon: str, triton: str) -> Any:
         on_gluon = getattr(lp, "gluon", False)
         COUNTS[gluon if on_gluon else triton] += 1
         if on_gluon and lp.plan == "split":
-            for key in (f"gluon split with {lp.value_blocks} V blocks",
+            tile = "keys-as-rows tile" if getattr(lp, "keys_rows", False) else "128-row tile"
+            for key in (f"gluon split on the {tile}",
+                        f"gluon split with {lp.value_blocks} V blocks",
                         "gluon split, one split per row" if lp.num_splits == 1 else
                         f"gluon split, merge {'dependent' if lp.dependent_merge else 'plain'}"):
                 COUNTS[key] = COUNTS.get(key, 0) + 1

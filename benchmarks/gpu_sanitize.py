@@ -1,7 +1,7 @@
 """A small driver of every kernel path, for compute-sanitizer (``benchmarks/gpu_sanitize.sh``).
 
     python benchmarks/gpu_sanitize.py [--device cuda] [--dtypes float16 bfloat16 float32]
-                                      [--valid-only]
+        [--valid-only] [--match NAME ...]
 
 At each dtype, on two head configurations, small batches (built by the harness's
 ``materialize``; shuffled pages, NaN-filled unused memory, unused block-table columns) go through:
@@ -58,7 +58,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
+#: Only the cases whose name contains one of these (``--match``; empty: every case).
+MATCH: list[str] = []
+
+
 def case(name: str, fn: Callable[[], bool | None]) -> None:
+    if MATCH and not any(m in name for m in MATCH):
+        return
     t0 = time.perf_counter()
     ok = fn()
     if ok is False:
@@ -110,10 +116,10 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
             same = same and all(torch.equal(bits(a), bits(b))
                                 for a, b in zip(fused, triton, strict=True))
     if wide and lp.gluon:
-        # The Gluon split kernel with 2 and 4 V column blocks, and its merge as an ordinary
-        # launch (bits compared).
+        # The Gluon split kernel with 2 and 4 V column blocks, its merge as an ordinary
+        # launch, and the keys-as-rows decode tile forced (round 23; bits compared).
         for tuning in (tuned(value_blocks=2), tuned(value_blocks=4),
-                       tuned(dependent_merge=False)):
+                       tuned(dependent_merge=False), tuned(keys_rows=True)):
             cut = unified_attention(*args, split_size=split, plan="split", tuning=tuning)
             same = same and all(torch.equal(bits(a), bits(b))
                                 for a, b in zip(cut, split_plan, strict=True))
@@ -202,6 +208,9 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                 case(f"{tag}/validate=False/{label}/split-gluon-4-value-blocks",
                      lambda b=bad: call(b, validate=False, plan="split",
                                         tuning=Tuning(gluon=True, value_blocks=4)))
+                case(f"{tag}/validate=False/{label}/split-keys-rows",
+                     lambda b=bad: call(b, validate=False, plan="split",
+                                        tuning=Tuning(keys_rows=True)))
             if block_n != narrow:
                 for plan in ("fused", "split"):
                     case(f"{tag}/validate=False/{label}/{plan}-triton-{block_n}-keys",
@@ -239,7 +248,10 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16", "float32"])
     p.add_argument("--valid-only", action="store_true", help="leave out malformed inputs")
+    p.add_argument("--match", nargs="+", default=[],
+                   help="run only the cases whose name contains one of these strings")
     args = p.parse_args()
+    MATCH[:] = args.match
     t0 = time.perf_counter()
     for dtype in args.dtypes:
         run_dtype(getattr(torch, dtype), args.device, args.valid_only)

@@ -194,6 +194,13 @@ class Tuning:
       ``True``: required (a ``ValueError`` names every unmet condition, including, at 64 keys, a
       split plan that ``plan="auto"`` chose). :attr:`LaunchPlan.gluon` says which kernels a
       call runs.
+    - ``keys_rows`` (bool; split plan at 128 keys on the Gluon kernels only): the keys-as-rows
+      decode tile (``kernels._gluon``'s ``_split_kt_kernel``): blocks of 8-32 rows with the KV
+      tile on the MMA's M dimension, the same bits as the 128-row split tile
+      (kernels/README.md, "The keys-as-rows decode tile"). ``None``: for decode-like batches
+      (:func:`~kernels.config.prefill_like` false) with GQA groups of at most 32 heads, one
+      V column block and one tile per step; ``False``: never; ``True``: required (a
+      ``ValueError`` names an unmet condition).
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid: another contract. For experiments (tile sweeps, the 64-key contract on Hopper with
       ``block_n=64``); ``split_size`` must be a multiple of it.
@@ -209,6 +216,7 @@ class Tuning:
     slot_order: bool | None = None
     nested_loop: bool | None = None
     gluon: bool | None = None
+    keys_rows: bool | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -224,7 +232,7 @@ class Tuning:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
                                           and ok(value)):
                 raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
-        for name in ("dependent_merge", "slot_order", "nested_loop", "gluon"):
+        for name in ("dependent_merge", "slot_order", "nested_loop", "gluon", "keys_rows"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"Tuning.{name}: expected a bool or None, got {value!r}")
@@ -266,6 +274,7 @@ class LaunchPlan:
     slot_order: bool  # fused plan: requests with the most KV first (sorted on the device)
     nested_loop: bool  # fused plan: an inner loop per split, its fold after it (else one loop)
     gluon: bool  # the Gluon kernels (kernels/_gluon) instead of Triton's
+    keys_rows: bool  # split plan: the keys-as-rows decode tile (block_m: its rows, <= 32)
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
@@ -657,6 +666,19 @@ def plan_attention(
         from kernels import _gluon  # light: imports no Triton
 
         num_stages = _gluon.ring_slots(block_n, v_blocks)
+    keys_rows = False
+    if tuning.keys_rows is not False:
+        misfit = _keys_rows_misfit(plan, use_gluon, G, T, B, tuning)
+        if misfit is None:
+            from kernels import _gluon  # light: imports no Triton
+
+            keys_rows = True
+            block_m = _gluon.kt_rows(G)
+            block_q = block_m // G
+            num_warps, num_stages, v_blocks = 4, tuning.num_stages or _gluon.RING_SLOTS_KT, 1
+        elif tuning.keys_rows:
+            chosen = " (plan='auto' chose another plan; pass plan='split')" if auto else ""
+            raise ValueError(f"tuning: keys_rows=True needs {misfit}{chosen}")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -669,7 +691,29 @@ def plan_attention(
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
         dependent_merge=dependent, slot_order=ordered, nested_loop=nested, gluon=use_gluon,
+        keys_rows=keys_rows,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
+
+
+def _keys_rows_misfit(plan: str, use_gluon: bool, G: int, T: int, B: int,
+                      tuning: Tuning) -> str | None:
+    """Why the keys-as-rows decode tile cannot serve this call (None: it can). With
+    ``tuning.keys_rows`` True any batch qualifies; otherwise only decode-like ones
+    (:func:`~kernels.config.prefill_like` false) without a ``block_m``, ``num_warps``,
+    ``num_stages``, ``value_blocks`` or ``tiles_per_step`` override (the tile has its own
+    launch). Where the split plan runs decode it was as fast or faster than the 128-row tile on
+    every batch measured (reports/h100-round23/README.md)."""
+    if plan != "split" or not use_gluon:
+        return f"the split plan on the 128-key Gluon kernels, got plan {plan!r}, gluon {use_gluon}"
+    if G > 32:
+        return f"a GQA group of at most 32 query heads, got {G}"
+    if tuning.keys_rows:
+        return None
+    if prefill_like(T, G, B):
+        return f"a decode-like batch, got {T} query tokens for {B} requests"
+    overrides = [name for name in ("block_m", "num_warps", "num_stages", "value_blocks",
+                                   "tiles_per_step") if getattr(tuning, name) is not None]
+    return f"no launch override, got {overrides}" if overrides else None
 
 
 def _gluon_installed(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:
@@ -826,6 +870,16 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         # its position, and those are always written.
         ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T, Hq, lp.num_splits, 2), dtype=torch.float32, device=q.device)
+    if lp.keys_rows:
+        from kernels._gluon import launch_split_kt
+
+        launch_split_kt(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml,
+                        out, lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
+                        split_tiles=lp.split_tiles, block_q=lp.block_q, direct=direct,
+                        stages=lp.num_stages, dependent_merge=lp.dependent_merge)
+        if not direct:
+            _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
+        return
     if lp.gluon:
         from kernels._gluon import launch_split
 

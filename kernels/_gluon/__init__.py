@@ -150,3 +150,48 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, STAGES=ring_slots(block_n, value_blocks), IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)
+
+
+#: Experiment (round 23): 1 the keys-as-rows tile's consumer only releases the slots, 2 its
+#: loader copies nothing (times the loads and the arithmetic apart; wrong results).
+KT_DIAG = 0
+#: K/V slots of the keys-as-rows decode tile's ring (64 KB each, 128-key tiles).
+RING_SLOTS_KT = 3
+
+
+def kt_rows(group: int) -> int:
+    """Rows per block of the keys-as-rows decode tile (the MMA's N) for GQA group ``group``:
+    the smallest of 8, 16, 32 that holds one token's group."""
+    for rows in (8, 16, 32):
+        if group <= rows:
+            return rows
+    raise ValueError(f"kt_rows: expected a GQA group of at most 32 query heads, got {group}")
+
+
+def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, block_table: torch.Tensor,
+                    ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, qk_scale: float, *, num_slots: int, num_splits: int,
+                    split_tiles: int, block_q: int, direct: bool, stages: int = RING_SLOTS_KT,
+                    dependent_merge: bool = False) -> None:
+    """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
+    tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
+    ``(num_slots, Hkv, num_splits)`` with ``num_slots = T // block_q + B``. Same shapes and
+    stores as :func:`launch_split`."""
+    from kernels._gluon import attention_kernels as ak
+
+    T, Hq, D = q.shape
+    num_pages, page_size, Hkv, _ = k_cache.shape
+    G = Hq // Hkv
+    rows = kt_rows(G)
+    if block_q != rows // G:
+        raise ValueError(f"launch_split_kt: expected block_q {rows // G} (kt_rows({G}) // {G}), "
+                         f"got {block_q}")
+    descs, box = _descriptors(q, k_cache, v_cache, 128)
+    ak._split_kt_kernel[(num_slots, Hkv, num_splits)](
+        q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
+        split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,
+        num_splits, q.stride(0), q.stride(1), block_table.stride(0),
+        G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
+        STAGES=stages, IS_DIRECT=direct, IS_PDL=dependent_merge and not direct, DIAG=KT_DIAG,
+        num_warps=4)

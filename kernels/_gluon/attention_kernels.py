@@ -606,3 +606,198 @@ def _split_kernel(
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [4, 1],
         [232, 24])
+
+
+# ------------------------------------------------------------------------------------------------
+# The split plan's decode tile with the keys on the MMA's rows (128-key tiles): the same bits as
+# ``_split_kernel`` with 16x less padding on the tensor cores and exponentials when a block has
+# a few rows (ARCHITECTURE.md and kernels/README.md, "The keys-as-rows decode tile").
+# ------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _row_sum_t(p_t, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, COL_L: gl.constexpr):
+    """``tl.sum(p, 1)`` of ``_tile_sum`` with the bits it has in the 128-row tile, from the
+    transposed ``p_t`` ``[BLOCK_N, ROWS]`` (keys down, rows across). There (Triton 3.6, the
+    m64nBLOCK_Nk16 accumulator layout) each of the 4 lanes that share a row adds the row's keys
+    ``c`` with ``c % 8`` in ``{2q, 2q + 1}`` one after the other in ascending order (``q``: the
+    lane in its quad), then two butterfly shuffles, first across lanes 2 apart, then 1 apart,
+    give ``(s0 + s2) + (s1 + s3)`` (the PTX, reports/h100-round23/README.md). Here the lanes
+    ``4 r + q`` hold row ``r``'s 32 keys of lane ``q`` in that order and the same reduction
+    runs: 32 adds in register order, then the butterflies over ``q``. Needs ``BLOCK_N`` 128
+    (16 groups of 8 keys)."""
+    gl.static_assert(BLOCK_N == 128)
+    SUM_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 32], threads_per_warp=[8, 4, 1],
+                                           warps_per_cta=[4, 1, 1], order=[2, 1, 0])
+    # key c = 8 i + 2 q + e  ->  [ROWS, q, k = 2 i + e]
+    p3 = gl.reshape(gl.permute(gl.reshape(p_t, [16, 4, 2, ROWS]), (3, 1, 0, 2)), [ROWS, 4, 32])
+    part = gl.sum(gl.convert_layout(p3, SUM_L), 2)  # s_q: one add after another
+    return gl.convert_layout(gl.sum(part, 1), COL_L)  # (s0 + s2) + (s1 + s3)
+
+
+@gluon.jit
+def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk,
+             q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split, num_splits,
+             qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
+             BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             IS_DIRECT: gl.constexpr, DIAG: gl.constexpr):
+    """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
+    transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
+    weights (``_tile_weights``' operations along axis 0: the max is exact in any order), the
+    row sum in the 128-row tile's order (``_row_sum_t``), ``acc^T * alpha``, p^T through shared
+    memory, ``acc^T += v^T @ p^T`` (m64nROWSk16, the head dim on M). Then the raw state or,
+    with ``IS_DIRECT``, the result, stored as ``_split_rows`` stores them."""
+    ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, ROWS, 16])
+    COL_S: gl.constexpr = gl.SliceLayout(0, ST_L)
+    o_r = gl.arange(0, ROWS, layout=COL_S)
+    _, _, _, pos = _block_row_ids_g(o_r, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    zero_s = gl.full([BLOCK_N, ROWS], 0.0, gl.float32, layout=ST_L)
+    acc = gl.full([HEAD_DIM, ROWS], 0.0, gl.float32, layout=ST_L)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
+    l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
+    q_t = q_s.permute((1, 0))
+    p_t_s = p_s.permute((1, 0))
+    if DIAG == 1:
+        _release(ready, empty, n, STAGES)
+        n = 0
+    for t in range(0, n):
+        j = j_lo + t
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        s_tok = warpgroup_mma(k_s.index(s), q_t, zero_s, is_async=True)
+        s_t = warpgroup_mma_wait(0, deps=[s_tok])
+        if j >= j_mid:
+            o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
+            s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s_t, 0) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
+        m_i = m_new
+        p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_safe[None, :]))
+        l_i = gl.fma(l_i, alpha, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S))
+        acc = acc * alpha[None, :]
+        p_s.store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+        if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+            _zero_v_tail(v_s.index(s), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_t_s, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        mbarrier.arrive(empty.index(s))
+    OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
+                                           warps_per_cta=[4, 1], order=[1, 0])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
+    b_acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT_L)
+    b_m = gl.convert_layout(m_i, ROW_O)
+    b_l = gl.convert_layout(l_i, ROW_O)
+    o_m = gl.arange(0, ROWS, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OUT_L))
+    if IS_DIRECT:
+        b_o, b_lse = _normalize(b_acc, b_l, b_m)
+        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d,
+                      G, HEAD_DIM)
+    else:
+        i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+        gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], b_acc, mask=m_row[:, None])
+        gl.store(ws_ml_ptr + 2 * i_ws, b_m, mask=m_row)
+        gl.store(ws_ml_ptr + 2 * i_ws + 1, b_l, mask=m_row)
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+def _split_kt_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
+    v_desc,  # likewise for v_cache
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32: raw acc per split
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32: (m in log2 units, l) per split
+    out_ptr,  # [T, Hq, D] contiguous (IS_DIRECT only)
+    lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split
+    B,
+    T,
+    Hq,
+    num_pages,
+    max_kv_len,  # KV tokens the block table covers
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    G: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    ROWS: gl.constexpr,  # rows per block (the MMA's N): 8, 16 or 32, >= G
+    BLOCK_Q: gl.constexpr,  # ROWS // G
+    BLOCK_N: gl.constexpr,  # 128
+    BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
+    STAGES: gl.constexpr,  # K/V slots of the ring
+    IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
+    IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+    DIAG: gl.constexpr = 0,  # experiment: 1 the consumer only releases, 2 the loader copies nothing
+):
+    """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (one consumer warpgroup; the loader warp
+    is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on the MMA's
+    rows. Scheduling and operand placement only, the same bits (kernels/README.md, "The
+    keys-as-rows decode tile")."""
+    if IS_PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    i_kvh = gl.program_id(1)
+    i_split = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    n_tiles = max_pos // BLOCK_N + 1
+    j_lo = i_split * split_tiles
+    if j_lo >= n_tiles:
+        return
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, HEAD_DIM], SMEM_L, b_q)
+    p_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, BLOCK_N], SMEM_L)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    gl.warp_specialize([
+        (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
+                    i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N, STAGES,
+                    IS_DIRECT, DIAG)),
+        (_loader_diag, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
+                        i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM, DIAG))],
+        [1], [24])
+
+
+@gluon.jit
+def _loader_diag(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
+                 i_kvh, i_vb, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
+                 BLOCK_DV: gl.constexpr, DIAG: gl.constexpr):
+    if DIAG == 2:
+        for t in range(0, n_tiles):
+            s = t % STAGES
+            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+            mbarrier.arrive(ready.index(s))
+    else:
+        _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
+                i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV)

@@ -266,13 +266,14 @@ def test_gluon_value_blocks_give_the_same_bits(dtype, make_batch, args_of, asser
     fused = unified_attention(*args, plan="fused", tuning=GLUON)
     assert_same_bits(unified_attention(*args, plan="split", tuning=tuning), fused,
                      f"Gluon split, {value_blocks} V blocks, one split per row, vs fused")
-    # Without a Tuning the rule picks the blocks: 4 decode rows on 8 KV heads are 32 programs,
-    # 4 blocks on an H100's 132 SMs.
-    lp = plan_attention(*args, plan="split")
+    # On the 128-row tile without a block count the rule picks it: 4 decode rows on 8 KV heads
+    # are 32 programs, 4 blocks on an H100's 132 SMs. (Without any Tuning a decode batch takes
+    # the keys-as-rows tile, one block: test_keys_rows_tile_gives_the_same_bits.)
+    lp = plan_attention(*args, plan="split", tuning=Tuning(keys_rows=False))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert lp.value_blocks == (4 if sms >= 32 * 4 else 1)
-    assert_same_bits(unified_attention(*args, plan="split"), fused,
-                     f"Gluon split, the rule's {lp.value_blocks} V blocks, vs fused")
+    assert not lp.keys_rows and lp.value_blocks == (4 if sms >= 32 * 4 else 1)
+    assert_same_bits(unified_attention(*args, plan="split", tuning=Tuning(keys_rows=False)),
+                     fused, f"Gluon split, the rule's {lp.value_blocks} V blocks, vs fused")
 
 
 def test_gluon_split_schedules_under_cuda_graph_capture(dtype, make_batch, args_of,
@@ -295,3 +296,58 @@ def test_gluon_split_schedules_under_cuda_graph_capture(dtype, make_batch, args_
                          f"CUDA-graph replay ({tuning}) vs the Triton kernels")
         assert_same_bits(unified_attention(*args, **kw), ref,
                          f"eager ({tuning}) vs the Triton kernels")
+
+
+#: Decode rows (one split, several, a partial last tile, one key) beside short chunks.
+DECODE = [(1, 777), (1, 3000), (1, 130), (1, 1), (1, 1024), (5, 1000), (2, 129)]
+KEYS_ROWS, ROWS_128 = Tuning(keys_rows=True), Tuning(keys_rows=False)
+
+
+@pytest.mark.parametrize("layout", ["p16", "p64", "p256"])
+@pytest.mark.parametrize("heads", sorted(HEADS))
+def test_keys_rows_tile_gives_the_same_bits(dtype, make_batch, args_of, assert_same_bits,
+                                            heads: str, layout: str) -> None:
+    # The keys-as-rows decode tile (keys on the MMA's M, blocks of 8-32 rows, the row sum in
+    # the 128-row tile's order) against the 128-row split tile and the fused plan: one split
+    # per row (the direct store) and 256-token splits (the merge), NaN in every unused slot.
+    _half(dtype)
+    batch = make_batch(dtype, DECODE, LAYOUTS[layout], HEADS[heads])
+    args = args_of(batch)
+    from kernels import _gluon
+
+    group = HEADS[heads].num_q_heads // HEADS[heads].num_kv_heads
+    for split in (1024, 256):
+        lp = plan_attention(*args, plan="split", split_size=split)
+        assert lp.keys_rows and lp.gluon and lp.value_blocks == 1
+        assert lp.block_m == _gluon.kt_rows(group) and lp.block_q == lp.block_m // group
+        got = unified_attention(*args, plan="split", split_size=split)
+        assert_same_bits(got, unified_attention(*args, plan="split", split_size=split,
+                                                tuning=ROWS_128),
+                         f"keys-as-rows vs 128-row split tile ({heads}, {layout}, {split})")
+        assert_same_bits(got, unified_attention(*args, plan="fused", split_size=split),
+                         f"keys-as-rows vs fused plan ({heads}, {layout}, {split})")
+
+
+def test_keys_rows_tile_on_prompts_and_under_capture(dtype, make_batch, args_of,
+                                                     assert_same_bits) -> None:
+    # Forced on a batch of prompts (blocks of 2 tokens x 4 heads, masked diagonal tiles) it
+    # still gives the fused plan's bits; auto keeps the 128-row tile there. Captured in a CUDA
+    # graph without checks, the replay gives the eager bits.
+    _half(dtype)
+    batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
+    args = args_of(batch)
+    assert not plan_attention(*args, plan="split").keys_rows
+    assert plan_attention(*args, plan="split", tuning=KEYS_ROWS).keys_rows
+    for split in (1024, 384):
+        assert_same_bits(unified_attention(*args, plan="split", split_size=split,
+                                           tuning=KEYS_ROWS),
+                         unified_attention(*args, plan="fused", split_size=split),
+                         f"keys-as-rows on prompts vs fused plan ({split})")
+    decode = args_of(make_batch(dtype, DECODE, LAYOUTS["p16"], HEADS["g4"]))
+    for split in (1024, 256):
+        kw = dict(plan="split", split_size=split, validate=False)
+        assert plan_attention(*decode, **kw).keys_rows
+        assert_same_bits(_replayed(decode, **kw), unified_attention(*decode, **kw),
+                         f"keys-as-rows: CUDA-graph replay vs eager ({split})")
+    with pytest.raises(ValueError, match="keys_rows=True needs the split plan"):
+        unified_attention(*decode, plan="fused", tuning=KEYS_ROWS)
