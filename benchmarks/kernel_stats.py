@@ -272,8 +272,8 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
         gluon_jit: dict[str, Any] = {}
         if getattr(lp, "gluon", False):  # the Gluon kernels (Triton 3.6 only)
             from kernels._gluon import attention_kernels as gluon
-            for n in ("_fused_prefill_kernel", "_split_kernel"):
-                if hasattr(gluon, n):  # older kernels lack the split one
+            for n in ("_fused_prefill_kernel", "_split_kernel", "_split_kt_kernel"):
+                if hasattr(gluon, n):  # older kernels lack the split ones
                     gluon_jit[n] = getattr(gluon, n)
                     setattr(gluon, n, _Recorder(n, gluon_jit[n], compiled))
         try:
@@ -344,6 +344,9 @@ def main() -> None:
     p.add_argument("--no-gluon", action="store_true",
                    help="the Triton fused kernel where the Gluon prefill kernel would run "
                         "(Tuning(gluon=False))")
+    p.add_argument("--no-keys-rows", action="store_true",
+                   help="the 128-row split tile where the keys-as-rows decode tile would run "
+                        "(Tuning(keys_rows=False), round 23)")
     p.add_argument("--ptx-hash", action="store_true",
                    help="print a hash of each kernel's PTX (debug lines left out) instead of "
                         "registers and spills: equal hashes across two commits mean the same "
@@ -376,6 +379,8 @@ def main() -> None:
         fields["nested_loop"] = a.fused_loop == "nested"
     if a.no_gluon:
         fields["gluon"] = False
+    if a.no_keys_rows:
+        fields["keys_rows"] = False
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
     print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
     compiled_cols = "ptx hash " if a.ptx_hash else "regs | spill st/ld B "

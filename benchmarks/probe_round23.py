@@ -1,7 +1,8 @@
 """Round-23 probe (H100): the keys-as-rows decode tile (reports/h100-round23/).
 
-    python benchmarks/probe_round23.py OUT_DIR bits [WORKLOAD ...]
+    python benchmarks/probe_round23.py OUT_DIR bits|bits2 [WORKLOAD ...]
     python benchmarks/probe_round23.py OUT_DIR times [WORKLOAD ...]
+    python benchmarks/probe_round23.py OUT_DIR diag [WORKLOAD ...]   (experiment commit bdd11ec)
 
 ``bits``: each workload at bf16 and fp16 under the first three head layouts, out and
 LSE of the keys-as-rows tile (``Tuning(keys_rows=True)``, split plan) against the 128-row split
@@ -14,6 +15,12 @@ comparison can fail). Into ``bits.jsonl``; ``bits2``: the same under the last th
 ``REPEATS`` repeats, each cell against ``before`` (the default without the new tile): the
 default, the tile forced in the split plan, the control (``split_size=None``) with and without
 it. Into ``times.jsonl``.
+
+``diag``: the same timing of the tile forced, with its consumer only releasing the slots
+(``+diag1``: the loads alone) and with its loader copying nothing (``+diag2``: the arithmetic
+alone; wrong results), beside the 128-row default and the control, into ``diag.jsonl``. The
+switch (``kernels._gluon.KT_DIAG``) exists at experiment commit bdd11ec only; elsewhere the step
+exits.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ TIME_WORKLOADS = ["decode-b1-ctx1k", "decode:2kx1", "decode:4kx1", "decode-b1-ct
                   "decode-b8-ctx32k", "decode-b64-ctx1k", "decode-b64-ctx8k",
                   "decode-b64-ctx32k", "decode-b256-ctx8k", "decode-prod64"]
 REPEATS = 5
+STEPS = "bits|bits2|times|diag"
+#: Whether this commit has the tile's diagnostic switch (experiment commit bdd11ec only).
+DIAG = hasattr(kg, "KT_DIAG")
 KT = T(keys_rows=True)
 NO_KT = T(keys_rows=False)
 BIT_CELLS = {"kt-vs-split": (("split", KT), ("split", NO_KT)),
@@ -107,10 +117,11 @@ def bits(out_dir: str, specs: list[str], layouts=LAYOUTS[:3],
 
 def main() -> None:
     args = sys.argv[1:]
-    if len(args) < 2 or args[1] not in ("bits", "bits2", "times", "diag"):
-        sys.exit("usage: python benchmarks/probe_round23.py OUT_DIR bits|bits2|times|diag "
-                 "[WORKLOAD ...]")
+    if len(args) < 2 or args[1] not in STEPS.split("|"):
+        sys.exit(f"usage: python benchmarks/probe_round23.py OUT_DIR {STEPS} [WORKLOAD ...]")
     out_dir, step, specs = args[0], args[1], args[2:]
+    if step == "diag" and not DIAG:
+        sys.exit("diag: needs kernels._gluon.KT_DIAG (experiment commit bdd11ec)")
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":
         bits(out_dir, specs)

@@ -935,3 +935,39 @@ def test_probe_round22_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
     for switch in ("ahead", "grow", "scores"):  # no experiment switch at this commit
         with pytest.raises(AttributeError):
             probe.make(None, f"split+{switch}", None)()
+
+
+def test_probe_round23_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """benchmarks/probe_round23.py (reports/h100-round23/): an unknown step exits naming the
+    steps; ``diag`` exits here (its switch lives at experiment commit bdd11ec only) and its
+    ``+diagN`` cells would fail loudly; every other cell builds, ``heuristic`` with the
+    batch-dependent split (``split_size=None``) and the tuning given; an unknown cell or switch
+    raises instead of timing the default; the bit cells force the keys-as-rows tile against
+    the 128-row tile and keep the 64-key contract as the control."""
+    import kernels
+
+    probe = _probe("probe_round23", probe_steps := "bits|bits2|times|diag")
+    assert probe_steps == probe.STEPS and not probe.DIAG
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "benchmarks/probe_round23.py", str(tmp_path), "diag"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 1 and "experiment commit bdd11ec" in proc.stderr
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        return lambda: seen.append((plan, tuning, split_size))
+
+    monkeypatch.setattr(probe, "call", fake_call)
+    for cell, tuning in probe.TIME_CELLS.values():
+        probe.make(None, cell, tuning)()
+    assert ("auto", probe.KT, None) not in seen
+    assert ("auto", probe.NO_KT, None) in seen and ("split", probe.KT, 1024) in seen
+    with pytest.raises(AttributeError, match="KT_DIAG"):
+        probe.make(None, "split+diag1", probe.KT)()
+    for bad in ("splat", "split+diag3", "split+ahead"):
+        with pytest.raises(ValueError, match="cell"):
+            probe.make(None, bad, None)
+    cells = probe.BIT_CELLS
+    assert cells["kt-vs-split"] == (("split", probe.KT), ("split", probe.NO_KT))
+    assert cells["control-64-keys"][1][1].block_n == 64
+    assert probe.KT.keys_rows is True and probe.NO_KT.keys_rows is False

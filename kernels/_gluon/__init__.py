@@ -1,5 +1,6 @@
-"""Gluon kernels for Hopper: the fused plan's tile and, at 128 keys, the split plan's
-(kernels/README.md, "The 128-key contract" and "The Gluon prefill tile"). This module is light
+"""Gluon kernels for Hopper: the fused plan's tile and, at 128 keys, the split plan's two
+(the 128-row tile and the keys-as-rows decode tile; kernels/README.md, "The 128-key contract",
+"The keys-as-rows decode tile" and "The Gluon prefill tile"). This module is light
 (no Triton import); the kernel module (``attention_kernels``, Triton 3.6's Gluon) is imported
 where :func:`available` is first asked, which the launcher does only for half precision at head
 dim 128 on Hopper (the calls it could serve) or a ``Tuning(gluon=True)``."""
@@ -152,9 +153,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)
 
 
-#: Experiment (round 23): 1 the keys-as-rows tile's consumer only releases the slots, 2 its
-#: loader copies nothing (times the loads and the arithmetic apart; wrong results).
-KT_DIAG = 0
 #: K/V slots of the keys-as-rows decode tile's ring (64 KB each, 128-key tiles).
 RING_SLOTS_KT = 3
 
@@ -193,5 +191,4 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,
         num_splits, q.stride(0), q.stride(1), block_table.stride(0),
         G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
-        STAGES=stages, IS_DIRECT=direct, IS_PDL=dependent_merge and not direct, DIAG=KT_DIAG,
-        num_warps=4)
+        STAGES=stages, IS_DIRECT=direct, IS_PDL=dependent_merge and not direct, num_warps=4)

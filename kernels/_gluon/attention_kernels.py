@@ -11,7 +11,10 @@ each plus one loader warp, in two kernels:
 - ``_split_kernel`` (128-key tiles only): the split plan's first phase, one program per
   (slot, KV head x V column block, split), as ``_unified_attention_split_kernel``: the split's
   raw state for the package's merge, or with one split per row the result itself
-  (``IS_DIRECT``).
+  (``IS_DIRECT``);
+- ``_split_kt_kernel`` (128-key tiles, round 23): ``_split_kernel`` for decode blocks of 8-32
+  rows on one consumer warpgroup, with the KV tile on the MMA's M dimension and the row sum in
+  the 128-row tile's order (``_row_sum_t``; kernels/README.md, "The keys-as-rows decode tile").
 
 In both:
 
@@ -611,7 +614,7 @@ def _split_kernel(
 # ------------------------------------------------------------------------------------------------
 # The split plan's decode tile with the keys on the MMA's rows (128-key tiles): the same bits as
 # ``_split_kernel`` with 16x less padding on the tensor cores and exponentials when a block has
-# a few rows (ARCHITECTURE.md and kernels/README.md, "The keys-as-rows decode tile").
+# a few rows (kernels/README.md, "The keys-as-rows decode tile").
 # ------------------------------------------------------------------------------------------------
 
 
@@ -640,7 +643,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
              q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split, num_splits,
              qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr, DIAG: gl.constexpr):
+             IS_DIRECT: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
     weights (``_tile_weights``' operations along axis 0: the max is exact in any order), the
@@ -658,9 +661,6 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
     p_t_s = p_s.permute((1, 0))
-    if DIAG == 1:
-        _release(ready, empty, n, STAGES)
-        n = 0
     for t in range(0, n):
         j = j_lo + t
         s = t % STAGES
@@ -738,7 +738,6 @@ def _split_kt_kernel(
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    DIAG: gl.constexpr = 0,  # experiment: 1 the consumer only releases, 2 the loader copies nothing
 ):
     """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (one consumer warpgroup; the loader warp
     is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on the MMA's
@@ -782,22 +781,6 @@ def _split_kt_kernel(
         (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
                     i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N, STAGES,
-                    IS_DIRECT, DIAG)),
-        (_loader_diag, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
-                        i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM, DIAG))],
-        [1], [24])
-
-
-@gluon.jit
-def _loader_diag(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
-                 i_kvh, i_vb, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                 BLOCK_N: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
-                 BLOCK_DV: gl.constexpr, DIAG: gl.constexpr):
-    if DIAG == 2:
-        for t in range(0, n_tiles):
-            s = t % STAGES
-            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-            mbarrier.arrive(ready.index(s))
-    else:
-        _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
-                i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV)
+                    IS_DIRECT)),
+        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
+                   i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [1], [24])

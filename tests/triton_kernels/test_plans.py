@@ -567,18 +567,72 @@ def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, devi
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
     _, decode = _hopper_batches(device)  # 4 decodes of 2048 tokens on 2 KV heads
     q, k, v, cu, kv_lens, table = decode
-    # By the caller's lengths (host_lens): 1 request of 1024 tokens on 2 KV heads is a grid of
-    # 2 programs, 4 blocks; 64 requests of 2048 tokens, 256 programs, 1 block.
+    # By the caller's lengths (host_lens), on the 128-row tile (decode batches take the
+    # keys-as-rows tile by default: test_decode_takes_the_keys_as_rows_tile): 1 request of
+    # 1024 tokens on 2 KV heads is a grid of 2 programs, 4 blocks; 64 requests of 2048 tokens,
+    # 256 programs, 1 block.
+    rows128 = Tuning(keys_rows=False)
     one = plan_attention(q[:1], k, v, cu[:2], kv_lens[:1], table[:1], validate=False,
-                         plan="split", host_lens=([1], [1024]))
+                         plan="split", host_lens=([1], [1024]), tuning=rows128)
     assert one.gluon and one.value_blocks == 4 and one.num_stages == 4  # the ring's slots
     many = plan_attention(q.repeat(16, 1, 1), k, v, torch.arange(65, dtype=torch.int32,
                           device=device), kv_lens.repeat(16), table.repeat(16, 1),
-                          validate=False, plan="split", host_lens=([1] * 64, [2048] * 64))
+                          validate=False, plan="split", host_lens=([1] * 64, [2048] * 64),
+                          tuning=rows128)
     assert many.gluon and many.value_blocks == 1 and many.num_stages == 3
     # The Triton kernels at 128 keys (gluon=False) keep one block: the 64-key rules do not apply.
     assert plan_attention(*decode, validate=False, plan="split",
                           tuning=Tuning(gluon=False)).value_blocks == 1
+
+
+def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
+    # As on an H100 with Triton 3.6's Gluon: a decode-like batch in the split plan takes the
+    # keys-as-rows tile (rows: the GQA group rounded up to 8, 16 or 32; 4 warps, 3 ring slots,
+    # 1 V block); prompts, the fused plan, overrides and keys_rows=False keep the 128-row tile;
+    # keys_rows=True forces it on prompts and names what is missing elsewhere.
+    import kernels._gluon as gluon_module
+    import kernels.attention as attention
+
+    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
+    prompt, decode = _hopper_batches(device)  # GQA group 4
+    lp = plan_attention(*decode, validate=False, plan="split")
+    assert lp.keys_rows and lp.gluon and (lp.block_m, lp.block_q) == (8, 2)
+    assert (lp.num_warps, lp.num_stages, lp.value_blocks) == (4, 3, 1)
+    assert lp.num_slots == 4 // 2 + 4  # T // block_q + B
+    # The kernel's rows are the MMA's N: the group rounded up to 8, 16 or 32, never above.
+    assert [gluon_module.kt_rows(g) for g in (1, 3, 4, 8, 9, 16, 17, 32)] == \
+        [8, 8, 8, 8, 16, 16, 32, 32]
+    with pytest.raises(ValueError, match="at most 32 query heads, got 33"):
+        gluon_module.kt_rows(33)
+    auto = plan_attention(*decode, validate=False)
+    assert auto.keys_rows == (auto.plan == "split")
+    for args, kw in ((prompt, dict(plan="split")), (decode, dict(plan="fused")),
+                     (decode, dict(plan="split", tuning=Tuning(keys_rows=False))),
+                     (decode, dict(plan="split", tuning=Tuning(value_blocks=2))),
+                     (decode, dict(plan="split", tuning=Tuning(num_stages=2))),
+                     (decode, dict(plan="split", tuning=Tuning(gluon=False)))):
+        lp = plan_attention(*args, validate=False, **kw)  # type: ignore[arg-type]
+        assert not lp.keys_rows, kw
+    forced = plan_attention(*prompt, validate=False, plan="split", tuning=Tuning(keys_rows=True))
+    assert forced.keys_rows and forced.block_q == 2 and forced.num_slots == 2048 // 2 + 1
+    with pytest.raises(ValueError, match="keys_rows=True needs the split plan on the 128-key "
+                                         "Gluon kernels, got plan 'fused'"):
+        plan_attention(*decode, validate=False, plan="fused", tuning=Tuning(keys_rows=True))
+    with pytest.raises(ValueError, match="gluon False"):
+        plan_attention(*decode, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, gluon=False))
+    # Off Hopper (or without Gluon) there is no such tile: the default never takes it.
+    monkeypatch.setattr(attention, "_sm_major", lambda device: 8)
+    assert not plan_attention(*decode, validate=False, plan="split").keys_rows
+
+
+def test_tuning_keys_rows_is_a_bool_or_none() -> None:
+    for bad in (1, "yes"):
+        with pytest.raises(ValueError, match=r"Tuning\.keys_rows: expected a bool or None"):
+            Tuning(keys_rows=bad)  # type: ignore[arg-type]
+    assert Tuning(keys_rows=True).keys_rows is True and Tuning().keys_rows is None
 
 
 def _hopper_batches(device) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
@@ -678,8 +732,15 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
         for plan in ("auto", "fused", "split"):
             lp = plan_attention(*args, validate=False, plan=plan)
             assert lp.gluon and lp.block_n == 128, plan
-            # The decode batch's split grid (16 programs) takes 4 V column blocks.
+            # The decode batch's split plan takes the keys-as-rows tile (8 rows on 4 warps, one
+            # V block: test_decode_takes_the_keys_as_rows_tile); on the 128-row tile its split
+            # grid (16 programs) takes 4 V column blocks.
+            if lp.plan == "split" and args is decode:
+                assert lp.keys_rows and (lp.block_m, lp.num_warps, lp.value_blocks) == (8, 4, 1)
+                lp = plan_attention(*args, validate=False, plan=plan,
+                                    tuning=Tuning(keys_rows=False))
             blocks = 4 if lp.plan == "split" and args is decode else 1
+            assert not lp.keys_rows
             assert (lp.block_m, lp.num_warps, lp.value_blocks, lp.tiles_per_step) == (
                 128, 8, blocks, 1)
             assert lp.split_tiles == 1024 // 128
