@@ -197,10 +197,11 @@ class Tuning:
     - ``keys_rows`` (bool; split plan at 128 keys on the Gluon kernels only): the keys-as-rows
       decode tile (``kernels._gluon``'s ``_split_kt_kernel``): blocks of 8-32 rows with the KV
       tile on the MMA's M dimension, the same bits as the 128-row split tile
-      (kernels/README.md, "The keys-as-rows decode tile"). ``None``: for decode-like batches
-      (:func:`~kernels.config.prefill_like` false) with GQA groups of at most 32 heads, one
-      V column block and one tile per step; ``False``: never; ``True``: required (a
-      ``ValueError`` names an unmet condition).
+      (kernels/README.md, "The keys-as-rows decode tile"). ``None``: for decode batches (at
+      most ``kt_rows(G) // G`` query tokens per request on average) with GQA groups of at most
+      16 heads and no launch override; ``False``: never; ``True``: on any batch of the split
+      plan (a ``ValueError`` names an unmet condition: another plan, no Gluon, a group above 32,
+      a ``block_m``, ``num_warps``, ``value_blocks`` or ``tiles_per_step`` it does not take).
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid: another contract. For experiments (tile sweeps, the 64-key contract on Hopper with
       ``block_n=64``); ``split_size`` must be a multiple of it.
@@ -277,7 +278,9 @@ class LaunchPlan:
     keys_rows: bool  # split plan: the keys-as-rows decode tile (block_m: its rows, <= 32)
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
-    stats: HostStats | None  # from the lengths read back (validate=True) or from host_lens
+    # From the lengths read back (validate=True) or from host_lens; counted in blocks of the
+    # 128-row tile's block_q (the plan is chosen from them) even where keys_rows gives block_q.
+    stats: HostStats | None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -675,9 +678,10 @@ def plan_attention(
             keys_rows = True
             block_m = _gluon.kt_rows(G)
             block_q = block_m // G
-            num_warps, num_stages, v_blocks = 4, tuning.num_stages or _gluon.RING_SLOTS_KT, 1
+            num_warps, num_stages, v_blocks = 4, _gluon.RING_SLOTS_KT, 1
         elif tuning.keys_rows:
-            chosen = " (plan='auto' chose another plan; pass plan='split')" if auto else ""
+            chosen = (" (plan='auto' chose another plan; pass plan='split')"
+                      if auto and plan != "split" else "")
             raise ValueError(f"tuning: keys_rows=True needs {misfit}{chosen}")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
@@ -697,23 +701,36 @@ def plan_attention(
 
 def _keys_rows_misfit(plan: str, use_gluon: bool, G: int, T: int, B: int,
                       tuning: Tuning) -> str | None:
-    """Why the keys-as-rows decode tile cannot serve this call (None: it can). With
-    ``tuning.keys_rows`` True any batch qualifies; otherwise only decode-like ones
-    (:func:`~kernels.config.prefill_like` false) without a ``block_m``, ``num_warps``,
-    ``num_stages``, ``value_blocks`` or ``tiles_per_step`` override (the tile has its own
-    launch). Where the split plan runs decode it was as fast or faster than the 128-row tile on
-    every batch measured (reports/h100-round23/README.md)."""
+    """Why the keys-as-rows decode tile cannot serve this call (None: it can). It needs the
+    split plan on the 128-key Gluon kernels, a GQA group of at most 32 heads, and none of the
+    launch overrides it does not take (``block_m``, ``num_warps``, ``value_blocks`` other than
+    1, ``tiles_per_step`` other than 1: ``num_stages`` other than 3 already leaves the Gluon
+    kernels). With ``tuning.keys_rows`` True any such batch qualifies (prompts too: correct, not
+    fast); otherwise, from shapes alone, only batches of at most ``kt_rows(G) // G`` query
+    tokens per request on average (decode; its blocks hold that many tokens, and each block
+    walks its request's keys) with GQA groups of at most 16 (groups of 17-32 were not run on a
+    GPU), and no ``num_stages`` override either: where the split plan runs such batches it was
+    1-7% faster than the 128-row tile on every one timed (reports/h100-round23/README.md)."""
     if plan != "split" or not use_gluon:
-        return f"the split plan on the 128-key Gluon kernels, got plan {plan!r}, gluon {use_gluon}"
+        return (f"the split plan on the 128-key Gluon kernels, got plan {plan!r}, gluon "
+                f"{use_gluon} (LaunchPlan.gluon; Tuning(gluon=True) names why it is off)")
     if G > 32:
         return f"a GQA group of at most 32 query heads, got {G}"
+    given = [f"{name}={getattr(tuning, name)}" for name, free in (
+        ("block_m", None), ("num_warps", None), ("value_blocks", 1), ("tiles_per_step", 1))
+        if getattr(tuning, name) not in (None, free)]
+    if given:
+        return f"no block_m, num_warps, value_blocks or tiles_per_step override, got {given}"
     if tuning.keys_rows:
         return None
-    if prefill_like(T, G, B):
-        return f"a decode-like batch, got {T} query tokens for {B} requests"
-    overrides = [name for name in ("block_m", "num_warps", "num_stages", "value_blocks",
-                                   "tiles_per_step") if getattr(tuning, name) is not None]
-    return f"no launch override, got {overrides}" if overrides else None
+    from kernels import _gluon  # light: imports no Triton
+
+    per_request = _gluon.kt_rows(G) // G
+    if G > 16 or per_request * B < T or tuning.num_stages is not None \
+            or tuning.value_blocks is not None or tuning.tiles_per_step is not None:
+        return (f"(for the default) a GQA group of at most 16, at most {per_request} query "
+                f"tokens per request and no launch override")
+    return None
 
 
 def _gluon_installed(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:

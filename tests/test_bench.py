@@ -960,8 +960,10 @@ def test_probe_round23_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setattr(probe, "call", fake_call)
     for cell, tuning in probe.TIME_CELLS.values():
         probe.make(None, cell, tuning)()
-    assert ("auto", probe.KT, None) not in seen
-    assert ("auto", probe.NO_KT, None) in seen and ("split", probe.KT, 1024) in seen
+    default = kernels.DEFAULT_SPLIT_SIZE
+    assert seen == [("auto", probe.NO_KT, default), ("auto", None, default),
+                    ("split", probe.KT, default), ("auto", probe.NO_KT, None),
+                    ("auto", None, None)]
     with pytest.raises(AttributeError, match="KT_DIAG"):
         probe.make(None, "split+diag1", probe.KT)()
     for bad in ("splat", "split+diag3", "split+ahead"):

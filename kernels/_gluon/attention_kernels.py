@@ -3,7 +3,7 @@
 
 Written for Triton 3.6's Gluon (``kernels._gluon.available`` gates the import: Gluon is
 experimental and its API moves between releases). 128 rows on two consumer warpgroups of 64 rows
-each plus one loader warp, in two kernels:
+each plus one loader warp, in two kernels (a third, for decode, below the list):
 
 - ``_fused_prefill_kernel``: the fused plan, one program per (query-block slot, KV head), as the
   Triton fused kernel with its nested loop (``_unified_attention_fused_kernel``, ``IS_NESTED``):
@@ -16,7 +16,7 @@ each plus one loader warp, in two kernels:
   rows on one consumer warpgroup, with the KV tile on the MMA's M dimension and the row sum in
   the 128-row tile's order (``_row_sum_t``; kernels/README.md, "The keys-as-rows decode tile").
 
-In both:
+In both (and, with its one warpgroup, in the third):
 
 - the loader warp brings each KV tile's K and V by TMA through the block table (one box per
   page, or one box of the tile inside a larger page) into a ring of ``STAGES`` slots, handed
@@ -44,7 +44,9 @@ shapes (m64nBLOCK_Nk16 scores, m64nDk16 ``p @ v`` over the program's D V columns
 or 32 with V column blocks, fp32 accumulators), the splits folded by
 the package's own ``state_fold`` after each split and normalised by ``state_normalize``. The
 issue order moves no bit (it changes when an instruction runs, not what it computes). The Triton
-jit functions are compiled as Gluon (``gluon.jit(fn.fn)``), so the arithmetic is one source. V
+jit functions are compiled as Gluon (``gluon.jit(fn.fn)``), so the arithmetic is one source
+(except in ``_kt_rows``, whose transposed tile restates ``_tile_weights``' few operations along
+the other axis and rebuilds ``_tile_sum``'s reduction order: the GPU bit tests guard them). V
 rows at or past a request's ``kv_len`` are zeroed in shared memory before ``p @ v`` (the Triton
 kernels' masked loads give 0 there; TMA copies whatever the page holds, NaN included).
 """
@@ -97,11 +99,11 @@ SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
 @gluon.jit
 def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Rows ``>= valid`` of a V slot ``[BLOCK_N, HEAD_DIM]`` (``HEAD_DIM``: the slot's columns,
-    32-128) set to +0, 16 rows at a time (only
-    the chunks that hold such rows are rewritten), then fenced for the tensor cores and a
-    barrier of this warpgroup. Both warpgroups do it on the same slot, and one's stores may meet
-    the other's ``p @ v`` reading the slot: they store the bytes the slot already holds (its
-    valid rows) or the same zeros, so any order reads the same values."""
+    32-128) set to +0, 16 rows at a time (only the chunks that hold such rows are rewritten),
+    then fenced for the tensor cores and a barrier of this warpgroup. In the two-warpgroup
+    kernels both do it on the same slot, and one's stores may meet the other's ``p @ v`` reading
+    the slot: they store the bytes the slot already holds (its valid rows) or the same zeros, so
+    any order reads the same values."""
     L16: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
                                          threads_per_warp=[256 // HEAD_DIM, HEAD_DIM // 8],
                                          warps_per_cta=[4, 1], order=[1, 0])

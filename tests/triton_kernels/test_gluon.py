@@ -309,23 +309,33 @@ def test_keys_rows_tile_gives_the_same_bits(dtype, make_batch, args_of, assert_s
                                             heads: str, layout: str) -> None:
     # The keys-as-rows decode tile (keys on the MMA's M, blocks of 8-32 rows, the row sum in
     # the 128-row tile's order) against the 128-row split tile and the fused plan: one split
-    # per row (the direct store) and 256-token splits (the merge), NaN in every unused slot.
+    # per row (4096 tokens: the direct store), 1024- and 256-token splits (the merge), NaN in
+    # every unused slot. Forced: the chunks of 5 tokens hold more than a block of groups 8 and
+    # 16 (auto keeps the 128-row tile there).
     _half(dtype)
     batch = make_batch(dtype, DECODE, LAYOUTS[layout], HEADS[heads])
     args = args_of(batch)
     from kernels import _gluon
 
     group = HEADS[heads].num_q_heads // HEADS[heads].num_kv_heads
-    for split in (1024, 256):
-        lp = plan_attention(*args, plan="split", split_size=split)
+    results = {}
+    for split in (4096, 1024, 256):
+        lp = plan_attention(*args, plan="split", split_size=split, tuning=KEYS_ROWS)
         assert lp.keys_rows and lp.gluon and lp.value_blocks == 1
+        assert lp.num_splits == (1 if split == 4096 else -(-3000 // split))
         assert lp.block_m == _gluon.kt_rows(group) and lp.block_q == lp.block_m // group
-        got = unified_attention(*args, plan="split", split_size=split)
+        got = results[split] = unified_attention(*args, plan="split", split_size=split,
+                                                 tuning=KEYS_ROWS)
         assert_same_bits(got, unified_attention(*args, plan="split", split_size=split,
                                                 tuning=ROWS_128),
                          f"keys-as-rows vs 128-row split tile ({heads}, {layout}, {split})")
         assert_same_bits(got, unified_attention(*args, plan="fused", split_size=split),
                          f"keys-as-rows vs fused plan ({heads}, {layout}, {split})")
+    # The control: the tile at another split size differs in some bit of out or lse, so the
+    # comparisons above can fail.
+    a, b = results[1024], results[256]
+    assert not (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
+                and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))
 
 
 def test_keys_rows_tile_on_prompts_and_under_capture(dtype, make_batch, args_of,

@@ -586,10 +586,11 @@ def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, devi
 
 
 def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
-    # As on an H100 with Triton 3.6's Gluon: a decode-like batch in the split plan takes the
+    # As on an H100 with Triton 3.6's Gluon: a decode batch in the split plan takes the
     # keys-as-rows tile (rows: the GQA group rounded up to 8, 16 or 32; 4 warps, 3 ring slots,
-    # 1 V block); prompts, the fused plan, overrides and keys_rows=False keep the 128-row tile;
-    # keys_rows=True forces it on prompts and names what is missing elsewhere.
+    # 1 V block); prompts, chunks of more tokens than its blocks hold, the fused plan, overrides
+    # and keys_rows=False keep the 128-row tile; keys_rows=True forces it on prompts and names
+    # what is missing elsewhere.
     import kernels._gluon as gluon_module
     import kernels.attention as attention
 
@@ -607,11 +608,20 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     with pytest.raises(ValueError, match="at most 32 query heads, got 33"):
         gluon_module.kt_rows(33)
     auto = plan_attention(*decode, validate=False)
-    assert auto.keys_rows == (auto.plan == "split")
+    assert auto.plan == "split" and auto.keys_rows  # 4 requests on 2 KV heads: a small grid
+    # Overrides the Gluon tile takes (it stays on) but the keys-as-rows tile does not.
+    for tuning in (Tuning(block_m=128), Tuning(num_warps=8), Tuning(num_stages=3),
+                   Tuning(value_blocks=2), Tuning(value_blocks=1), Tuning(tiles_per_step=1)):
+        lp = plan_attention(*decode, validate=False, plan="split", tuning=tuning)
+        assert lp.gluon and not lp.keys_rows, tuning
+    # Chunks of 3 tokens (more than the 2 a block of group 4 holds): the 128-row tile.
+    chunks = (torch.zeros(12, 8, 128, dtype=torch.bfloat16, device=device), *decode[1:3],
+              torch.arange(0, 13, 3, dtype=torch.int32, device=device), *decode[4:])
+    assert not plan_attention(*chunks, validate=False, plan="split").keys_rows
+    assert plan_attention(*chunks, validate=False, plan="split",
+                          tuning=Tuning(keys_rows=True)).keys_rows
     for args, kw in ((prompt, dict(plan="split")), (decode, dict(plan="fused")),
                      (decode, dict(plan="split", tuning=Tuning(keys_rows=False))),
-                     (decode, dict(plan="split", tuning=Tuning(value_blocks=2))),
-                     (decode, dict(plan="split", tuning=Tuning(num_stages=2))),
                      (decode, dict(plan="split", tuning=Tuning(gluon=False)))):
         lp = plan_attention(*args, validate=False, **kw)  # type: ignore[arg-type]
         assert not lp.keys_rows, kw
@@ -620,9 +630,25 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     with pytest.raises(ValueError, match="keys_rows=True needs the split plan on the 128-key "
                                          "Gluon kernels, got plan 'fused'"):
         plan_attention(*decode, validate=False, plan="fused", tuning=Tuning(keys_rows=True))
-    with pytest.raises(ValueError, match="gluon False"):
+    with pytest.raises(ValueError, match=r"gluon False \(LaunchPlan.gluon"):
         plan_attention(*decode, validate=False, plan="split",
                        tuning=Tuning(keys_rows=True, gluon=False))
+    with pytest.raises(ValueError, match=r"override, got \['value_blocks=2'\]$"):
+        plan_attention(*decode, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, value_blocks=2))
+    # auto chose the fused plan (32 balanced decodes, by the caller's lengths): the message
+    # says so; for a group above 32 it does not (auto's split choice is not the problem).
+    q, k, v, _, kv, table = decode
+    many = (q.repeat(8, 1, 1), k, v, torch.arange(33, dtype=torch.int32, device=device),
+            kv.repeat(8), table.repeat(8, 1))
+    with pytest.raises(ValueError, match=r"got plan 'fused'.*\(plan='auto' chose another"):
+        plan_attention(*many, validate=False, host_lens=([1] * 32, [2048] * 32),
+                       tuning=Tuning(keys_rows=True))
+    wide_group = (torch.zeros(4, 128, 128, dtype=torch.bfloat16, device=device), *decode[1:])
+    assert plan_attention(*wide_group, validate=False).plan == "split"
+    with pytest.raises(ValueError, match=r"at most 32 query heads, got 64$") as info:
+        plan_attention(*wide_group, validate=False, tuning=Tuning(keys_rows=True))
+    assert "chose another plan" not in str(info.value)
     # Off Hopper (or without Gluon) there is no such tile: the default never takes it.
     monkeypatch.setattr(attention, "_sm_major", lambda device: 8)
     assert not plan_attention(*decode, validate=False, plan="split").keys_rows
