@@ -160,10 +160,11 @@ RING_SLOTS_KT = 3
 def kt_rows(group: int) -> int:
     """Rows per block of the keys-as-rows decode tile (the MMA's N) for GQA group ``group``:
     the smallest of 8, 16, 32 that holds one token's group."""
-    for rows in (8, 16, 32):
-        if group <= rows:
-            return rows
-    raise ValueError(f"kt_rows: expected a GQA group of at most 32 query heads, got {group}")
+    if not 1 <= group <= 32:
+        raise ValueError(f"kt_rows: expected a GQA group of 1 to 32 query heads, got {group}")
+    from kernels.config import rows_per_block  # no Triton import
+
+    return rows_per_block(8, group)[0]
 
 
 def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

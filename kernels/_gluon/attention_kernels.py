@@ -175,6 +175,26 @@ def _store_folded(f_acc, f_l, f_m, out_ptr, lse_ptr, half, i_qblk, q_start, q_le
 
 
 @gluon.jit
+def _store_split(acc, l_i, m_i, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row,
+                 m_ml, o_d, i_kvh, Hq, i_split, num_splits, G: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, IS_DIRECT: gl.constexpr):
+    """The split kernels' end for rows (tok, g) where ``m_row``, columns ``o_d``: with
+    ``IS_DIRECT`` (one split per row) the state normalised into out and lse, else the raw state
+    ``(acc, m, l)`` into the workspace at split ``i_split`` (m and l where ``m_ml``), where
+    ``_unified_attention_split_kernel`` writes them. ``l_i`` and ``m_i`` in ``acc``'s row
+    layout."""
+    if IS_DIRECT:
+        b_o, b_lse = _normalize(acc, l_i, m_i)
+        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_ml, i_kvh, Hq, o_d,
+                      G, HEAD_DIM)
+    else:
+        i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
+        gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
+        gl.store(ws_ml_ptr + 2 * i_ws, m_i, mask=m_ml)
+        gl.store(ws_ml_ptr + 2 * i_ws + 1, l_i, mask=m_ml)
+
+
+@gluon.jit
 def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
                  kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
                  G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -496,15 +516,9 @@ def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_p
     else:  # m, l and the LSE from the program of V column block 0
         o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, O_L))
         m_ml = m_row & (i_vb == 0)
-    if IS_DIRECT:
-        b_o, b_lse = _normalize(acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O))
-        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_ml, i_kvh, Hq, o_d,
-                      G, HEAD_DIM)
-    else:
-        i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
-        gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_row[:, None])
-        gl.store(ws_ml_ptr + 2 * i_ws, gl.convert_layout(m_i, ROW_O), mask=m_ml)
-        gl.store(ws_ml_ptr + 2 * i_ws + 1, gl.convert_layout(l_i, ROW_O), mask=m_ml)
+    _store_split(acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O), ws_o_ptr,
+                 ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row, m_ml, o_d, i_kvh, Hq,
+                 i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
@@ -615,7 +629,7 @@ def _split_kernel(
 
 # ------------------------------------------------------------------------------------------------
 # The split plan's decode tile with the keys on the MMA's rows (128-key tiles): the same bits as
-# ``_split_kernel`` with 16x less padding on the tensor cores and exponentials when a block has
+# ``_split_kernel`` with 8x less padding on the tensor cores and exponentials when a block has
 # a few rows (kernels/README.md, "The keys-as-rows decode tile").
 # ------------------------------------------------------------------------------------------------
 
@@ -696,15 +710,8 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     o_m = gl.arange(0, ROWS, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OUT_L))
-    if IS_DIRECT:
-        b_o, b_lse = _normalize(b_acc, b_l, b_m)
-        _store_rows_g(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, m_row, i_kvh, Hq, o_d,
-                      G, HEAD_DIM)
-    else:
-        i_ws = ((q_start + tok).to(gl.int64) * Hq + (i_kvh * G + g)) * num_splits + i_split
-        gl.store(ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :], b_acc, mask=m_row[:, None])
-        gl.store(ws_ml_ptr + 2 * i_ws, b_m, mask=m_row)
-        gl.store(ws_ml_ptr + 2 * i_ws + 1, b_l, mask=m_row)
+    _store_split(b_acc, b_l, b_m, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row,
+                 m_row, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
