@@ -438,6 +438,7 @@ def choose_plan(
     total_tiles: int | None = None,
     decode: bool = False,
     gluon: bool = False,
+    keys_rows: bool = False,
 ) -> str:
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
@@ -458,11 +459,23 @@ def choose_plan(
     programs) 1.08-3.07x. So there the split plan takes grids of at most a quarter of the SMs,
     and a larger under-filled grid is fused when its lengths are balanced (with statistics: the
     longest program walks at most twice the average); the other rules follow.
+
+    Where the split plan would run the keys-as-rows decode tile (``keys_rows``: a decode batch
+    it takes, kernels/README.md, "The keys-as-rows decode tile") the split plan is faster still
+    (reports/h100-round24/README.md, GQA group 4): it takes every batch whose rows fit one split
+    (its direct store, no merge: 0.93-0.98x the fused plan's time on 8-256 decodes of 512-1024
+    keys, whatever the grid), and an under-filled grid is fused only when the longest program
+    walks at most 1.5 times the average (mixed lengths at 1.6-1.74 times took 0.63-0.86x split;
+    equal lengths of 2k-8k keys 1.00-1.07x).
     """
     if gluon and num_programs * 4 <= num_sms:
         return "split"
+    if keys_rows and max_kv_len <= split_tokens:
+        return "split"
+    balanced = 3 if keys_rows else 4  # the longest program, in halves of the average
     if (gluon and num_programs < num_sms and longest_tiles is not None
-            and total_tiles is not None and longest_tiles * num_programs <= 2 * total_tiles):
+            and total_tiles is not None
+            and 2 * longest_tiles * num_programs <= balanced * total_tiles):
         return "fused"
     if num_programs < num_sms:
         # Even with one split: the split kernel's tile loop has no split-boundary branch, and on

@@ -609,6 +609,18 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
         gluon_module.kt_rows(33)
     auto = plan_attention(*decode, validate=False)
     assert auto.plan == "split" and auto.keys_rows  # 4 requests on 2 KV heads: a small grid
+    # 160 decodes of 1024 tokens (320 programs, more than the SMs): rows of one split take the
+    # tile in the split plan; on the 128-row tile they are fused.
+    cache = decode[1]
+    many = (torch.zeros(160, 8, 128, dtype=torch.bfloat16, device=device), cache, cache.clone(),
+            torch.arange(161, dtype=torch.int32, device=device),
+            torch.full((160,), 1024, dtype=torch.int32, device=device),
+            torch.arange(64, dtype=torch.int32, device=device).repeat(160, 1))
+    for tuning, plan, keys_rows in ((None, "split", True),
+                                    (Tuning(keys_rows=False), "fused", False)):
+        lp = plan_attention(*many, validate=False, host_lens=([1] * 160, [1024] * 160),
+                            tuning=tuning)
+        assert (lp.plan, lp.keys_rows) == (plan, keys_rows), tuning
     # Overrides the Gluon tile takes (it stays on) but the keys-as-rows tile does not.
     for tuning in (Tuning(block_m=128), Tuning(num_warps=8), Tuning(num_stages=3),
                    Tuning(value_blocks=2), Tuning(value_blocks=1), Tuning(tiles_per_step=1)):
@@ -932,6 +944,30 @@ def test_the_gluon_kernels_fuse_balanced_under_filled_grids() -> None:
     assert choose_plan(544, 132, 32768, 1024, longest_tiles=128, total_tiles=544 * 128,
                        decode=True, gluon=True) == "fused"
     assert choose_plan(544, 132, 32768, 1024, decode=True, gluon=True) == "split"
+
+
+def test_the_keys_as_rows_tile_takes_one_split_rows_and_mixed_lengths() -> None:
+    from kernels.config import choose_plan
+
+    kw = dict(decode=True, gluon=True)
+    # Rows that fit one split (the tile's direct store): split on the tile whatever the grid,
+    # fused on the 128-row tile once the grid is a quarter of the SMs or more.
+    for programs in (64, 512, 2048):
+        stats = dict(longest_tiles=8, total_tiles=programs * 8)
+        assert choose_plan(programs, 132, 1024, 1024, keys_rows=True, **stats, **kw) == "split"
+        assert choose_plan(programs, 132, 1024, 1024, **stats, **kw) == "fused"
+    assert choose_plan(64, 132, 1025, 1024, keys_rows=True, longest_tiles=9, total_tiles=64 * 9,
+                       **kw) == "fused"  # two splits, equal lengths: fused
+    # An under-filled grid fuses on the tile only up to 1.5x the average walk, else 2x.
+    for total, with_tile, without in ((64 * 43, "fused", "fused"), (64 * 42, "split", "fused"),
+                                      (64 * 31, "split", "split")):
+        got = [choose_plan(64, 132, 8192, 1024, longest_tiles=64, total_tiles=total,
+                           keys_rows=kt, **kw) for kt in (True, False)]
+        assert got == [with_tile, without], total
+    # Without statistics a bound above the split keeps the other rules.
+    assert choose_plan(544, 132, 32768, 1024, keys_rows=True, **kw) == "split"
+    assert choose_plan(544, 132, 2048, 1024, keys_rows=True, longest_tiles=16,
+                       total_tiles=544 * 16, **kw) == "fused"
 
 
 def test_host_lens_steer_the_plan_without_a_sync(dtype: torch.dtype, make_batch, args_of,
