@@ -655,11 +655,28 @@ def _row_sum_t(p_t, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, COL_L: gl.constex
 
 
 @gluon.jit
+def _fold_t(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    """``state_fold`` (kernels/_triton/merge_kernels.py) on transposed states: ``acc_*``
+    ``[HEAD_DIM, ROWS]``, ``m_*`` and ``l_*`` ``[ROWS]`` in its column layout. The same
+    operations, element for element (round-24 experiment: the reduction tree)."""
+    a_empty = m_a == float("-inf")
+    b_empty = m_b == float("-inf")
+    m = gl.maximum(m_a, m_b)
+    m_safe = gl.where(a_empty & b_empty, 0.0, m)
+    neg_zero = gl.cast(-2147483648, gl.float32, bitcast=True)
+    w_a = gl.where(b_empty, 1.0, gl.where(a_empty, neg_zero, gl.exp2(m_a - m_safe)))
+    w_b = gl.where(b_empty, neg_zero, gl.where(a_empty, 1.0, gl.exp2(m_b - m_safe)))
+    l = gl.fma(l_a, w_a, l_b * w_b)
+    acc = gl.fma(acc_a, w_a[None, :], acc_b * w_b[None, :])
+    return m, l, acc
+
+
+@gluon.jit
 def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk,
              q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split, num_splits,
              qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr):
+             IS_DIRECT: gl.constexpr, LEAF_TILES: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
     weights (``_tile_weights``' operations along axis 0: the max is exact in any order), the
@@ -677,6 +694,10 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
     p_t_s = p_s.permute((1, 0))
+    # The tree (LEAF_TILES > 0): the fold of this program's finished leaves.
+    g_m = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
+    g_l = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
+    g_acc = gl.full([HEAD_DIM, ROWS], 0.0, gl.float32, layout=ST_L)
     for t in range(0, n):
         j = j_lo + t
         s = t % STAGES
@@ -701,6 +722,14 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
         acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_t_s, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
         mbarrier.arrive(empty.index(s))
+        if LEAF_TILES > 0:  # noqa: SIM102 (a constexpr guard)
+            if ((t + 1) % LEAF_TILES == 0) | (t + 1 == n):
+                g_m, g_l, g_acc = _fold_t(g_m, g_l, g_acc, m_i, l_i, acc)
+                m_i = gl.full_like(m_i, float("-inf"))
+                l_i = gl.full_like(l_i, 0.0)
+                acc = gl.full_like(acc, 0.0)
+    if LEAF_TILES > 0:
+        m_i, l_i, acc = g_m, g_l, g_acc
     OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
                                            warps_per_cta=[4, 1], order=[1, 0])
     ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
@@ -747,6 +776,7 @@ def _split_kt_kernel(
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+    LEAF_TILES: gl.constexpr = 0,  # round-24 experiment: fold leaves of this many tiles
 ):
     """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (one consumer warpgroup; the loader warp
     is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on the MMA's
@@ -790,6 +820,6 @@ def _split_kt_kernel(
         (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
                     i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N, STAGES,
-                    IS_DIRECT)),
+                    IS_DIRECT, LEAF_TILES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [1], [24])

@@ -1,0 +1,125 @@
+"""Round-24 probe (H100): where the keys-as-rows tile beats the fused plan, and a two-level
+reduction tree (reports/h100-round24/).
+
+    python benchmarks/probe_round24.py OUT_DIR plans [WORKLOAD ...]
+    python benchmarks/probe_round24.py OUT_DIR tree-bits|tree-times [WORKLOAD ...]
+
+``plans``: at bf16, CUDA-graph replays with L2 flushed (medians of 20), interleaved in
+``REPEATS`` repeats, on decode batches of 8-256 requests and mixed lengths: the fused plan
+(``plan="fused"``), the split plan on the keys-as-rows tile (``plan="split"``,
+``Tuning(keys_rows=True)``) and ``plan="auto"``, each against the fused plan. Into
+``plans.jsonl``.
+
+``tree-bits`` and ``tree-times`` need the experiment switch ``kernels._gluon.TREE`` (the
+experiment commit of round 24 only; elsewhere they exit). With ``TREE = (leaf, group)`` the
+keys-as-rows split plan reduces each row over a fixed two-level tree: chains of ``leaf`` keys,
+left-folded within each ``group`` of keys at absolute positions, the groups left-folded. A
+program runs one leaf (``split_size=leaf``; the merge folds leaves into groups, then groups) or
+one group (``split_size=group``; the program folds its leaves, the merge folds groups): the same
+bits by construction, a free choice per batch.
+
+``tree-bits``: bf16 and fp16, out and LSE of the tree run by leaves against the tree run by
+groups (must not differ), with two controls that must differ: the tree against today's
+1024-token chains, and the flat 256-token contract. Into ``tree-bits.jsonl``.
+
+``tree-times``: bf16 timing (as ``plans``) of today's default, the tree by leaves, the tree by
+groups, and the control (``split_size=None``), each against today's default. Into
+``tree-times.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+import kernels
+import kernels._gluon as kg
+from benchmarks.probe_round4 import call, patched
+from benchmarks.probe_round5 import _bits_vs
+from benchmarks.probe_round11 import _workload
+from benchmarks.probe_round20 import _record, times
+from invariance.bench import build_batch
+
+T = kernels.Tuning
+KT = T(keys_rows=True)
+REPEATS = 5
+STEPS = "plans|tree-bits|tree-times"
+PLAN_WORKLOADS = ["decode:512x8", "decode:1kx8", "decode:2kx8", "decode:4kx8", "decode:8kx8",
+                  "decode:1kx16", "decode:2kx16", "decode:4kx16", "decode:1kx32",
+                  "decode:2kx32", "decode:512x64", "decode:1kx64", "decode:2kx64",
+                  "decode:512x256", "decode:1kx256", "decode:777x3,3001x2",
+                  "decode:1kx4,4kx4", "decode:300x16,2kx4", "decode:100x20,1500x12",
+                  "decode-b8-ctx8k", "decode-b64-ctx8k"]
+PLAN_CELLS = {"fused": ("fused", None), "split-kt": ("split", KT), "auto": ("auto", None)}
+#: The experiment's tree: 256-token leaves in 1024-token groups.
+TREE = (256, 1024)
+#: Whether this commit has the tree switch (the round-24 experiment commit only).
+HAS_TREE = hasattr(kg, "TREE")
+TREE_BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:100x3",
+                       "decode:3000x2", "decode:1kx8", "chunk:5/1000x2"]
+TREE_TIME_WORKLOADS = [f"decode:{n}x{b}" for n in ("1k", "2k", "3k", "4k", "6k", "8k", "12k",
+                                                     "16k", "24k", "32k") for b in (1, 2, 4)]
+
+
+def make(batch, cell: str, tuning):
+    """``cell``: ``default`` (today's auto), ``control`` (``split_size=None``), ``flat256``
+    (256-token chains, no tree), ``tree-leaf`` / ``tree-group`` (the tree run by leaves or by
+    groups, split plan on the keys-as-rows tile)."""
+    if cell == "default":
+        return call(batch, "auto", tuning)
+    if cell == "control":
+        return call(batch, "auto", tuning, split_size=None)
+    if cell == "flat256":
+        return call(batch, "split", KT, split_size=TREE[0])
+    if cell in ("tree-leaf", "tree-group"):
+        size = TREE[0] if cell == "tree-leaf" else TREE[1]
+        return patched(call(batch, "split", KT, split_size=size), kg, "TREE", TREE)
+    raise ValueError(f"cell {cell!r}: expected default, control, flat256, tree-leaf, tree-group")
+
+
+TREE_BIT_CELLS = {"leaf-vs-group": ("tree-group", "tree-leaf"),
+                  "control-vs-today": ("default", "tree-group"),
+                  "control-vs-flat256": ("flat256", "tree-leaf")}
+TREE_TIME_CELLS = {"default": ("default", None), "tree-leaf": ("tree-leaf", None),
+                   "tree-group": ("tree-group", None), "control": ("control", None)}
+
+
+def tree_bits(out_dir: str, specs: list[str]) -> None:
+    rows: list[dict] = []
+    for spec in specs or TREE_BITS_WORKLOADS:
+        for dtype in (torch.bfloat16, torch.float16):
+            batch = build_batch(_workload(spec), dtype=dtype)
+            row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
+                             bits_differing={})
+            for name, (a, b) in TREE_BIT_CELLS.items():
+                try:
+                    row["bits_differing"][name] = _bits_vs(make(batch, a, None)(),
+                                                           make(batch, b, None)())
+                except Exception as exc:  # a probe: record and go on
+                    row["bits_differing"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            del batch
+            _record(rows, row, out_dir, "tree-bits.jsonl")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) < 2 or args[1] not in STEPS.split("|"):
+        sys.exit(f"usage: python benchmarks/probe_round24.py OUT_DIR {STEPS} [WORKLOAD ...]")
+    out_dir, step, specs = args[0], args[1], args[2:]
+    if step.startswith("tree") and not HAS_TREE:
+        sys.exit(f"{step}: needs kernels._gluon.TREE (the round-24 experiment commit)")
+    os.makedirs(out_dir, exist_ok=True)
+    if step == "plans":
+        times(out_dir, specs, cells=PLAN_CELLS, base="fused", defaults=PLAN_WORKLOADS,
+              repeats=REPEATS, name="plans.jsonl")
+    elif step == "tree-bits":
+        tree_bits(out_dir, specs)
+    else:
+        times(out_dir, specs, cells=TREE_TIME_CELLS, base="default",
+              defaults=TREE_TIME_WORKLOADS, repeats=REPEATS, make=make, name="tree-times.jsonl")
+
+
+if __name__ == "__main__":
+    main()
