@@ -6,7 +6,8 @@
 #   probe: the parts of benchmarks/probe_round24.py named in $PARTS ("plans" by default), each
 #          into PART.txt and its jsonl
 #   ktests: the keys-as-rows Gluon tests (test_gluon.py -k "keys_rows or value_blocks or
-#          auto_takes"), bf16 first (round 23 left them unrun), then fp16, verbose
+#          auto_takes", or $KT_K), bf16 first (round 23 left them unrun), then fp16 (or the
+#          dtypes in $KT_DTYPES), verbose, $KT_S seconds each
 #   tests, final, check, bench, san: the steps shared with rounds 21-23 (gpu_steps_21.sh)
 set -u
 STEP=${1:?usage: sh benchmarks/gpu_round24.sh probe|ktests|tests|final|check|bench|san}
@@ -22,9 +23,9 @@ step_probe() {
 
 step_ktests() {
   step_info
-  for dt in bfloat16 float16; do
+  for dt in ${KT_DTYPES:-bfloat16 float16}; do
     s=$(date +%s)
-    INVARIANCE_DTYPE=$dt PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 ${KT_S:-280} python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE -k "keys_rows or value_blocks or auto_takes" tests/triton_kernels/test_gluon.py > $C/ktests-$dt.txt 2>&1
+    INVARIANCE_DTYPE=$dt PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 ${KT_S:-280} python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE -k "${KT_K:-keys_rows or value_blocks or auto_takes}" tests/triton_kernels/test_gluon.py > $C/ktests-$dt.txt 2>&1
     echo "$dt rc=$? wall $(( $(date +%s) - s )) s"; grep -E "passed|failed|FAILED|Error" $C/ktests-$dt.txt | tail -6 | cut -c1-300
   done
 }

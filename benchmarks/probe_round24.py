@@ -22,6 +22,11 @@ bits by construction, a free choice per batch.
 groups (must not differ), with two controls that must differ: the tree against today's
 1024-token chains, and the flat 256-token contract. Into ``tree-bits.jsonl``.
 
+``tree-fused``: the tree in the fused Gluon kernel (its third state in registers): its bits
+against the tree run by leaves and by groups (must not differ; today's chains must), then
+its times against today's default on prompts and decodes. Into ``tree-fused-bits.jsonl`` and
+``tree-fused-times.jsonl``.
+
 ``tree-times``: bf16 timing (as ``plans``) of today's default, the tree by leaves, the tree by
 groups, and the control (``split_size=None``), each against today's default. Into
 ``tree-times.jsonl``.
@@ -45,7 +50,7 @@ from invariance.bench import build_batch
 T = kernels.Tuning
 KT = T(keys_rows=True)
 REPEATS = 5
-STEPS = "plans|tree-bits|tree-times"
+STEPS = "plans|tree-bits|tree-times|tree-fused"
 PLAN_WORKLOADS = ["decode:512x8", "decode:1kx8", "decode:2kx8", "decode:4kx8", "decode:8kx8",
                   "decode:1kx16", "decode:2kx16", "decode:4kx16", "decode:1kx32",
                   "decode:2kx32", "decode:512x64", "decode:1kx64", "decode:2kx64",
@@ -73,6 +78,8 @@ def make(batch, cell: str, tuning):
         return call(batch, "auto", tuning, split_size=None)
     if cell == "flat256":
         return call(batch, "split", KT, split_size=TREE[0])
+    if cell == "tree-fused":
+        return patched(call(batch, "fused", None, split_size=TREE[1]), kg, "TREE", TREE)
     if cell in ("tree-leaf", "tree-group"):
         size = TREE[0] if cell == "tree-leaf" else TREE[1]
         return patched(call(batch, "split", KT, split_size=size), kg, "TREE", TREE)
@@ -82,25 +89,32 @@ def make(batch, cell: str, tuning):
 TREE_BIT_CELLS = {"leaf-vs-group": ("tree-group", "tree-leaf"),
                   "control-vs-today": ("default", "tree-group"),
                   "control-vs-flat256": ("flat256", "tree-leaf")}
+TREE_FUSED_BIT_CELLS = {"fused-vs-group": ("tree-group", "tree-fused"),
+                        "fused-vs-leaf": ("tree-leaf", "tree-fused"),
+                        "control-vs-today": ("default", "tree-fused")}
+TREE_FUSED_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:3000x2",
+                        "decode:1kx8", "chunk:5/1000x2"]
+TREE_FUSED_TIMES = ["prefill-varlen", "mixed64", "decode-b8-ctx8k", "decode-b64-ctx8k"]
 TREE_TIME_CELLS = {"default": ("default", None), "tree-leaf": ("tree-leaf", None),
                    "tree-group": ("tree-group", None), "control": ("control", None)}
 
 
-def tree_bits(out_dir: str, specs: list[str]) -> None:
+def tree_bits(out_dir: str, specs: list[str], cells: dict = TREE_BIT_CELLS,
+              defaults: list[str] = TREE_BITS_WORKLOADS, name: str = "tree-bits.jsonl") -> None:
     rows: list[dict] = []
-    for spec in specs or TREE_BITS_WORKLOADS:
+    for spec in specs or defaults:
         for dtype in (torch.bfloat16, torch.float16):
             batch = build_batch(_workload(spec), dtype=dtype)
             row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
                              bits_differing={})
-            for name, (a, b) in TREE_BIT_CELLS.items():
+            for cell, (a, b) in cells.items():
                 try:
-                    row["bits_differing"][name] = _bits_vs(make(batch, a, None)(),
+                    row["bits_differing"][cell] = _bits_vs(make(batch, a, None)(),
                                                            make(batch, b, None)())
                 except Exception as exc:  # a probe: record and go on
-                    row["bits_differing"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    row["bits_differing"][cell] = f"{type(exc).__name__}: {str(exc)[:300]}"
             del batch
-            _record(rows, row, out_dir, "tree-bits.jsonl")
+            _record(rows, row, out_dir, name)
 
 
 def main() -> None:
@@ -116,6 +130,13 @@ def main() -> None:
               repeats=REPEATS, name="plans.jsonl")
     elif step == "tree-bits":
         tree_bits(out_dir, specs)
+    elif step == "tree-fused":  # the fused plan's tree: bits, then times on prompts and decodes
+        tree_bits(out_dir, specs, cells=TREE_FUSED_BIT_CELLS, defaults=TREE_FUSED_WORKLOADS,
+                  name="tree-fused-bits.jsonl")
+        times(out_dir, [], cells={"default": ("default", None),
+                                  "tree-fused": ("tree-fused", None)},
+              base="default", defaults=TREE_FUSED_TIMES, repeats=3, make=make,
+              name="tree-fused-times.jsonl")
     else:
         times(out_dir, specs, cells=TREE_TIME_CELLS, base="default",
               defaults=TREE_TIME_WORKLOADS, repeats=REPEATS, make=make, name="tree-times.jsonl")

@@ -117,7 +117,18 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=ring_slots(block_n),
-        num_warps=4)
+        num_warps=4, **_tree_leaf(split_tiles, block_n))
+
+
+def _tree_leaf(split_tiles: int, block_n: int) -> dict[str, int]:
+    """Round-24 experiment: ``LEAF_TILES`` for the fused kernel under :data:`TREE` (its splits
+    are the tree's groups), else nothing."""
+    if TREE is None:
+        return {}
+    leaf, group = TREE
+    if split_tiles * block_n != group or block_n != 128:
+        raise ValueError(f"TREE {TREE}: the fused plan needs split_size {group} at 128 keys")
+    return {"LEAF_TILES": leaf // block_n}
 
 
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

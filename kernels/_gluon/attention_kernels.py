@@ -198,7 +198,8 @@ def _store_split(acc, l_i, m_i, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, 
 def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
                  kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
                  G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                 BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 LEAF_TILES: gl.constexpr = 0):
     """The 128-key tile's rows of one warpgroup in the serial order: tile j's ``p @ v``
     waited, the split folded at its end, then tile j + 1's scores and weights (with the fold
     state, FA3's order spills at 128 keys: kernels/README.md); then the store."""
@@ -218,6 +219,9 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
     f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
     f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
     f_acc = zero_o
+    g_m = f_m
+    g_l = f_l
+    g_acc = zero_o
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
@@ -232,7 +236,20 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(j % STAGES))
             new_split = (j + 1) % split_tiles == 0
-            if new_split | (j + 1 == n_tiles):
+            if LEAF_TILES > 0:
+                # Round-24 experiment: leaves folded into the group g, groups into f.
+                new_split = (j + 1) % LEAF_TILES == 0
+                if new_split | (j + 1 == n_tiles):
+                    g_m, g_l, g_acc = _fold(g_m, g_l, g_acc, gl.convert_layout(m_i, ROW_O),
+                                            gl.convert_layout(l_i, ROW_O), acc)
+                    l_i = gl.full_like(l_i, 0.0)
+                    acc = zero_o
+                if ((j + 1) % split_tiles == 0) | (j + 1 == n_tiles):
+                    f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, g_m, g_l, g_acc)
+                    g_m = gl.full_like(g_m, float("-inf"))
+                    g_l = gl.full_like(g_l, 0.0)
+                    g_acc = zero_o
+            elif new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
                 f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
                                         gl.convert_layout(l_i, ROW_O), acc)
@@ -253,7 +270,8 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
 def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              LEAF_TILES: gl.constexpr = 0):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
     64-key tiles in FA3's issue order; 128-key tiles in the serial order (:func:`_serial_rows`),
@@ -264,7 +282,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
         else:
             _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
                          q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)
+                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES)
     else:
         S_L: gl.constexpr = WG_S_L
         O_L: gl.constexpr = WG_O_L
@@ -387,6 +405,7 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
+    LEAF_TILES: gl.constexpr = 0,  # round-24 experiment: leaves of this many tiles
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -422,10 +441,10 @@ def _fused_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, 0, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [4, 1],
         [232, 24])
