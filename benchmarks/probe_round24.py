@@ -27,6 +27,10 @@ against the tree run by leaves and by groups (must not differ; today's chains mu
 its times against today's default on prompts and decodes. Into ``tree-fused-bits.jsonl`` and
 ``tree-fused-times.jsonl``.
 
+``tree-scratch``: ``tree-fused`` with the running fold of finished groups kept in global
+scratch between group ends (``kernels._gluon.TREE_SCRATCH``), plus prompts of 3000 and 1100
+tokens in the bits. Into ``tree-scratch-bits.jsonl`` and ``tree-scratch-times.jsonl``.
+
 ``tree-times``: bf16 timing (as ``plans``) of today's default, the tree by leaves, the tree by
 groups, and the control (``split_size=None``), each against today's default. Into
 ``tree-times.jsonl``.
@@ -50,7 +54,7 @@ from invariance.bench import build_batch
 T = kernels.Tuning
 KT = T(keys_rows=True)
 REPEATS = 5
-STEPS = "plans|tree-bits|tree-times|tree-fused"
+STEPS = "plans|tree-bits|tree-times|tree-fused|tree-scratch"
 PLAN_WORKLOADS = ["decode:512x8", "decode:1kx8", "decode:2kx8", "decode:4kx8", "decode:8kx8",
                   "decode:1kx16", "decode:2kx16", "decode:4kx16", "decode:1kx32",
                   "decode:2kx32", "decode:512x64", "decode:1kx64", "decode:2kx64",
@@ -80,6 +84,8 @@ def make(batch, cell: str, tuning):
         return call(batch, "split", KT, split_size=TREE[0])
     if cell == "tree-fused":
         return patched(call(batch, "fused", None, split_size=TREE[1]), kg, "TREE", TREE)
+    if cell == "tree-fused-scratch":  # the running fold in global scratch
+        return patched(make(batch, "tree-fused", tuning), kg, "TREE_SCRATCH", True)
     if cell in ("tree-leaf", "tree-group"):
         size = TREE[0] if cell == "tree-leaf" else TREE[1]
         return patched(call(batch, "split", KT, split_size=size), kg, "TREE", TREE)
@@ -92,6 +98,9 @@ TREE_BIT_CELLS = {"leaf-vs-group": ("tree-group", "tree-leaf"),
 TREE_FUSED_BIT_CELLS = {"fused-vs-group": ("tree-group", "tree-fused"),
                         "fused-vs-leaf": ("tree-leaf", "tree-fused"),
                         "control-vs-today": ("default", "tree-fused")}
+TREE_SCRATCH_BIT_CELLS = {"scratch-vs-group": ("tree-group", "tree-fused-scratch"),
+                          "scratch-vs-leaf": ("tree-leaf", "tree-fused-scratch"),
+                          "control-vs-today": ("default", "tree-fused-scratch")}
 TREE_FUSED_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:3000x2",
                         "decode:1kx8", "chunk:5/1000x2"]
 TREE_FUSED_TIMES = ["prefill-varlen", "mixed64", "decode-b8-ctx8k", "decode-b64-ctx8k"]
@@ -137,6 +146,14 @@ def main() -> None:
                                   "tree-fused": ("tree-fused", None)},
               base="default", defaults=TREE_FUSED_TIMES, repeats=3, make=make,
               name="tree-fused-times.jsonl")
+    elif step == "tree-scratch":  # tree-fused with the running fold in global scratch
+        tree_bits(out_dir, specs, cells=TREE_SCRATCH_BIT_CELLS,
+                  defaults=[*TREE_FUSED_WORKLOADS, "prefill:3000,1100"],
+                  name="tree-scratch-bits.jsonl")
+        times(out_dir, [], cells={"default": ("default", None),
+                                  "tree-fused-scratch": ("tree-fused-scratch", None)},
+              base="default", defaults=TREE_FUSED_TIMES, repeats=3, make=make,
+              name="tree-scratch-times.jsonl")
     else:
         times(out_dir, specs, cells=TREE_TIME_CELLS, base="default",
               defaults=TREE_TIME_WORKLOADS, repeats=REPEATS, make=make, name="tree-times.jsonl")

@@ -117,18 +117,28 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=ring_slots(block_n),
-        num_warps=4, **_tree_leaf(split_tiles, block_n))
+        num_warps=4, **_tree_leaf(split_tiles, block_n, q))
 
 
-def _tree_leaf(split_tiles: int, block_n: int) -> dict[str, int]:
-    """Round-24 experiment: ``LEAF_TILES`` for the fused kernel under :data:`TREE` (its splits
-    are the tree's groups), else nothing."""
+#: Round-24 experiment: the fused tree's running fold in global scratch (else in registers).
+TREE_SCRATCH = False
+
+
+def _tree_leaf(split_tiles: int, block_n: int, q: torch.Tensor) -> dict[str, Any]:
+    """Round-24 experiment: ``LEAF_TILES`` (and with :data:`TREE_SCRATCH` the scratch) for the
+    fused kernel under :data:`TREE` (its splits are the tree's groups), else nothing."""
     if TREE is None:
         return {}
     leaf, group = TREE
     if split_tiles * block_n != group or block_n != 128:
         raise ValueError(f"TREE {TREE}: the fused plan needs split_size {group} at 128 keys")
-    return {"LEAF_TILES": leaf // block_n}
+    kw: dict[str, Any] = {"LEAF_TILES": leaf // block_n}
+    if TREE_SCRATCH:
+        T, Hq, D = q.shape
+        kw.update(ws_f_ptr=torch.empty((T, Hq, D), dtype=torch.float32, device=q.device),
+                  ws_fml_ptr=torch.empty((T, Hq, 2), dtype=torch.float32, device=q.device),
+                  F_SCRATCH=True)
+    return kw
 
 
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -195,11 +195,30 @@ def _store_split(acc, l_i, m_i, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, 
 
 
 @gluon.jit
+def _f_store(ws_f_ptr, ws_fml_ptr, rows, mask, o_d, m, l, acc, HEAD_DIM: gl.constexpr):
+    """Round-24 experiment: the fused tree's running fold f of rows ``rows`` into scratch."""
+    gl.store(ws_f_ptr + rows[:, None] * HEAD_DIM + o_d[None, :], acc, mask=mask[:, None])
+    gl.store(ws_fml_ptr + 2 * rows, m, mask=mask)
+    gl.store(ws_fml_ptr + 2 * rows + 1, l, mask=mask)
+
+
+@gluon.jit
+def _f_load(ws_f_ptr, ws_fml_ptr, rows, mask, o_d, HEAD_DIM: gl.constexpr):
+    """Round-24 experiment: f back from scratch (each thread its own elements)."""
+    acc = gl.load(ws_f_ptr + rows[:, None] * HEAD_DIM + o_d[None, :], mask=mask[:, None],
+                  other=0.0)
+    m = gl.load(ws_fml_ptr + 2 * rows, mask=mask, other=float("-inf"))
+    l = gl.load(ws_fml_ptr + 2 * rows + 1, mask=mask, other=0.0)
+    return m, l, acc
+
+
+@gluon.jit
 def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
                  kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
                  G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 LEAF_TILES: gl.constexpr = 0):
+                 LEAF_TILES: gl.constexpr = 0, ws_f_ptr=None, ws_fml_ptr=None,
+                 F_SCRATCH: gl.constexpr = False):
     """The 128-key tile's rows of one warpgroup in the serial order: tile j's ``p @ v``
     waited, the split folded at its end, then tile j + 1's scores and weights (with the fold
     state, FA3's order spills at 128 keys: kernels/README.md); then the store."""
@@ -222,6 +241,12 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
     g_m = f_m
     g_l = f_l
     g_acc = zero_o
+    if F_SCRATCH:
+        o_fm = half * HALF + gl.arange(0, HALF, layout=ROW_O)
+        f_tok, f_g, f_mask, _ = _block_row_ids_g(o_fm, i_qblk, q_start, q_len, kv_len, T, G,
+                                                 BLOCK_Q)
+        f_rows = (q_start + f_tok).to(gl.int64) * Hq + (i_kvh * G + f_g)
+        o_fd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
@@ -244,7 +269,22 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
                                             gl.convert_layout(l_i, ROW_O), acc)
                     l_i = gl.full_like(l_i, 0.0)
                     acc = zero_o
-                if ((j + 1) % split_tiles == 0) | (j + 1 == n_tiles):
+                if F_SCRATCH:
+                    # f lives in global scratch between group ends (group 0: f = g exactly).
+                    if ((j + 1) % split_tiles == 0) & (j + 1 < n_tiles):
+                        if j < split_tiles:
+                            _f_store(ws_f_ptr, ws_fml_ptr, f_rows, f_mask, o_fd, g_m, g_l,
+                                     g_acc, HEAD_DIM)
+                        else:
+                            s_m, s_l, s_acc = _f_load(ws_f_ptr, ws_fml_ptr, f_rows, f_mask,
+                                                      o_fd, HEAD_DIM)
+                            s_m, s_l, s_acc = _fold(s_m, s_l, s_acc, g_m, g_l, g_acc)
+                            _f_store(ws_f_ptr, ws_fml_ptr, f_rows, f_mask, o_fd, s_m, s_l,
+                                     s_acc, HEAD_DIM)
+                        g_m = gl.full_like(g_m, float("-inf"))
+                        g_l = gl.full_like(g_l, 0.0)
+                        g_acc = zero_o
+                elif ((j + 1) % split_tiles == 0) | (j + 1 == n_tiles):
                     f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, g_m, g_l, g_acc)
                     g_m = gl.full_like(g_m, float("-inf"))
                     g_l = gl.full_like(g_l, 0.0)
@@ -262,6 +302,12 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
                 m_i, l_i, acc, p = _step_weights(q_h, k_s.index(jn % STAGES), zero_s, m_base,
                                                  l_i, acc, jn, j_mid, pos, qk_scale, BLOCK_N,
                                                  S_L, ROW_O, P_L)
+    if F_SCRATCH:
+        if n_tiles > split_tiles:
+            s_m, s_l, s_acc = _f_load(ws_f_ptr, ws_fml_ptr, f_rows, f_mask, o_fd, HEAD_DIM)
+            f_m, f_l, f_acc = _fold(s_m, s_l, s_acc, g_m, g_l, g_acc)
+        else:
+            f_m, f_l, f_acc = g_m, g_l, g_acc
     _store_folded(f_acc, f_l, f_m, out_ptr, lse_ptr, half, i_qblk, q_start, q_len, kv_len, T,
                   Hq, i_kvh, G, HEAD_DIM, BLOCK_M, BLOCK_Q, O_L)
 
@@ -271,7 +317,8 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              LEAF_TILES: gl.constexpr = 0):
+              LEAF_TILES: gl.constexpr = 0, ws_f_ptr=None, ws_fml_ptr=None,
+              F_SCRATCH: gl.constexpr = False):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
     64-key tiles in FA3's issue order; 128-key tiles in the serial order (:func:`_serial_rows`),
@@ -282,7 +329,8 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
         else:
             _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
                          q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES)
+                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES, ws_f_ptr,
+                         ws_fml_ptr, F_SCRATCH)
     else:
         S_L: gl.constexpr = WG_S_L
         O_L: gl.constexpr = WG_O_L
@@ -406,6 +454,9 @@ def _fused_prefill_kernel(
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
     LEAF_TILES: gl.constexpr = 0,  # round-24 experiment: leaves of this many tiles
+    ws_f_ptr=None,  # round-24 experiment: [T, Hq, D] fp32 scratch of f (F_SCRATCH)
+    ws_fml_ptr=None,  # [T, Hq, 2] fp32
+    F_SCRATCH: gl.constexpr = False,
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -441,10 +492,12 @@ def _fused_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES, ws_f_ptr, ws_fml_ptr,
+                     F_SCRATCH)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES, ws_f_ptr, ws_fml_ptr,
+                     F_SCRATCH)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, 0, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [4, 1],
         [232, 24])
