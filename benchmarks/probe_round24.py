@@ -10,8 +10,9 @@ reduction tree (reports/h100-round24/).
 ``Tuning(keys_rows=True)``) and ``plan="auto"``, each against the fused plan. Into
 ``plans.jsonl``.
 
-``tree-bits`` and ``tree-times`` need the experiment switch ``kernels._gluon.TREE`` (the
-experiment commit of round 24 only; elsewhere they exit). With ``TREE = (leaf, group)`` the
+The ``tree-*`` steps need the experiment switch ``kernels._gluon.TREE`` (experiment commits
+c785797: the keys-as-rows tile and the merge; 95a6892: the fused Gluon kernel; bbf1a05:
+``TREE_SCRATCH``; elsewhere they exit). With ``TREE = (leaf, group)`` the
 keys-as-rows split plan reduces each row over a fixed two-level tree: chains of ``leaf`` keys,
 left-folded within each ``group`` of keys at absolute positions, the groups left-folded. A
 program runs one leaf (``split_size=leaf``; the merge folds leaves into groups, then groups) or
@@ -132,7 +133,8 @@ def main() -> None:
         sys.exit(f"usage: python benchmarks/probe_round24.py OUT_DIR {STEPS} [WORKLOAD ...]")
     out_dir, step, specs = args[0], args[1], args[2:]
     if step.startswith("tree") and not HAS_TREE:
-        sys.exit(f"{step}: needs kernels._gluon.TREE (the round-24 experiment commit)")
+        sys.exit(f"{step}: needs kernels._gluon.TREE (round 24's experiment commits c785797, "
+                 f"95a6892 and bbf1a05)")
     os.makedirs(out_dir, exist_ok=True)
     if step == "plans":
         times(out_dir, specs, cells=PLAN_CELLS, base="fused", defaults=PLAN_WORKLOADS,

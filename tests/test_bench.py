@@ -973,3 +973,40 @@ def test_probe_round23_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert cells["kt-vs-split"] == (("split", probe.KT), ("split", probe.NO_KT))
     assert cells["control-64-keys"][1][1].block_n == 64
     assert probe.KT.keys_rows is True and probe.NO_KT.keys_rows is False
+
+
+def test_probe_round24_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """benchmarks/probe_round24.py (reports/h100-round24/): an unknown step exits naming the
+    steps; the tree steps exit here (their switch lives at the experiment commits only) and
+    their cells would fail loudly; the plan cells force the fused plan and the keys-as-rows
+    tile in the split plan; the control is the batch-dependent split; an unknown cell raises
+    instead of timing the default."""
+    import kernels
+
+    probe = _probe("probe_round24", probe_steps := "plans|tree-bits|tree-times|tree-fused|"
+                   "tree-scratch")
+    assert probe_steps == probe.STEPS and not probe.HAS_TREE
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for step in ("tree-bits", "tree-scratch"):
+        proc = subprocess.run([sys.executable, "benchmarks/probe_round24.py", str(tmp_path),
+                               step], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=120)
+        assert proc.returncode == 1 and "c785797" in proc.stderr, proc.stderr
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        return lambda: seen.append((plan, tuning, split_size))
+
+    monkeypatch.setattr(probe, "call", fake_call)
+    assert probe.PLAN_CELLS == {"fused": ("fused", None), "split-kt": ("split", probe.KT),
+                                "auto": ("auto", None)}
+    assert probe.KT.keys_rows is True
+    for cell in ("default", "control", "flat256"):
+        probe.make(None, cell, None)()
+    default = kernels.DEFAULT_SPLIT_SIZE
+    assert seen == [("auto", None, default), ("auto", None, None), ("split", probe.KT, 256)]
+    for cell in ("tree-leaf", "tree-group", "tree-fused", "tree-fused-scratch"):
+        with pytest.raises(AttributeError, match="TREE"):
+            probe.make(None, cell, None)()
+    with pytest.raises(ValueError, match="cell"):
+        probe.make(None, "tree-root", None)
