@@ -31,6 +31,8 @@ its times against today's default on prompts and decodes. Into ``tree-fused-bits
 ``tree-scratch``: ``tree-fused`` with the running fold of finished groups kept in global
 scratch between group ends (``kernels._gluon.TREE_SCRATCH``), plus prompts of 3000 and 1100
 tokens in the bits. Into ``tree-scratch-bits.jsonl`` and ``tree-scratch-times.jsonl``.
+``tree-smem``: the same with the running fold's accumulator in shared memory and 2 ring slots
+(``kernels._gluon.TREE_SMEM``, experiment commit NEXT); into ``tree-smem-*.jsonl``.
 
 ``tree-times``: bf16 timing (as ``plans``) of today's default, the tree by leaves, the tree by
 groups, and the control (``split_size=None``), each against today's default. Into
@@ -55,7 +57,7 @@ from invariance.bench import build_batch
 T = kernels.Tuning
 KT = T(keys_rows=True)
 REPEATS = 5
-STEPS = "plans|tree-bits|tree-times|tree-fused|tree-scratch"
+STEPS = "plans|tree-bits|tree-times|tree-fused|tree-scratch|tree-smem"
 PLAN_WORKLOADS = ["decode:512x8", "decode:1kx8", "decode:2kx8", "decode:4kx8", "decode:8kx8",
                   "decode:1kx16", "decode:2kx16", "decode:4kx16", "decode:1kx32",
                   "decode:2kx32", "decode:512x64", "decode:1kx64", "decode:2kx64",
@@ -87,6 +89,8 @@ def make(batch, cell: str, tuning):
         return patched(call(batch, "fused", None, split_size=TREE[1]), kg, "TREE", TREE)
     if cell == "tree-fused-scratch":  # the running fold in global scratch
         return patched(make(batch, "tree-fused", tuning), kg, "TREE_SCRATCH", True)
+    if cell == "tree-fused-smem":  # the running fold in shared memory, 2 ring slots
+        return patched(make(batch, "tree-fused", tuning), kg, "TREE_SMEM", True)
     if cell in ("tree-leaf", "tree-group"):
         size = TREE[0] if cell == "tree-leaf" else TREE[1]
         return patched(call(batch, "split", KT, split_size=size), kg, "TREE", TREE)
@@ -99,9 +103,6 @@ TREE_BIT_CELLS = {"leaf-vs-group": ("tree-group", "tree-leaf"),
 TREE_FUSED_BIT_CELLS = {"fused-vs-group": ("tree-group", "tree-fused"),
                         "fused-vs-leaf": ("tree-leaf", "tree-fused"),
                         "control-vs-today": ("default", "tree-fused")}
-TREE_SCRATCH_BIT_CELLS = {"scratch-vs-group": ("tree-group", "tree-fused-scratch"),
-                          "scratch-vs-leaf": ("tree-leaf", "tree-fused-scratch"),
-                          "control-vs-today": ("default", "tree-fused-scratch")}
 TREE_FUSED_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:3000x2",
                         "decode:1kx8", "chunk:5/1000x2"]
 TREE_FUSED_TIMES = ["prefill-varlen", "mixed64", "decode-b8-ctx8k", "decode-b64-ctx8k"]
@@ -148,14 +149,18 @@ def main() -> None:
                                   "tree-fused": ("tree-fused", None)},
               base="default", defaults=TREE_FUSED_TIMES, repeats=3, make=make,
               name="tree-fused-times.jsonl")
-    elif step == "tree-scratch":  # tree-fused with the running fold in global scratch
-        tree_bits(out_dir, specs, cells=TREE_SCRATCH_BIT_CELLS,
+    elif step in ("tree-scratch", "tree-smem"):  # tree-fused with f out of registers
+        where = step.removeprefix("tree-")
+        cells = {f"{where}-vs-{k}": (f"tree-{k}", f"tree-fused-{where}")
+                 for k in ("group", "leaf")}
+        cells["control-vs-today"] = ("default", f"tree-fused-{where}")
+        tree_bits(out_dir, specs, cells=cells,
                   defaults=[*TREE_FUSED_WORKLOADS, "prefill:3000,1100"],
-                  name="tree-scratch-bits.jsonl")
+                  name=f"{step}-bits.jsonl")
         times(out_dir, [], cells={"default": ("default", None),
-                                  "tree-fused-scratch": ("tree-fused-scratch", None)},
+                                  f"tree-fused-{where}": (f"tree-fused-{where}", None)},
               base="default", defaults=TREE_FUSED_TIMES, repeats=3, make=make,
-              name="tree-scratch-times.jsonl")
+              name=f"{step}-times.jsonl")
     else:
         times(out_dir, specs, cells=TREE_TIME_CELLS, base="default",
               defaults=TREE_TIME_WORKLOADS, repeats=REPEATS, make=make, name="tree-times.jsonl")
