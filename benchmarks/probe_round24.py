@@ -57,7 +57,7 @@ from invariance.bench import build_batch
 T = kernels.Tuning
 KT = T(keys_rows=True)
 REPEATS = 5
-STEPS = "plans|tree-bits|tree-times|tree-fused|tree-scratch|tree-smem"
+STEPS = "plans|tree-bits|tree-times|tree-fused|tree-scratch|tree-smem|slots"
 PLAN_WORKLOADS = ["decode:512x8", "decode:1kx8", "decode:2kx8", "decode:4kx8", "decode:8kx8",
                   "decode:1kx16", "decode:2kx16", "decode:4kx16", "decode:1kx32",
                   "decode:2kx32", "decode:512x64", "decode:1kx64", "decode:2kx64",
@@ -89,6 +89,8 @@ def make(batch, cell: str, tuning):
         return patched(call(batch, "fused", None, split_size=TREE[1]), kg, "TREE", TREE)
     if cell == "tree-fused-scratch":  # the running fold in global scratch
         return patched(make(batch, "tree-fused", tuning), kg, "TREE_SCRATCH", True)
+    if cell == "slots2":  # today's fused kernel with 2 ring slots
+        return patched(call(batch, "fused", None), kg, "FUSED_SLOTS", 2)
     if cell == "tree-fused-smem":  # the running fold in shared memory, 2 ring slots
         return patched(make(batch, "tree-fused", tuning), kg, "TREE_SMEM", True)
     if cell in ("tree-leaf", "tree-group"):
@@ -161,6 +163,11 @@ def main() -> None:
                                   f"tree-fused-{where}": (f"tree-fused-{where}", None)},
               base="default", defaults=TREE_FUSED_TIMES, repeats=3, make=make,
               name=f"{step}-times.jsonl")
+    elif step == "slots":  # what 2 ring slots cost the fused kernel without the tree
+        times(out_dir, specs, cells={"default": ("default", None), "slots2": ("slots2", None),
+                                     "tree-fused-smem": ("tree-fused-smem", None)},
+              base="default", defaults=TREE_FUSED_TIMES, repeats=3, make=make,
+              name="slots-times.jsonl")
     else:
         times(out_dir, specs, cells=TREE_TIME_CELLS, base="default",
               defaults=TREE_TIME_WORKLOADS, repeats=REPEATS, make=make, name="tree-times.jsonl")

@@ -117,7 +117,12 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order,
-        **{"STAGES": ring_slots(block_n), **_tree_leaf(split_tiles, block_n, q)}, num_warps=4)
+        **{"STAGES": FUSED_SLOTS or ring_slots(block_n), **_tree_leaf(split_tiles, block_n, q)},
+        num_warps=4)
+
+
+#: Round-24 experiment: the fused kernel's ring slots (0: ring_slots's).
+FUSED_SLOTS = 0
 
 
 #: Round-24 experiment: the fused tree's running fold in global scratch (else in registers).
