@@ -2,7 +2,8 @@
 reduction tree (reports/h100-round24/).
 
     python benchmarks/probe_round24.py OUT_DIR plans [WORKLOAD ...]
-    python benchmarks/probe_round24.py OUT_DIR tree-bits|tree-times [WORKLOAD ...]
+    python benchmarks/probe_round24.py OUT_DIR tree-bits|tree-times|tree-fused [WORKLOAD ...]
+    python benchmarks/probe_round24.py OUT_DIR tree-scratch|tree-smem|slots [WORKLOAD ...]
 
 ``plans``: at bf16, CUDA-graph replays with L2 flushed (medians of 20), interleaved in
 ``REPEATS`` repeats, on decode batches of 8-256 requests and mixed lengths: the fused plan
@@ -10,9 +11,10 @@ reduction tree (reports/h100-round24/).
 ``Tuning(keys_rows=True)``) and ``plan="auto"``, each against the fused plan. Into
 ``plans.jsonl``.
 
-The ``tree-*`` steps need the experiment switch ``kernels._gluon.TREE`` (experiment commits
-c785797: the keys-as-rows tile and the merge; 95a6892: the fused Gluon kernel; bbf1a05:
-``TREE_SCRATCH``; elsewhere they exit). With ``TREE = (leaf, group)`` the
+The ``tree-*`` and ``slots`` steps need the experiment switch ``kernels._gluon.TREE``
+(experiment commits c785797: the keys-as-rows tile and the merge; 95a6892: the fused Gluon
+kernel; bbf1a05: ``TREE_SCRATCH``; 6554efb: ``TREE_SMEM``; 34c487d: ``FUSED_SLOTS``; elsewhere
+they exit). With ``TREE = (leaf, group)`` the
 keys-as-rows split plan reduces each row over a fixed two-level tree: chains of ``leaf`` keys,
 left-folded within each ``group`` of keys at absolute positions, the groups left-folded. A
 program runs one leaf (``split_size=leaf``; the merge folds leaves into groups, then groups) or
@@ -32,7 +34,10 @@ its times against today's default on prompts and decodes. Into ``tree-fused-bits
 scratch between group ends (``kernels._gluon.TREE_SCRATCH``), plus prompts of 3000 and 1100
 tokens in the bits. Into ``tree-scratch-bits.jsonl`` and ``tree-scratch-times.jsonl``.
 ``tree-smem``: the same with the running fold's accumulator in shared memory and 2 ring slots
-(``kernels._gluon.TREE_SMEM``, experiment commit NEXT); into ``tree-smem-*.jsonl``.
+(``kernels._gluon.TREE_SMEM``, experiment commit 6554efb); into ``tree-smem-*.jsonl``.
+``slots``: the times of today's fused kernel with 2 ring slots instead of 3
+(``kernels._gluon.FUSED_SLOTS``, experiment commit 34c487d) beside ``tree-smem``'s, into
+``slots-times.jsonl``: what the slot given up costs without the tree.
 
 ``tree-times``: bf16 timing (as ``plans``) of today's default, the tree by leaves, the tree by
 groups, and the control (``split_size=None``), each against today's default. Into
@@ -135,9 +140,9 @@ def main() -> None:
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round24.py OUT_DIR {STEPS} [WORKLOAD ...]")
     out_dir, step, specs = args[0], args[1], args[2:]
-    if step.startswith("tree") and not HAS_TREE:
+    if step != "plans" and not HAS_TREE:
         sys.exit(f"{step}: needs kernels._gluon.TREE (round 24's experiment commits c785797, "
-                 f"95a6892 and bbf1a05)")
+                 f"95a6892, bbf1a05, 6554efb and 34c487d)")
     os.makedirs(out_dir, exist_ok=True)
     if step == "plans":
         times(out_dir, specs, cells=PLAN_CELLS, base="fused", defaults=PLAN_WORKLOADS,

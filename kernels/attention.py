@@ -891,28 +891,14 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         ws_o = torch.empty((T, Hq, lp.num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T, Hq, lp.num_splits, 2), dtype=torch.float32, device=q.device)
     if lp.keys_rows:
-        from kernels import _gluon
         from kernels._gluon import launch_split_kt
 
-        # Round-24 experiment (kernels._gluon.TREE): a program runs a leaf (the merge folds
-        # leaves into groups) or a group (the program folds its leaves).
-        leaf_tiles, group = 0, 0
-        if _gluon.TREE is not None:
-            leaf, grp = _gluon.TREE
-            if lp.split_tokens == grp:
-                leaf_tiles = leaf // lp.block_n
-            elif lp.split_tokens == leaf:
-                group = grp // leaf
-            else:
-                raise ValueError(f"TREE {_gluon.TREE}: split_size must be {leaf} or {grp}, got "
-                                 f"{lp.split_tokens}")
         launch_split_kt(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml,
                         out, lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
                         split_tiles=lp.split_tiles, block_q=lp.block_q, direct=direct,
-                        stages=lp.num_stages, dependent_merge=lp.dependent_merge,
-                        leaf_tiles=leaf_tiles)
+                        stages=lp.num_stages, dependent_merge=lp.dependent_merge)
         if not direct:
-            _launch_merge(lp, ws_o, ws_ml, inputs, out, lse, group=group)
+            _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
         return
     if lp.gluon:
         from kernels._gluon import launch_split
@@ -935,8 +921,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
 
 
 def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
-                  inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor,
-                  group: int = 0) -> None:
+                  inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor) -> None:
     """One program per (query token, KV head, block of head-dim columns) folds its row's partials
     in split order. With ``lp.dependent_merge`` it is a programmatic dependent launch
     (``launch_pdl``): scheduled while the split kernel finishes, it waits in-kernel for that
@@ -951,8 +936,8 @@ def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
         split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
         G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
-        CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, GROUP=group,
-        num_warps=_MERGE_NUM_WARPS, **({"launch_pdl": True} if lp.dependent_merge else {}))
+        CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, num_warps=_MERGE_NUM_WARPS,
+        **({"launch_pdl": True} if lp.dependent_merge else {}))
 
 
 # ------------------------------------------------------------------------------------------------

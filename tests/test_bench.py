@@ -984,10 +984,10 @@ def test_probe_round24_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     import kernels
 
     probe = _probe("probe_round24", probe_steps := "plans|tree-bits|tree-times|tree-fused|"
-                   "tree-scratch")
+                   "tree-scratch|tree-smem|slots")
     assert probe_steps == probe.STEPS and not probe.HAS_TREE
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for step in ("tree-bits", "tree-scratch"):
+    for step in ("tree-bits", "tree-smem", "slots"):
         proc = subprocess.run([sys.executable, "benchmarks/probe_round24.py", str(tmp_path),
                                step], capture_output=True, text=True, cwd=ROOT, env=env,
                               timeout=120)
@@ -1005,8 +1005,9 @@ def test_probe_round24_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         probe.make(None, cell, None)()
     default = kernels.DEFAULT_SPLIT_SIZE
     assert seen == [("auto", None, default), ("auto", None, None), ("split", probe.KT, 256)]
-    for cell in ("tree-leaf", "tree-group", "tree-fused", "tree-fused-scratch"):
-        with pytest.raises(AttributeError, match="TREE"):
+    for cell in ("tree-leaf", "tree-group", "tree-fused", "tree-fused-scratch",
+                 "tree-fused-smem", "slots2"):
+        with pytest.raises(AttributeError, match=r"TREE|FUSED_SLOTS"):
             probe.make(None, cell, None)()
     with pytest.raises(ValueError, match="cell"):
         probe.make(None, "tree-root", None)

@@ -116,38 +116,8 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order,
-        **{"STAGES": FUSED_SLOTS or ring_slots(block_n), **_tree_leaf(split_tiles, block_n, q)},
+        BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=ring_slots(block_n),
         num_warps=4)
-
-
-#: Round-24 experiment: the fused kernel's ring slots (0: ring_slots's).
-FUSED_SLOTS = 0
-
-
-#: Round-24 experiment: the fused tree's running fold in global scratch (else in registers).
-TREE_SCRATCH = False
-#: Round-24 experiment: the fused tree's running fold in shared memory (2 ring slots).
-TREE_SMEM = False
-
-
-def _tree_leaf(split_tiles: int, block_n: int, q: torch.Tensor) -> dict[str, Any]:
-    """Round-24 experiment: ``LEAF_TILES`` (and with :data:`TREE_SCRATCH` the scratch) for the
-    fused kernel under :data:`TREE` (its splits are the tree's groups), else nothing."""
-    if TREE is None:
-        return {}
-    leaf, group = TREE
-    if split_tiles * block_n != group or block_n != 128:
-        raise ValueError(f"TREE {TREE}: the fused plan needs split_size {group} at 128 keys")
-    kw: dict[str, Any] = {"LEAF_TILES": leaf // block_n}
-    if TREE_SMEM:
-        kw.update(F_SMEM=True, STAGES=2)
-    elif TREE_SCRATCH:
-        T, Hq, D = q.shape
-        kw.update(ws_f_ptr=torch.empty((T, Hq, D), dtype=torch.float32, device=q.device),
-                  ws_fml_ptr=torch.empty((T, Hq, 2), dtype=torch.float32, device=q.device),
-                  F_SCRATCH=True)
-    return kw
 
 
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -197,17 +167,12 @@ def kt_rows(group: int) -> int:
     return rows_per_block(8, group)[0]
 
 
-#: Round-24 experiment: ``(leaf, group)`` KV tokens of a two-level reduction tree for the
-#: keys-as-rows split plan (benchmarks/probe_round24.py), or None (today's chains).
-TREE: tuple[int, int] | None = None
-
-
 def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, block_table: torch.Tensor,
                     ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, qk_scale: float, *, num_slots: int, num_splits: int,
                     split_tiles: int, block_q: int, direct: bool, stages: int = RING_SLOTS_KT,
-                    dependent_merge: bool = False, leaf_tiles: int = 0) -> None:
+                    dependent_merge: bool = False) -> None:
     """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
     tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
     ``(num_slots, Hkv, num_splits)`` with ``num_slots = T // block_q + B``. Same shapes and
@@ -227,5 +192,4 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,
         num_splits, q.stride(0), q.stride(1), block_table.stride(0),
         G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
-        STAGES=stages, IS_DIRECT=direct, IS_PDL=dependent_merge and not direct,
-        LEAF_TILES=leaf_tiles, num_warps=4)
+        STAGES=stages, IS_DIRECT=direct, IS_PDL=dependent_merge and not direct, num_warps=4)

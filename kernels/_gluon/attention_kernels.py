@@ -195,30 +195,10 @@ def _store_split(acc, l_i, m_i, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, 
 
 
 @gluon.jit
-def _f_store(ws_f_ptr, ws_fml_ptr, rows, mask, o_d, m, l, acc, HEAD_DIM: gl.constexpr):
-    """Round-24 experiment: the fused tree's running fold f of rows ``rows`` into scratch."""
-    gl.store(ws_f_ptr + rows[:, None] * HEAD_DIM + o_d[None, :], acc, mask=mask[:, None])
-    gl.store(ws_fml_ptr + 2 * rows, m, mask=mask)
-    gl.store(ws_fml_ptr + 2 * rows + 1, l, mask=mask)
-
-
-@gluon.jit
-def _f_load(ws_f_ptr, ws_fml_ptr, rows, mask, o_d, HEAD_DIM: gl.constexpr):
-    """Round-24 experiment: f back from scratch (each thread its own elements)."""
-    acc = gl.load(ws_f_ptr + rows[:, None] * HEAD_DIM + o_d[None, :], mask=mask[:, None],
-                  other=0.0)
-    m = gl.load(ws_fml_ptr + 2 * rows, mask=mask, other=float("-inf"))
-    l = gl.load(ws_fml_ptr + 2 * rows + 1, mask=mask, other=0.0)
-    return m, l, acc
-
-
-@gluon.jit
 def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
                  kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
                  G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 LEAF_TILES: gl.constexpr = 0, ws_f_ptr=None, ws_fml_ptr=None,
-                 F_SCRATCH: gl.constexpr = False, f_s=None, F_SMEM: gl.constexpr = False):
+                 BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The 128-key tile's rows of one warpgroup in the serial order: tile j's ``p @ v``
     waited, the split folded at its end, then tile j + 1's scores and weights (with the fold
     state, FA3's order spills at 128 keys: kernels/README.md); then the store."""
@@ -238,15 +218,6 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
     f_m = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_O)
     f_l = gl.full([HALF], 0.0, gl.float32, layout=ROW_O)
     f_acc = zero_o
-    g_m = f_m
-    g_l = f_l
-    g_acc = zero_o
-    if F_SCRATCH:
-        o_fm = half * HALF + gl.arange(0, HALF, layout=ROW_O)
-        f_tok, f_g, f_mask, _ = _block_row_ids_g(o_fm, i_qblk, q_start, q_len, kv_len, T, G,
-                                                 BLOCK_Q)
-        f_rows = (q_start + f_tok).to(gl.int64) * Hq + (i_kvh * G + f_g)
-        o_fd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
     m_i = gl.full([HALF], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.full([HALF], 0.0, gl.float32, layout=ROW_S)
     acc = zero_o
@@ -261,49 +232,7 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(j % STAGES))
             new_split = (j + 1) % split_tiles == 0
-            if LEAF_TILES > 0:
-                # Round-24 experiment: leaves folded into the group g, groups into f.
-                new_split = (j + 1) % LEAF_TILES == 0
-                if new_split | (j + 1 == n_tiles):
-                    g_m, g_l, g_acc = _fold(g_m, g_l, g_acc, gl.convert_layout(m_i, ROW_O),
-                                            gl.convert_layout(l_i, ROW_O), acc)
-                    l_i = gl.full_like(l_i, 0.0)
-                    acc = zero_o
-                if F_SMEM:
-                    # f's acc lives in shared memory between group ends (group 0: f = g).
-                    if ((j + 1) % split_tiles == 0) & (j + 1 < n_tiles):
-                        f_h = f_s.slice(half * HALF, HALF)
-                        if j < split_tiles:
-                            f_h.store(g_acc)
-                            f_m = g_m
-                            f_l = g_l
-                        else:
-                            f_m, f_l, s_acc = _fold(f_m, f_l, f_h.load(O_L), g_m, g_l, g_acc)
-                            f_h.store(s_acc)
-                        g_m = gl.full_like(g_m, float("-inf"))
-                        g_l = gl.full_like(g_l, 0.0)
-                        g_acc = zero_o
-                elif F_SCRATCH:
-                    # f lives in global scratch between group ends (group 0: f = g exactly).
-                    if ((j + 1) % split_tiles == 0) & (j + 1 < n_tiles):
-                        if j < split_tiles:
-                            _f_store(ws_f_ptr, ws_fml_ptr, f_rows, f_mask, o_fd, g_m, g_l,
-                                     g_acc, HEAD_DIM)
-                        else:
-                            s_m, s_l, s_acc = _f_load(ws_f_ptr, ws_fml_ptr, f_rows, f_mask,
-                                                      o_fd, HEAD_DIM)
-                            s_m, s_l, s_acc = _fold(s_m, s_l, s_acc, g_m, g_l, g_acc)
-                            _f_store(ws_f_ptr, ws_fml_ptr, f_rows, f_mask, o_fd, s_m, s_l,
-                                     s_acc, HEAD_DIM)
-                        g_m = gl.full_like(g_m, float("-inf"))
-                        g_l = gl.full_like(g_l, 0.0)
-                        g_acc = zero_o
-                elif ((j + 1) % split_tiles == 0) | (j + 1 == n_tiles):
-                    f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, g_m, g_l, g_acc)
-                    g_m = gl.full_like(g_m, float("-inf"))
-                    g_l = gl.full_like(g_l, 0.0)
-                    g_acc = zero_o
-            elif new_split | (j + 1 == n_tiles):
+            if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
                 f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
                                         gl.convert_layout(l_i, ROW_O), acc)
@@ -316,18 +245,6 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
                 m_i, l_i, acc, p = _step_weights(q_h, k_s.index(jn % STAGES), zero_s, m_base,
                                                  l_i, acc, jn, j_mid, pos, qk_scale, BLOCK_N,
                                                  S_L, ROW_O, P_L)
-    if F_SMEM:
-        if n_tiles > split_tiles:
-            f_m, f_l, f_acc = _fold(f_m, f_l, f_s.slice(half * HALF, HALF).load(O_L), g_m, g_l,
-                                    g_acc)
-        else:
-            f_m, f_l, f_acc = g_m, g_l, g_acc
-    if F_SCRATCH:
-        if n_tiles > split_tiles:
-            s_m, s_l, s_acc = _f_load(ws_f_ptr, ws_fml_ptr, f_rows, f_mask, o_fd, HEAD_DIM)
-            f_m, f_l, f_acc = _fold(s_m, s_l, s_acc, g_m, g_l, g_acc)
-        else:
-            f_m, f_l, f_acc = g_m, g_l, g_acc
     _store_folded(f_acc, f_l, f_m, out_ptr, lse_ptr, half, i_qblk, q_start, q_len, kv_len, T,
                   Hq, i_kvh, G, HEAD_DIM, BLOCK_M, BLOCK_Q, O_L)
 
@@ -336,9 +253,7 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
 def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
               kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              LEAF_TILES: gl.constexpr = 0, ws_f_ptr=None, ws_fml_ptr=None,
-              F_SCRATCH: gl.constexpr = False, f_s=None, F_SMEM: gl.constexpr = False):
+              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
     ``0 .. n_tiles - 1`` in order, a fresh state per split folded after it, then the store.
     64-key tiles in FA3's issue order; 128-key tiles in the serial order (:func:`_serial_rows`),
@@ -349,8 +264,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
         else:
             _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
                          q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES, ws_f_ptr,
-                         ws_fml_ptr, F_SCRATCH, f_s, F_SMEM)
+                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)
     else:
         S_L: gl.constexpr = WG_S_L
         O_L: gl.constexpr = WG_O_L
@@ -473,11 +387,6 @@ def _fused_prefill_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     IS_SLOT_ORDER: gl.constexpr,
     STAGES: gl.constexpr,  # K/V slots of the ring (each 2 x BLOCK_N x HEAD_DIM elements)
-    LEAF_TILES: gl.constexpr = 0,  # round-24 experiment: leaves of this many tiles
-    ws_f_ptr=None,  # round-24 experiment: [T, Hq, D] fp32 scratch of f (F_SCRATCH)
-    ws_fml_ptr=None,  # [T, Hq, 2] fp32
-    F_SCRATCH: gl.constexpr = False,
-    F_SMEM: gl.constexpr = False,  # round-24 experiment: f's acc in shared memory
 ):
     """The fused plan for 128-row tiles (launch with ``num_warps=4``: the first consumer
     warpgroup; the second and the loader warp are workers). Same slots, rows, tiles, splits
@@ -504,11 +413,6 @@ def _fused_prefill_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
-    if F_SMEM:
-        f_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=32, rank=2))
-    else:
-        f_s = q_s
     fence_async_shared()
     # Tiles 0 .. n_tiles - 1 (from j_end on, masked for every row: skipped); those before j_mid
     # are seen entirely by every row (unmasked), as in the Triton kernel.
@@ -518,12 +422,10 @@ def _fused_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES, ws_f_ptr, ws_fml_ptr,
-                     F_SCRATCH, f_s, F_SMEM)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
                      kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES, LEAF_TILES, ws_f_ptr, ws_fml_ptr,
-                     F_SCRATCH, f_s, F_SMEM)),
+                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, 0, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [4, 1],
         [232, 24])
@@ -753,28 +655,11 @@ def _row_sum_t(p_t, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, COL_L: gl.constex
 
 
 @gluon.jit
-def _fold_t(m_a, l_a, acc_a, m_b, l_b, acc_b):
-    """``state_fold`` (kernels/_triton/merge_kernels.py) on transposed states: ``acc_*``
-    ``[HEAD_DIM, ROWS]``, ``m_*`` and ``l_*`` ``[ROWS]`` in its column layout. The same
-    operations, element for element (round-24 experiment: the reduction tree)."""
-    a_empty = m_a == float("-inf")
-    b_empty = m_b == float("-inf")
-    m = gl.maximum(m_a, m_b)
-    m_safe = gl.where(a_empty & b_empty, 0.0, m)
-    neg_zero = gl.cast(-2147483648, gl.float32, bitcast=True)
-    w_a = gl.where(b_empty, 1.0, gl.where(a_empty, neg_zero, gl.exp2(m_a - m_safe)))
-    w_b = gl.where(b_empty, neg_zero, gl.where(a_empty, 1.0, gl.exp2(m_b - m_safe)))
-    l = gl.fma(l_a, w_a, l_b * w_b)
-    acc = gl.fma(acc_a, w_a[None, :], acc_b * w_b[None, :])
-    return m, l, acc
-
-
-@gluon.jit
 def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk,
              q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split, num_splits,
              qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr, LEAF_TILES: gl.constexpr):
+             IS_DIRECT: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
     weights (``_tile_weights``' operations along axis 0: the max is exact in any order), the
@@ -792,10 +677,6 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
     p_t_s = p_s.permute((1, 0))
-    # The tree (LEAF_TILES > 0): the fold of this program's finished leaves.
-    g_m = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
-    g_l = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
-    g_acc = gl.full([HEAD_DIM, ROWS], 0.0, gl.float32, layout=ST_L)
     for t in range(0, n):
         j = j_lo + t
         s = t % STAGES
@@ -820,14 +701,6 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
         acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_t_s, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
         mbarrier.arrive(empty.index(s))
-        if LEAF_TILES > 0:  # noqa: SIM102 (a constexpr guard)
-            if ((t + 1) % LEAF_TILES == 0) | (t + 1 == n):
-                g_m, g_l, g_acc = _fold_t(g_m, g_l, g_acc, m_i, l_i, acc)
-                m_i = gl.full_like(m_i, float("-inf"))
-                l_i = gl.full_like(l_i, 0.0)
-                acc = gl.full_like(acc, 0.0)
-    if LEAF_TILES > 0:
-        m_i, l_i, acc = g_m, g_l, g_acc
     OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
                                            warps_per_cta=[4, 1], order=[1, 0])
     ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
@@ -874,7 +747,6 @@ def _split_kt_kernel(
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    LEAF_TILES: gl.constexpr = 0,  # round-24 experiment: fold leaves of this many tiles
 ):
     """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (one consumer warpgroup; the loader warp
     is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on the MMA's
@@ -918,6 +790,6 @@ def _split_kt_kernel(
         (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
                     i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N, STAGES,
-                    IS_DIRECT, LEAF_TILES)),
+                    IS_DIRECT)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [1], [24])

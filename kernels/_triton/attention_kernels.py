@@ -778,7 +778,6 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
     IS_PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel (sm_90+)
-    GROUP: tl.constexpr = 0,  # round-24 experiment: splits are leaves, GROUP per tree group
 ):
     """Split plan, phase 2: one program per (query token, kv head, BLOCK_D columns of the head
     dim) folds the raw partials of the group's heads in increasing split order
@@ -814,30 +813,16 @@ def _merge_splits_kernel(
     f_m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     f_l = tl.zeros([BLOCK_G], dtype=tl.float32)
     f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    if GROUP > 0:
-        for i_s0 in range(0, n_splits, GROUP):
-            g_m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-            g_l = tl.zeros([BLOCK_G], dtype=tl.float32)
-            g_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-            for c in tl.static_range(GROUP):
-                m_s = m_g & (o_g * 0 + (i_s0 + c) < n_splits)
-                s_m = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c), mask=m_s, other=float("-inf"))
-                s_l = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c) + 1, mask=m_s, other=0.0)
-                s_acc = tl.load(ws_o_ptr + (i_ws + i_s0 + c)[:, None] * HEAD_DIM + o_d[None, :],
-                                mask=m_s[:, None], other=0.0)
-                g_m, g_l, g_acc = state_fold(g_m, g_l, g_acc, s_m, s_l, s_acc)
-            f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, g_m, g_l, g_acc)
-    else:
-        for i_s0 in range(0, n_splits, CHUNK):
-            for c in tl.static_range(CHUNK):
-                m_s = m_g & (o_g * 0 + (i_s0 + c) < n_splits)
-                # [BG]
-                s_m = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c), mask=m_s, other=float("-inf"))
-                s_l = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c) + 1, mask=m_s, other=0.0)
-                # [BG, BD]
-                s_acc = tl.load(ws_o_ptr + (i_ws + i_s0 + c)[:, None] * HEAD_DIM + o_d[None, :],
-                                mask=m_s[:, None], other=0.0)
-                f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, s_m, s_l, s_acc)
+    for i_s0 in range(0, n_splits, CHUNK):
+        for c in tl.static_range(CHUNK):
+            m_s = m_g & (o_g * 0 + (i_s0 + c) < n_splits)
+            # [BG]
+            s_m = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c), mask=m_s, other=float("-inf"))
+            s_l = tl.load(ws_ml_ptr + 2 * (i_ws + i_s0 + c) + 1, mask=m_s, other=0.0)
+            # [BG, BD]
+            s_acc = tl.load(ws_o_ptr + (i_ws + i_s0 + c)[:, None] * HEAD_DIM + o_d[None, :],
+                            mask=m_s[:, None], other=0.0)
+            f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, s_m, s_l, s_acc)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     i_row = i_t.to(tl.int64) * Hq + i_kvh * G + o_g
     tl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
