@@ -80,10 +80,17 @@ TREE_TIME_WORKLOADS = [f"decode:{n}x{b}" for n in ("1k", "2k", "3k", "4k", "6k",
                                                      "16k", "24k", "32k") for b in (1, 2, 4)]
 
 
+#: The cells of :func:`make`.
+CELLS = ("default", "control", "flat256", "tree-leaf", "tree-group", "tree-fused",
+         "tree-fused-scratch", "tree-fused-smem", "slots2")
+
+
 def make(batch, cell: str, tuning):
     """``cell``: ``default`` (today's auto), ``control`` (``split_size=None``), ``flat256``
     (256-token chains, no tree), ``tree-leaf`` / ``tree-group`` (the tree run by leaves or by
-    groups, split plan on the keys-as-rows tile)."""
+    groups, split plan on the keys-as-rows tile), ``tree-fused`` (the fused plan's tree, its
+    running fold in registers; ``-scratch``: in global scratch; ``-smem``: in shared memory),
+    ``slots2`` (today's fused kernel with 2 ring slots)."""
     if cell == "default":
         return call(batch, "auto", tuning)
     if cell == "control":
@@ -101,7 +108,7 @@ def make(batch, cell: str, tuning):
     if cell in ("tree-leaf", "tree-group"):
         size = TREE[0] if cell == "tree-leaf" else TREE[1]
         return patched(call(batch, "split", KT, split_size=size), kg, "TREE", TREE)
-    raise ValueError(f"cell {cell!r}: expected default, control, flat256, tree-leaf, tree-group")
+    raise ValueError(f"cell {cell!r}: expected one of {', '.join(CELLS)}")
 
 
 TREE_BIT_CELLS = {"leaf-vs-group": ("tree-group", "tree-leaf"),

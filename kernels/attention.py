@@ -594,6 +594,7 @@ def plan_attention(
     # shapes, never from host_lens.
     split_tokens = _split_tokens(split_size, block_n, max_kv if trusted else bound,
                                  (num_q_blocks if trusted else T // block_q + B) * Hkv, num_sms)
+    num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
     auto = plan == "auto"
     if auto:
         plan = choose_plan(
@@ -603,8 +604,7 @@ def plan_attention(
             decode=not prefill_like(T, G, B), gluon=wide_gluon,
             # Whether the split plan would run the keys-as-rows tile (speed only).
             keys_rows=tuning.keys_rows is not False and _keys_rows_misfit(
-                "split", wide_gluon, G, T, B, tuning) is None)
-    num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
+                "split", wide_gluon, G, T, B, tuning) is None, num_splits=num_splits)
     num_warps = tuning.num_warps or launch.num_warps
     v_blocks, step = 1, 1
     if plan == "split":

@@ -439,6 +439,7 @@ def choose_plan(
     decode: bool = False,
     gluon: bool = False,
     keys_rows: bool = False,
+    num_splits: int | None = None,
 ) -> str:
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
@@ -461,16 +462,19 @@ def choose_plan(
     longest program walks at most twice the average); the other rules follow.
 
     Where the split plan would run the keys-as-rows decode tile (``keys_rows``: a decode batch
-    it takes, kernels/README.md, "The keys-as-rows decode tile") the split plan is faster still
-    (reports/h100-round24/README.md, GQA group 4): it takes every batch whose rows fit one split
-    (its direct store, no merge: 0.93-0.98x the fused plan's time on 8-256 decodes of 512-1024
-    keys, whatever the grid), and an under-filled grid is fused only when the longest program
-    walks at most 1.5 times the average (mixed lengths at 1.6-1.74 times took 0.63-0.86x split;
-    equal lengths of 2k-8k keys 1.00-1.07x).
+    it takes by shapes, or any batch with ``Tuning(keys_rows=True)``; kernels/README.md, "The
+    keys-as-rows decode tile") the split plan is faster still (reports/h100-round24/README.md,
+    GQA group 4): it takes every batch whose workspace has one split per row (``num_splits``,
+    the split plan's splits per row as launched, else from ``max_kv_len``: the tile's direct
+    store, no merge; 0.93-0.98x the fused plan's time on 8-256 decodes of 512-1024 keys,
+    whatever the grid), and an under-filled grid is fused only when the longest program walks
+    at most 1.5 times the average (the two mixed-length batches at 1.6 and 1.74 times took
+    0.63-0.86x split; equal lengths of 2k-8k keys 1.00-1.07x).
     """
     if gluon and num_programs * 4 <= num_sms:
         return "split"
-    if keys_rows and max_kv_len <= split_tokens:
+    if keys_rows and (num_splits == 1 if num_splits is not None
+                      else max_kv_len <= split_tokens):
         return "split"
     balanced = 3 if keys_rows else 4  # the longest program, in halves of the average
     if (gluon and num_programs < num_sms and longest_tiles is not None

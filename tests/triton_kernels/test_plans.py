@@ -620,7 +620,12 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
                                     (Tuning(keys_rows=False), "fused", False)):
         lp = plan_attention(*many, validate=False, host_lens=([1] * 160, [1024] * 160),
                             tuning=tuning)
-        assert (lp.plan, lp.keys_rows) == (plan, keys_rows), tuning
+        assert (lp.plan, lp.keys_rows, lp.num_splits) == (plan, keys_rows, 1), tuning
+    # The same lengths under a table twice as wide: the workspace (sized by the table's bound
+    # without checked lengths) has 2 splits per row, so no direct store: fused.
+    wide = (*many[:5], torch.arange(128, dtype=torch.int32, device=device).repeat(160, 1))
+    lp = plan_attention(*wide, validate=False, host_lens=([1] * 160, [1024] * 160))
+    assert (lp.plan, lp.keys_rows, lp.num_splits) == ("fused", False, 2)
     # Overrides the Gluon tile takes (it stays on) but the keys-as-rows tile does not.
     for tuning in (Tuning(block_m=128), Tuning(num_warps=8), Tuning(num_stages=3),
                    Tuning(value_blocks=2), Tuning(value_blocks=1), Tuning(tiles_per_step=1)):
@@ -964,8 +969,13 @@ def test_the_keys_as_rows_tile_takes_one_split_rows_and_mixed_lengths() -> None:
         got = [choose_plan(64, 132, 8192, 1024, longest_tiles=64, total_tiles=total,
                            keys_rows=kt, **kw) for kt in (True, False)]
         assert got == [with_tile, without], total
-    # Without statistics a bound above the split keeps the other rules.
-    assert choose_plan(544, 132, 32768, 1024, keys_rows=True, **kw) == "split"
+    # A workspace of several splits per row (the bound above the split) keeps the other rules.
+    for stats in ({}, dict(longest_tiles=8, total_tiles=544 * 8)):
+        assert (choose_plan(544, 132, 1024, 1024, keys_rows=True, num_splits=4, **stats, **kw)
+                == choose_plan(544, 132, 1024, 1024, num_splits=4, **stats, **kw) == "fused")
+    assert choose_plan(544, 132, 32768, 1024, keys_rows=True, decode=False, gluon=True) == \
+        "fused"
+    assert choose_plan(544, 132, 1024, 1024, keys_rows=True, num_splits=1, **kw) == "split"
     assert choose_plan(544, 132, 2048, 1024, keys_rows=True, longest_tiles=16,
                        total_tiles=544 * 16, **kw) == "fused"
 
