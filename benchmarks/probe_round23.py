@@ -88,6 +88,18 @@ def make(batch, cell, tuning):
     return call(batch, cell, tuning)
 
 
+def bits_cells(cells: dict, run) -> dict:
+    """For each ``cell: (a, b)``, the bits of out and LSE in which ``run(a)`` and ``run(b)``
+    differ, or the error either raised (a probe: record and go on)."""
+    found: dict = {}
+    for cell, (a, b) in cells.items():
+        try:
+            found[cell] = _bits_vs(run(b), run(a))
+        except Exception as exc:
+            found[cell] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return found
+
+
 def bits(out_dir: str, specs: list[str], layouts=LAYOUTS[:3],
          name: str = "bits.jsonl") -> None:
     rows: list[dict] = []
@@ -104,13 +116,8 @@ def bits(out_dir: str, specs: list[str], layouts=LAYOUTS[:3],
                 row["auto_keys_rows"] = kernels.plan_attention(
                     batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
                     batch.block_table).keys_rows
-                row["bits_differing"] = {}
-                for cell, (a, b) in BIT_CELLS.items():
-                    try:
-                        row["bits_differing"][cell] = _bits_vs(call(batch, *b)(),
-                                                               call(batch, *a)())
-                    except Exception as exc:  # a probe: record and go on
-                        row["bits_differing"][cell] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                row["bits_differing"] = bits_cells(BIT_CELLS,
+                                                   lambda spec, b=batch: call(b, *spec)())
                 del batch
                 _record(rows, row, out_dir, name)
 

@@ -54,9 +54,9 @@ import torch
 import kernels
 import kernels._gluon as kg
 from benchmarks.probe_round4 import call, patched
-from benchmarks.probe_round5 import _bits_vs
 from benchmarks.probe_round11 import _workload
 from benchmarks.probe_round20 import _record, times
+from benchmarks.probe_round23 import bits_cells
 from invariance.bench import build_batch
 
 T = kernels.Tuning
@@ -131,13 +131,8 @@ def tree_bits(out_dir: str, specs: list[str], cells: dict = TREE_BIT_CELLS,
         for dtype in (torch.bfloat16, torch.float16):
             batch = build_batch(_workload(spec), dtype=dtype)
             row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
-                             bits_differing={})
-            for cell, (a, b) in cells.items():
-                try:
-                    row["bits_differing"][cell] = _bits_vs(make(batch, a, None)(),
-                                                           make(batch, b, None)())
-                except Exception as exc:  # a probe: record and go on
-                    row["bits_differing"][cell] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                             bits_differing=bits_cells(
+                                 cells, lambda cell, b=batch: make(b, cell, None)()))
             del batch
             _record(rows, row, out_dir, name)
 

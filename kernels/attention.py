@@ -595,6 +595,10 @@ def plan_attention(
     split_tokens = _split_tokens(split_size, block_n, max_kv if trusted else bound,
                                  (num_q_blocks if trusted else T // block_q + B) * Hkv, num_sms)
     num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
+    # Why the split plan could not run the keys-as-rows tile (None: it could), asked once: for
+    # the split plan use_gluon below equals wide_gluon.
+    kt_misfit = (None if tuning.keys_rows is False
+                 else _keys_rows_misfit("split", wide_gluon, G, T, B, tuning))
     auto = plan == "auto"
     if auto:
         plan = choose_plan(
@@ -603,8 +607,8 @@ def plan_attention(
             total_tiles=stats.total_tiles * Hkv if stats is not None else None,
             decode=not prefill_like(T, G, B), gluon=wide_gluon,
             # Whether the split plan would run the keys-as-rows tile (speed only).
-            keys_rows=tuning.keys_rows is not False and _keys_rows_misfit(
-                "split", wide_gluon, G, T, B, tuning) is None, num_splits=num_splits)
+            keys_rows=tuning.keys_rows is not False and kt_misfit is None,
+            num_splits=num_splits)
     num_warps = tuning.num_warps or launch.num_warps
     v_blocks, step = 1, 1
     if plan == "split":
@@ -674,7 +678,8 @@ def plan_attention(
         num_stages = _gluon.ring_slots(block_n, v_blocks)
     keys_rows = False
     if tuning.keys_rows is not False:
-        misfit = _keys_rows_misfit(plan, use_gluon, G, T, B, tuning)
+        misfit = (kt_misfit if plan == "split"
+                  else _keys_rows_misfit(plan, use_gluon, G, T, B, tuning))
         if misfit is None:
             from kernels import _gluon  # light: imports no Triton
 

@@ -973,6 +973,20 @@ def test_probe_round23_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert cells["kt-vs-split"] == (("split", probe.KT), ("split", probe.NO_KT))
     assert cells["control-64-keys"][1][1].block_n == 64
     assert probe.KT.keys_rows is True and probe.NO_KT.keys_rows is False
+    # bits_cells (round 24's probe too): differing bits of out and LSE per cell, an error
+    # recorded by name instead of stopping the probe.
+    import torch
+
+    lse = torch.zeros(3)
+    outs = {"x": torch.zeros(2, dtype=torch.float16), "y": torch.tensor([1.0, 0.0]).half()}
+
+    def run(spec):
+        if spec == "bad":
+            raise RuntimeError("boom")
+        return outs[spec], lse
+
+    assert probe.bits_cells({"same": ("x", "x"), "one": ("x", "y"), "err": ("x", "bad")},
+                            run) == {"same": 0, "one": 1, "err": "RuntimeError: boom"}
 
 
 def test_probe_round24_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
