@@ -347,6 +347,9 @@ def main() -> None:
     p.add_argument("--no-keys-rows", action="store_true",
                    help="the 128-row split tile where the keys-as-rows decode tile would run "
                         "(Tuning(keys_rows=False), round 23)")
+    p.add_argument("--keys-rows", action="store_true",
+                   help="the keys-as-rows decode tile on any split batch (Tuning(keys_rows="
+                        "True)), e.g. with --value-blocks 2")
     p.add_argument("--ptx-hash", action="store_true",
                    help="print a hash of each kernel's PTX (debug lines left out) instead of "
                         "registers and spills: equal hashes across two commits mean the same "
@@ -379,8 +382,10 @@ def main() -> None:
         fields["nested_loop"] = a.fused_loop == "nested"
     if a.no_gluon:
         fields["gluon"] = False
-    if a.no_keys_rows:
-        fields["keys_rows"] = False
+    if a.no_keys_rows and a.keys_rows:
+        p.error("--keys-rows and --no-keys-rows: give one")
+    if a.no_keys_rows or a.keys_rows:
+        fields["keys_rows"] = a.keys_rows
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
     print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
     compiled_cols = "ptx hash " if a.ptx_hash else "regs | spill st/ld B "

@@ -48,6 +48,7 @@ from kernels.config import (
     gluon_prefill,
     gluon_tile,
     gluon_value_blocks,
+    kt_value_blocks,
     prefill_like,
     rows_per_block,
     slot_order,
@@ -610,7 +611,7 @@ def plan_attention(
             keys_rows=tuning.keys_rows is not False and kt_misfit is None,
             num_splits=num_splits)
     num_warps = tuning.num_warps or launch.num_warps
-    v_blocks, step = 1, 1
+    v_blocks, step, split_programs = 1, 1, 0
     if plan == "split":
         # Split programs that do work: every query block times the longest row's splits, or
         # with statistics at most each block's own splits (its tiles / split_tiles, plus one).
@@ -622,6 +623,7 @@ def plan_attention(
         live = num_q_blocks * row_splits
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
+        split_programs = live * Hkv
         if wide_gluon:  # the Gluon split kernel's rules (kernels.config)
             v_blocks = tuning.value_blocks or gluon_value_blocks(live * Hkv, num_sms)
         elif wide:  # the 64-key rules do not apply (kernels.config.wide_tile)
@@ -686,7 +688,9 @@ def plan_attention(
             keys_rows = True
             block_m = _gluon.kt_rows(G)
             block_q = block_m // G
-            num_warps, num_stages, v_blocks = 4, _gluon.RING_SLOTS_KT, 1
+            v_blocks = tuning.value_blocks or (
+                kt_value_blocks(split_programs, num_sms) if _gluon.KT_BLOCKS else 1)
+            num_warps, num_stages = 4, _gluon.kt_ring_slots(v_blocks, block_m)
         elif tuning.keys_rows:
             chosen = (" (plan='auto' chose another plan; pass plan='split')"
                       if auto and plan != "split" else "")
@@ -725,10 +729,13 @@ def _keys_rows_misfit(plan: str, use_gluon: bool, G: int, T: int, B: int,
     if G > 32:
         return f"a GQA group of at most 32 query heads, got {G}"
     given = [f"{name}={getattr(tuning, name)}" for name, free in (
-        ("block_m", None), ("num_warps", None), ("value_blocks", 1), ("tiles_per_step", 1))
+        ("block_m", None), ("num_warps", None), ("tiles_per_step", 1))
         if getattr(tuning, name) not in (None, free)]
+    if tuning.value_blocks not in (None, 1, 2):
+        given.append(f"value_blocks={tuning.value_blocks}")
     if given:
-        return f"no block_m, num_warps, value_blocks or tiles_per_step override, got {given}"
+        return (f"no block_m, num_warps or tiles_per_step override and value_blocks 1 or 2, "
+                f"got {given}")
     if tuning.keys_rows:
         return None
     from kernels import _gluon  # light: imports no Triton
@@ -901,7 +908,8 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         launch_split_kt(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml,
                         out, lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
                         split_tiles=lp.split_tiles, block_q=lp.block_q, direct=direct,
-                        stages=lp.num_stages, dependent_merge=lp.dependent_merge)
+                        value_blocks=lp.value_blocks, stages=lp.num_stages,
+                        dependent_merge=lp.dependent_merge)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
         return

@@ -27,6 +27,7 @@ __all__ = [
     "fused_loop",
     "gluon_tile",
     "gluon_value_blocks",
+    "kt_value_blocks",
     "slot_order",
     "tile_config",
     "tiles_per_step",
@@ -328,6 +329,16 @@ def gluon_value_blocks(num_programs: int, num_sms: int) -> int:
     8k, batch 4 with 2k) 2 blocks ran 1% faster and 4-5% slower and 4 blocks 24% and 33%
     slower; larger grids lose with either (4 blocks: 1.4-2.1x)."""
     return 4 if num_programs * 4 <= num_sms else 1
+
+
+def kt_value_blocks(num_programs: int, num_sms: int) -> int:
+    """V column blocks per program of the keys-as-rows decode tile: 2 where the grid with 2
+    blocks fits the SMs once (``num_programs * 2 <= num_sms``), else 1. ``num_programs``: the
+    split grid's working programs at one block. Shapes only (no sync). Scheduling only, as
+    :func:`gluon_value_blocks`: every block computes the same scores, max and denominator and
+    ``p @ v`` for its half of V's columns (the tile's ``p @ v`` has V's columns on the MMA's M,
+    64 at least, so 2 blocks at most at head dim 128)."""
+    return 2 if num_programs * 2 <= num_sms else 1
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

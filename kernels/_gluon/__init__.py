@@ -155,6 +155,15 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 #: K/V slots of the keys-as-rows decode tile's ring (64 KB each, 128-key tiles).
 RING_SLOTS_KT = 3
+#: K/V slots of that ring when its V slots hold half the columns (48 KB each), for blocks of
+#: at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
+RING_SLOTS_KT_BLOCKED = 4
+#: Experiment switch (round 25): the keys-as-rows tile issues the next tile's scores before this
+#: tile's ``p @ v`` (``_split_kt_kernel``'s ``AHEAD``). Issue order only, no bit.
+KT_AHEAD = False
+#: Experiment switch (round 25): ``plan_attention`` gives the keys-as-rows tile
+#: ``kernels.config.kt_value_blocks``' V column blocks (else 1). Scheduling only, no bit.
+KT_BLOCKS = False
 
 
 def kt_rows(group: int) -> int:
@@ -167,16 +176,23 @@ def kt_rows(group: int) -> int:
     return rows_per_block(8, group)[0]
 
 
+def kt_ring_slots(value_blocks: int = 1, rows: int = 8) -> int:
+    """K/V slots of the keys-as-rows tile's ring with ``value_blocks`` V column blocks and
+    blocks of ``rows`` rows."""
+    return RING_SLOTS_KT_BLOCKED if value_blocks == 2 and rows <= 16 else RING_SLOTS_KT
+
+
 def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, block_table: torch.Tensor,
                     ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, qk_scale: float, *, num_slots: int, num_splits: int,
-                    split_tiles: int, block_q: int, direct: bool, stages: int = RING_SLOTS_KT,
-                    dependent_merge: bool = False) -> None:
+                    split_tiles: int, block_q: int, direct: bool, value_blocks: int = 1,
+                    stages: int | None = None, dependent_merge: bool = False) -> None:
     """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
     tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
-    ``(num_slots, Hkv, num_splits)`` with ``num_slots = T // block_q + B``. Same shapes and
-    stores as :func:`launch_split`."""
+    ``(num_slots, Hkv * value_blocks, num_splits)`` with ``num_slots = T // block_q + B``;
+    ``value_blocks`` 1 or 2 (V column blocks, scheduling only), ``stages`` the ring's slots
+    (default :func:`kt_ring_slots`). Same shapes and stores as :func:`launch_split`."""
     from kernels._gluon import attention_kernels as ak
 
     T, Hq, D = q.shape
@@ -186,10 +202,14 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if block_q != rows // G:
         raise ValueError(f"launch_split_kt: expected block_q {rows // G} (kt_rows({G}) // {G}), "
                          f"got {block_q}")
-    descs, box = _descriptors(q, k_cache, v_cache, 128)
-    ak._split_kt_kernel[(num_slots, Hkv, num_splits)](
+    if value_blocks not in (1, 2):
+        raise ValueError(f"launch_split_kt: expected value_blocks 1 or 2, got {value_blocks}")
+    descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)
+    ak._split_kt_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,
         num_splits, q.stride(0), q.stride(1), block_table.stride(0),
         G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
-        STAGES=stages, IS_DIRECT=direct, IS_PDL=dependent_merge and not direct, num_warps=4)
+        STAGES=stages or kt_ring_slots(value_blocks, rows), IS_DIRECT=direct,
+        VALUE_BLOCKS=value_blocks, AHEAD=KT_AHEAD, IS_PDL=dependent_merge and not direct,
+        num_warps=4)

@@ -655,70 +655,130 @@ def _row_sum_t(p_t, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, COL_L: gl.constex
 
 
 @gluon.jit
+def _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                ST_L: gl.constexpr, COL_S: gl.constexpr):
+    """Tile ``j``'s weights from its transposed raw scores ``s_t`` ``[BLOCK_N, ROWS]``
+    (``_tile_weights``' operations along axis 0; masked by ``key <= pos`` when ``j >=
+    j_mid``): ``(m_new, alpha, p_t, row sum)``, the row sum in the 128-row tile's order
+    (``_row_sum_t``)."""
+    if j >= j_mid:
+        o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
+        s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s_t, 0) * qk_scale)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
+    p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_safe[None, :]))
+    return m_new, alpha, p_t, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S)
+
+
+@gluon.jit
 def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk,
-             q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid, i_split, num_splits,
-             qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
+             q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid, i_split,
+             num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr):
+             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
-    weights (``_tile_weights``' operations along axis 0: the max is exact in any order), the
-    row sum in the 128-row tile's order (``_row_sum_t``), ``acc^T * alpha``, p^T through shared
-    memory, ``acc^T += v^T @ p^T`` (m64nROWSk16, the head dim on M). Then the raw state or,
-    with ``IS_DIRECT``, the result, stored as ``_split_rows`` stores them."""
+    weights (``_kt_weights``), ``acc^T * alpha``, p^T through shared memory, ``acc^T += v^T @
+    p^T`` (m64nROWSk16, V's ``BLOCK_DV`` columns of block ``i_vb`` on M). Then the raw state or,
+    with ``IS_DIRECT``, the result, stored as ``_split_rows`` stores them.
+
+    Issue order (no bit: the same operations on the same values): with ``AHEAD`` the next
+    tile's scores are issued before this tile's ``p @ v`` and its weights computed while that
+    runs (``_split_rows``' order; p in two shared buffers, so the next p is written while this
+    one is read); without, each tile waits for its ``p @ v`` before the next scores."""
     ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, ROWS, 16])
     COL_S: gl.constexpr = gl.SliceLayout(0, ST_L)
     o_r = gl.arange(0, ROWS, layout=COL_S)
     _, _, _, pos = _block_row_ids_g(o_r, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     zero_s = gl.full([BLOCK_N, ROWS], 0.0, gl.float32, layout=ST_L)
-    acc = gl.full([HEAD_DIM, ROWS], 0.0, gl.float32, layout=ST_L)
+    acc = gl.full([BLOCK_DV, ROWS], 0.0, gl.float32, layout=ST_L)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
-    p_t_s = p_s.permute((1, 0))
-    for t in range(0, n):
-        j = j_lo + t
-        s = t % STAGES
-        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-        s_tok = warpgroup_mma(k_s.index(s), q_t, zero_s, is_async=True)
+    if AHEAD:
+        mbarrier.wait(ready.index(0), 0)
+        s_tok = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
         s_t = warpgroup_mma_wait(0, deps=[s_tok])
-        if j >= j_mid:
-            o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
-            s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s_t, 0) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
-        m_i = m_new
-        p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_safe[None, :]))
-        l_i = gl.fma(l_i, alpha, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S))
+        m_i, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j_lo, j_mid, pos, qk_scale, ROWS,
+                                             BLOCK_N, ST_L, COL_S)
+        l_i = gl.fma(l_i, alpha, r_sum)
         acc = acc * alpha[None, :]
-        p_s.store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
-        if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
-            _zero_v_tail(v_s.index(s), kv_len - j * BLOCK_N, BLOCK_N, HEAD_DIM)
+        p_s.index(0).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
         fence_async_shared()
         gl.thread_barrier()
-        acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_t_s, acc, is_async=True)
+        for t in range(0, n - 1):  # tile t's p @ v with tile t + 1's scores and weights
+            s = t % STAGES
+            sn = (t + 1) % STAGES
+            mbarrier.wait(ready.index(sn), ((t + 1) // STAGES) & 1)
+            s_tok = warpgroup_mma(k_s.index(sn), q_t, zero_s, is_async=True)
+            acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)),
+                                    p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
+            s_t = warpgroup_mma_wait(1, deps=[s_tok])
+            m_new, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j_lo + t + 1, j_mid, pos,
+                                                   qk_scale, ROWS, BLOCK_N, ST_L, COL_S)
+            p_s.index((t + 1) % 2).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(s))
+            m_i = m_new
+            l_i = gl.fma(l_i, alpha, r_sum)
+            acc = acc * alpha[None, :]
+        # The last tile's p @ v (its V tail zeroed first where the row ends inside it).
+        t = n - 1
+        j = j_lo + t
+        if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+            _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+        acc_tok = warpgroup_mma(v_s.index(t % STAGES).permute((1, 0)),
+                                p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        mbarrier.arrive(empty.index(s))
-    OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
-                                           warps_per_cta=[4, 1], order=[1, 0])
+        mbarrier.arrive(empty.index(t % STAGES))
+    else:
+        p_t_s = p_s.index(0).permute((1, 0))
+        for t in range(0, n):
+            j = j_lo + t
+            s = t % STAGES
+            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            s_tok = warpgroup_mma(k_s.index(s), q_t, zero_s, is_async=True)
+            s_t = warpgroup_mma_wait(0, deps=[s_tok])
+            m_i, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS,
+                                                 BLOCK_N, ST_L, COL_S)
+            l_i = gl.fma(l_i, alpha, r_sum)
+            acc = acc * alpha[None, :]
+            p_s.index(0).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+            if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+                _zero_v_tail(v_s.index(s), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+            fence_async_shared()
+            gl.thread_barrier()
+            acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_t_s, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(s))
+    OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BLOCK_DV // 32],
+                                           threads_per_warp=[1, 32], warps_per_cta=[4, 1],
+                                           order=[1, 0])
     ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
     b_acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT_L)
     b_m = gl.convert_layout(m_i, ROW_O)
     b_l = gl.convert_layout(l_i, ROW_O)
     o_m = gl.arange(0, ROWS, layout=ROW_O)
     tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
-    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OUT_L))
+    if BLOCK_DV == HEAD_DIM:
+        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row
+    else:  # m, l and the LSE from the program of V column block 0
+        o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row & (i_vb == 0)
     _store_split(b_acc, b_l, b_m, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row,
-                 m_row, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
+                 m_ml, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
 def _split_kt_kernel(
     q_ptr,  # [T, Hq, D]
     k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
-    v_desc,  # likewise for v_cache
+    v_desc,  # likewise for v_cache, box [BOX, D // VALUE_BLOCKS]
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
@@ -746,17 +806,26 @@ def _split_kt_kernel(
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
+    VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
+    AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
 ):
-    """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (one consumer warpgroup; the loader warp
-    is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on the MMA's
-    rows. Scheduling and operand placement only, the same bits (kernels/README.md, "The
-    keys-as-rows decode tile")."""
+    """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
+    the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
+    the MMA's rows. Scheduling and operand placement only, the same bits (kernels/README.md,
+    "The keys-as-rows decode tile"): ``VALUE_BLOCKS`` as ``_split_kernel``'s (2 at most: the
+    ``p @ v`` MMA's M is V's columns, 64 at least), ``AHEAD`` the issue order (``_kt_rows``)."""
     if IS_PDL:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
     i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
-    i_kvh = gl.program_id(1)
+    BLOCK_DV: gl.constexpr = HEAD_DIM // VALUE_BLOCKS
+    if VALUE_BLOCKS == 1:
+        i_kvh = gl.program_id(1)
+        i_vb = 0
+    else:
+        i_kvh = gl.program_id(1) // VALUE_BLOCKS
+        i_vb = gl.program_id(1) % VALUE_BLOCKS
     i_split = gl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
                                                            max_kv_len, BLOCK_Q)
@@ -775,9 +844,14 @@ def _split_kt_kernel(
     tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
     q_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, HEAD_DIM], SMEM_L, b_q)
-    p_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, BLOCK_N], SMEM_L)
+    p_s = gl.allocate_shared_memory(b_q.dtype, [2 if AHEAD else 1, ROWS, BLOCK_N], SMEM_L)
     k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
-    v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    if BLOCK_DV == HEAD_DIM:
+        v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    else:
+        V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_DV * 2),
+                                                 element_bitwidth=16, rank=2)
+        v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, BLOCK_DV], V_L)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -788,8 +862,9 @@ def _split_kt_kernel(
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
     gl.warp_specialize([
         (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
-                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, j_lo, n, n_tiles, j_mid,
-                    i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N, STAGES,
-                    IS_DIRECT)),
+                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
+                    j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N,
+                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
-                   i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [1], [24])
+                   i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
+        [24])

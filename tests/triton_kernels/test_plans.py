@@ -650,9 +650,13 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     with pytest.raises(ValueError, match=r"gluon False \(LaunchPlan.gluon"):
         plan_attention(*decode, validate=False, plan="split",
                        tuning=Tuning(keys_rows=True, gluon=False))
-    with pytest.raises(ValueError, match=r"override, got \['value_blocks=2'\]$"):
+    with pytest.raises(ValueError, match=r"value_blocks 1 or 2, got \['value_blocks=4'\]$"):
         plan_attention(*decode, validate=False, plan="split",
-                       tuning=Tuning(keys_rows=True, value_blocks=2))
+                       tuning=Tuning(keys_rows=True, value_blocks=4))
+    # 2 V column blocks: the grid doubles its KV-head axis, the ring takes 4 slots of 48 KB.
+    two = plan_attention(*decode, validate=False, plan="split",
+                         tuning=Tuning(keys_rows=True, value_blocks=2))
+    assert (two.keys_rows, two.value_blocks, two.num_stages) == (True, 2, 4)
     # auto chose the fused plan (32 balanced decodes, by the caller's lengths): the message
     # says so; for a group above 32 it does not (auto's split choice is not the problem).
     q, k, v, _, kv, table = decode

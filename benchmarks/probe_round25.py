@@ -1,0 +1,110 @@
+"""Round-25 probe (H100): the keys-as-rows tile with the next tile's scores issued ahead, and
+with 2 V column blocks (reports/h100-round25/).
+
+    python benchmarks/probe_round25.py OUT_DIR bits|times [WORKLOAD ...]
+
+Two switches of ``kernels._gluon`` (experiment commit, round 25; elsewhere the steps exit):
+``KT_AHEAD`` (``_split_kt_kernel``'s ``AHEAD``: tile t + 1's scores issued before tile t's
+``p @ v``, its weights computed while that runs) and ``KT_BLOCKS`` (``plan_attention`` gives
+the tile ``kernels.config.kt_value_blocks``' V column blocks). Both are scheduling only.
+
+``bits``: each workload at bf16 and fp16 under four head layouts (GQA 4, 1 and 16 at page 16,
+GQA 4 at page 64), out and LSE of the tile in each variant (today, ahead, 2 blocks, both)
+against the 128-row split tile (``Tuning(keys_rows=False)``), in differing bits, with the
+64-key contract (``Tuning(block_n=64)``), which must differ (the control: the comparison can
+fail). Into ``bits.jsonl``.
+
+``times``: at bf16, CUDA-graph replays with L2 flushed (medians of 20), interleaved in
+``REPEATS`` repeats, each cell against ``now`` (``plan="auto"``, switches off): ``auto`` with
+either switch and both, the control (``split_size=None``) without and with both. Into
+``times.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+import kernels
+import kernels._gluon as kg
+from benchmarks.probe_round4 import call, patched
+from benchmarks.probe_round11 import _workload
+from benchmarks.probe_round20 import _record, times
+from benchmarks.probe_round23 import LAYOUTS, bits_cells
+from invariance.bench import build_batch
+
+T = kernels.Tuning
+KT = T(keys_rows=True)
+KT2 = T(keys_rows=True, value_blocks=2)
+NO_KT = T(keys_rows=False)
+REPEATS = 3
+STEPS = "bits|times"
+#: Whether this commit has the round-25 switches.
+HAS_SWITCHES = hasattr(kg, "KT_AHEAD") and hasattr(kg, "KT_BLOCKS")
+BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
+BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:100x3",
+                  "chunk:5/1000x2"]
+#: ``name: (a, b)``, each side ``(cell, tuning)`` for :func:`make`.
+BIT_CELLS = {"kt-vs-split": (("split", NO_KT), ("split", KT)),
+             "ahead-vs-split": (("split", NO_KT), ("split+ahead", KT)),
+             "vb2-vs-split": (("split", NO_KT), ("split", KT2)),
+             "ahead-vb2-vs-split": (("split", NO_KT), ("split+ahead", KT2)),
+             "control-64-keys": (("split", KT), ("auto", T(block_n=64)))}
+TIME_WORKLOADS = [f"decode:{n}x{b}" for b in (1, 2, 4) for n in ("1k", "2k", "4k", "8k", "16k",
+                                                                  "32k")] + [
+    "decode-b8-ctx1k", "decode-b64-ctx1k", "decode-prod64"]
+TIME_CELLS = {"now": ("auto", None), "ahead": ("auto+ahead", None),
+              "blocks": ("auto+blocks", None), "both": ("auto+ahead+blocks", None),
+              "control": ("heuristic", None), "control-both": ("heuristic+ahead+blocks", None)}
+
+
+def make(batch, cell: str, tuning):
+    """``cell``: a plan or ``heuristic`` (the control, ``split_size=None``), then any of
+    ``+ahead`` (``KT_AHEAD``) and ``+blocks`` (``KT_BLOCKS``)."""
+    base, *switches = cell.split("+")
+    if base == "heuristic":
+        fn = call(batch, "auto", tuning, split_size=None)
+    elif base in kernels.PLANS:
+        fn = call(batch, base, tuning)
+    else:
+        raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
+    for sw in switches:
+        if sw not in ("ahead", "blocks"):
+            raise ValueError(f"cell {cell!r}: expected the switches +ahead and +blocks")
+        fn = patched(fn, kg, "KT_AHEAD" if sw == "ahead" else "KT_BLOCKS", True)
+    return fn
+
+
+def bits(out_dir: str, specs: list[str]) -> None:
+    rows: list[dict] = []
+    for heads, page in BITS_LAYOUTS:
+        for spec in specs or BITS_WORKLOADS:
+            for dtype in (torch.bfloat16, torch.float16):
+                batch = build_batch(_workload(spec), heads=heads, dtype=dtype, page_size=page)
+                row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
+                                 heads=[heads.num_q_heads, heads.num_kv_heads], page=page)
+                row["bits_differing"] = bits_cells(
+                    BIT_CELLS, lambda side, b=batch: make(b, side[0], side[1])())
+                del batch
+                _record(rows, row, out_dir, "bits.jsonl")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) < 2 or args[1] not in STEPS.split("|"):
+        sys.exit(f"usage: python benchmarks/probe_round25.py OUT_DIR {STEPS} [WORKLOAD ...]")
+    if not HAS_SWITCHES:
+        sys.exit("needs kernels._gluon.KT_AHEAD and KT_BLOCKS (round 25's experiment commit)")
+    out_dir, step, specs = args[0], args[1], args[2:]
+    os.makedirs(out_dir, exist_ok=True)
+    if step == "bits":
+        bits(out_dir, specs)
+    else:
+        times(out_dir, specs, cells=TIME_CELLS, base="now", defaults=TIME_WORKLOADS,
+              repeats=REPEATS, make=make)
+
+
+if __name__ == "__main__":
+    main()
