@@ -1,12 +1,15 @@
 """Round-25 probe (H100): the keys-as-rows tile with the next tile's scores issued ahead, and
 with 2 V column blocks (reports/h100-round25/).
 
-    python benchmarks/probe_round25.py OUT_DIR bits|times [WORKLOAD ...]
+    python benchmarks/probe_round25.py OUT_DIR bits|times|final [WORKLOAD ...]
 
-Two switches of ``kernels._gluon`` (experiment commit, round 25; elsewhere the steps exit):
-``KT_AHEAD`` (``_split_kt_kernel``'s ``AHEAD``: tile t + 1's scores issued before tile t's
-``p @ v``, its weights computed while that runs) and ``KT_BLOCKS`` (``plan_attention`` gives
-the tile ``kernels.config.kt_value_blocks``' V column blocks). Both are scheduling only.
+``bits`` and ``times`` need two switches of ``kernels._gluon`` that exist at experiment commit
+628895b only (elsewhere they exit): ``KT_AHEAD`` (``_split_kt_kernel``'s ``AHEAD``: tile t +
+1's scores issued before tile t's ``p @ v``, its weights computed while that runs) and
+``KT_BLOCKS`` (``plan_attention`` gives the tile ``kernels.config.kt_value_blocks``' V column
+blocks; at that commit 2 blocks where ``num_programs * 2 <= num_sms``). Both are scheduling
+only. They became ``Tuning.scores_ahead`` and the rules ``kt_value_blocks`` and
+``kt_scores_ahead``.
 
 ``bits``: each workload at bf16 and fp16 under four head layouts (GQA 4, 1 and 16 at page 16,
 GQA 4 at page 64), out and LSE of the tile in each variant (today, ahead, 2 blocks, both)
@@ -18,6 +21,10 @@ fail). Into ``bits.jsonl``.
 ``REPEATS`` repeats, each cell against ``now`` (``plan="auto"``, switches off): ``auto`` with
 either switch and both, the control (``split_size=None``) without and with both. Into
 ``times.jsonl``.
+
+``final`` (the landed code): as ``times``, ``auto`` against round 24's schedule (the tile
+forced with one V block in the serial order) and the control, on the decodes of 1-4 requests.
+Into ``final.jsonl``.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ KT = T(keys_rows=True)
 KT2 = T(keys_rows=True, value_blocks=2)
 NO_KT = T(keys_rows=False)
 REPEATS = 3
-STEPS = "bits|times"
+STEPS = "bits|times|final"
 #: Whether this commit has the round-25 switches.
 HAS_SWITCHES = hasattr(kg, "KT_AHEAD") and hasattr(kg, "KT_BLOCKS")
 BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
@@ -58,6 +65,11 @@ TIME_WORKLOADS = [f"decode:{n}x{b}" for b in (1, 2, 4) for n in ("1k", "2k", "4k
 TIME_CELLS = {"now": ("auto", None), "ahead": ("auto+ahead", None),
               "blocks": ("auto+blocks", None), "both": ("auto+ahead+blocks", None),
               "control": ("heuristic", None), "control-both": ("heuristic+ahead+blocks", None)}
+
+
+FINAL_WORKLOADS = TIME_WORKLOADS[:18]
+FINAL_CELLS = {"before": ("split", T(keys_rows=True, value_blocks=1, scores_ahead=False)),
+               "now": ("auto", None), "control": ("heuristic", None)}
 
 
 def make(batch, cell: str, tuning):
@@ -95,12 +107,15 @@ def main() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round25.py OUT_DIR {STEPS} [WORKLOAD ...]")
-    if not HAS_SWITCHES:
+    if args[1] != "final" and not HAS_SWITCHES:
         sys.exit("needs kernels._gluon.KT_AHEAD and KT_BLOCKS (round 25's experiment commit)")
     out_dir, step, specs = args[0], args[1], args[2:]
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":
         bits(out_dir, specs)
+    elif step == "final":
+        times(out_dir, specs, cells=FINAL_CELLS, base="before", defaults=FINAL_WORKLOADS,
+              repeats=REPEATS, make=make, name="final.jsonl")
     else:
         times(out_dir, specs, cells=TIME_CELLS, base="now", defaults=TIME_WORKLOADS,
               repeats=REPEATS, make=make)

@@ -48,6 +48,7 @@ from kernels.config import (
     gluon_prefill,
     gluon_tile,
     gluon_value_blocks,
+    kt_scores_ahead,
     kt_value_blocks,
     prefill_like,
     rows_per_block,
@@ -202,7 +203,12 @@ class Tuning:
       most ``kt_rows(G) // G`` query tokens per request on average) with GQA groups of at most
       16 heads and no launch override; ``False``: never; ``True``: on any batch of the split
       plan (a ``ValueError`` names an unmet condition: another plan, no Gluon, a group above 32,
-      a ``block_m``, ``num_warps``, ``value_blocks`` or ``tiles_per_step`` it does not take).
+      a ``block_m``, ``num_warps``, ``value_blocks`` or ``tiles_per_step`` it does not take:
+      it takes ``value_blocks`` 1 or 2, default :func:`~kernels.config.kt_value_blocks`).
+    - ``scores_ahead`` (bool; the keys-as-rows tile only): its issue order, each next tile's
+      scores issued before this tile's ``p @ v`` and its weights computed while that runs.
+      Scheduling only, no bit. ``None``: :func:`~kernels.config.kt_scores_ahead` with 2 V
+      blocks; ``True`` where the tile does not run raises a ``ValueError``.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid: another contract. For experiments (tile sweeps, the 64-key contract on Hopper with
       ``block_n=64``); ``split_size`` must be a multiple of it.
@@ -219,6 +225,7 @@ class Tuning:
     nested_loop: bool | None = None
     gluon: bool | None = None
     keys_rows: bool | None = None
+    scores_ahead: bool | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -234,7 +241,8 @@ class Tuning:
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
                                           and ok(value)):
                 raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
-        for name in ("dependent_merge", "slot_order", "nested_loop", "gluon", "keys_rows"):
+        for name in ("dependent_merge", "slot_order", "nested_loop", "gluon", "keys_rows",
+                     "scores_ahead"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"Tuning.{name}: expected a bool or None, got {value!r}")
@@ -277,6 +285,7 @@ class LaunchPlan:
     nested_loop: bool  # fused plan: an inner loop per split, its fold after it (else one loop)
     gluon: bool  # the Gluon kernels (kernels/_gluon) instead of Triton's
     keys_rows: bool  # split plan: the keys-as-rows decode tile (block_m: its rows, <= 32)
+    scores_ahead: bool  # keys-as-rows tile: next tile's scores issued before this p @ v
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     # From the lengths read back (validate=True) or from host_lens; counted in blocks of the
@@ -678,7 +687,7 @@ def plan_attention(
         from kernels import _gluon  # light: imports no Triton
 
         num_stages = _gluon.ring_slots(block_n, v_blocks)
-    keys_rows = False
+    keys_rows = ahead = False
     if tuning.keys_rows is not False:
         misfit = (kt_misfit if plan == "split"
                   else _keys_rows_misfit(plan, use_gluon, G, T, B, tuning))
@@ -688,13 +697,18 @@ def plan_attention(
             keys_rows = True
             block_m = _gluon.kt_rows(G)
             block_q = block_m // G
-            v_blocks = tuning.value_blocks or (
-                kt_value_blocks(split_programs, num_sms) if _gluon.KT_BLOCKS else 1)
+            v_blocks = tuning.value_blocks or kt_value_blocks(split_programs, num_sms)
+            # Measured faster only on the 4-slot ring of 2 V blocks (kt_scores_ahead).
+            ahead = (v_blocks == 2 and kt_scores_ahead(split_programs, num_sms)
+                     if tuning.scores_ahead is None else tuning.scores_ahead)
             num_warps, num_stages = 4, _gluon.kt_ring_slots(v_blocks, block_m)
         elif tuning.keys_rows:
             chosen = (" (plan='auto' chose another plan; pass plan='split')"
                       if auto and plan != "split" else "")
             raise ValueError(f"tuning: keys_rows=True needs {misfit}{chosen}")
+    if tuning.scores_ahead and not keys_rows:
+        raise ValueError("tuning: scores_ahead=True needs the keys-as-rows tile "
+                         "(LaunchPlan.keys_rows; Tuning(keys_rows=True) names why it is off)")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -707,7 +721,7 @@ def plan_attention(
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
         dependent_merge=dependent, slot_order=ordered, nested_loop=nested, gluon=use_gluon,
-        keys_rows=keys_rows,
+        keys_rows=keys_rows, scores_ahead=ahead,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -909,7 +923,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                         out, lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
                         split_tiles=lp.split_tiles, block_q=lp.block_q, direct=direct,
                         value_blocks=lp.value_blocks, stages=lp.num_stages,
-                        dependent_merge=lp.dependent_merge)
+                        scores_ahead=lp.scores_ahead, dependent_merge=lp.dependent_merge)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
         return

@@ -27,6 +27,7 @@ __all__ = [
     "fused_loop",
     "gluon_tile",
     "gluon_value_blocks",
+    "kt_scores_ahead",
     "kt_value_blocks",
     "slot_order",
     "tile_config",
@@ -332,13 +333,30 @@ def gluon_value_blocks(num_programs: int, num_sms: int) -> int:
 
 
 def kt_value_blocks(num_programs: int, num_sms: int) -> int:
-    """V column blocks per program of the keys-as-rows decode tile: 2 where the grid with 2
-    blocks fits the SMs once (``num_programs * 2 <= num_sms``), else 1. ``num_programs``: the
+    """V column blocks per program of the keys-as-rows decode tile: 2 where 4 times the grid
+    would fit the SMs once (``num_programs * 4 <= num_sms``), else 1. ``num_programs``: the
     split grid's working programs at one block. Shapes only (no sync). Scheduling only, as
     :func:`gluon_value_blocks`: every block computes the same scores, max and denominator and
     ``p @ v`` for its half of V's columns (the tile's ``p @ v`` has V's columns on the MMA's M,
-    64 at least, so 2 blocks at most at head dim 128)."""
-    return 2 if num_programs * 2 <= num_sms else 1
+    64 at least, so 2 blocks at most at head dim 128); 0 bits differing against the 128-row
+    tile in 68 comparisons (reports/h100-round25/README.md). Measured on an H100 (bf16, round
+    25, call 1, one tile per step in the serial order): decodes of 1k-4k keys at batch 1, 1k-2k
+    at batch 2 and 1k at batch 4 (8-32 programs) 2-5% faster (batch 1 with 1k: 15.8 -> 15.0
+    us); on 64 programs (8k x 1, 4k x 2, 2k x 4, 8 decodes of 1k) 2-11% slower."""
+    return 2 if num_programs * 4 <= num_sms else 1
+
+
+def kt_scores_ahead(num_programs: int, num_sms: int) -> bool:
+    """Whether the keys-as-rows decode tile issues each next tile's scores before this tile's
+    ``p @ v`` (``Tuning.scores_ahead``): where ``num_programs * 8 <= num_sms`` (the split grid's
+    working programs at one V block); ``plan_attention`` asks it only with 2 V blocks. Shapes
+    only (no sync); issue order only, no bit (0 of 68 comparisons differing, round 25).
+    Measured on an H100 (bf16, round 25, call 1): with 2 V blocks (a ring of 4 slots) 3-4%
+    faster on 8-16 programs (batch 1 with 1k: 15.0 -> 14.5 us, 2k x 1 17.5 -> 16.9, 1k x 2
+    15.6 -> 15.1), 1-2% slower on 32 (4k x 1, 2k x 2, 1k x 4); with one block (3 slots) 6-9%
+    slower on 8-32 programs (it waits for the next tile before this tile's ``p @ v`` frees a
+    slot: inferred, not profiled)."""
+    return num_programs * 8 <= num_sms
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

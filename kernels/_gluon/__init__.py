@@ -158,13 +158,6 @@ RING_SLOTS_KT = 3
 #: K/V slots of that ring when its V slots hold half the columns (48 KB each), for blocks of
 #: at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
 RING_SLOTS_KT_BLOCKED = 4
-#: Experiment switch (round 25): the keys-as-rows tile issues the next tile's scores before this
-#: tile's ``p @ v`` (``_split_kt_kernel``'s ``AHEAD``). Issue order only, no bit.
-KT_AHEAD = False
-#: Experiment switch (round 25): ``plan_attention`` gives the keys-as-rows tile
-#: ``kernels.config.kt_value_blocks``' V column blocks (else 1). Scheduling only, no bit.
-KT_BLOCKS = False
-
 
 def kt_rows(group: int) -> int:
     """Rows per block of the keys-as-rows decode tile (the MMA's N) for GQA group ``group``:
@@ -187,12 +180,14 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, qk_scale: float, *, num_slots: int, num_splits: int,
                     split_tiles: int, block_q: int, direct: bool, value_blocks: int = 1,
-                    stages: int | None = None, dependent_merge: bool = False) -> None:
+                    stages: int | None = None, scores_ahead: bool = False,
+                    dependent_merge: bool = False) -> None:
     """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
     tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
     ``(num_slots, Hkv * value_blocks, num_splits)`` with ``num_slots = T // block_q + B``;
-    ``value_blocks`` 1 or 2 (V column blocks, scheduling only), ``stages`` the ring's slots
-    (default :func:`kt_ring_slots`). Same shapes and stores as :func:`launch_split`."""
+    ``value_blocks`` 1 or 2 (V column blocks), ``stages`` the ring's slots (default
+    :func:`kt_ring_slots`), ``scores_ahead`` the issue order (the next tile's scores before this
+    tile's ``p @ v``): scheduling only, no bit. Same shapes and stores as :func:`launch_split`."""
     from kernels._gluon import attention_kernels as ak
 
     T, Hq, D = q.shape
@@ -211,5 +206,5 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         num_splits, q.stride(0), q.stride(1), block_table.stride(0),
         G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
         STAGES=stages or kt_ring_slots(value_blocks, rows), IS_DIRECT=direct,
-        VALUE_BLOCKS=value_blocks, AHEAD=KT_AHEAD, IS_PDL=dependent_merge and not direct,
+        VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
         num_warps=4)

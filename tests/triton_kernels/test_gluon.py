@@ -321,7 +321,7 @@ def test_keys_rows_tile_gives_the_same_bits(dtype, make_batch, args_of, assert_s
     results = {}
     for split in (4096, 1024, 256):
         lp = plan_attention(*args, plan="split", split_size=split, tuning=KEYS_ROWS)
-        assert lp.keys_rows and lp.gluon and lp.value_blocks == 1
+        assert lp.keys_rows and lp.gluon and lp.value_blocks in (1, 2)  # kt_value_blocks' rule
         assert lp.num_splits == (1 if split == 4096 else -(-3000 // split))
         assert lp.block_m == _gluon.kt_rows(group) and lp.block_q == lp.block_m // group
         got = results[split] = unified_attention(*args, plan="split", split_size=split,
@@ -334,6 +334,42 @@ def test_keys_rows_tile_gives_the_same_bits(dtype, make_batch, args_of, assert_s
     # The control: the tile at another split size differs in some bit of out or lse, so the
     # comparisons above can fail.
     a, b = results[1024], results[256]
+    assert not (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
+                and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))
+
+
+#: The keys-as-rows tile's scheduling settings: (value_blocks, scores_ahead).
+KT_SCHEDULES = [(1, False), (2, False), (1, True), (2, True)]
+
+
+@pytest.mark.parametrize("layout", ["p16", "p64"])
+@pytest.mark.parametrize("heads", ["g1", "g4", "g16"])
+def test_keys_rows_schedules_give_the_same_bits(dtype, make_batch, args_of, assert_same_bits,
+                                                heads: str, layout: str) -> None:
+    # 2 V column blocks (a ring of 4 slots) and the next tile's scores issued ahead, each and
+    # together, forced on the keys-as-rows tile against the 128-row split tile: one split per
+    # row (the direct store) and 256-token splits (the merge; splits of one and two tiles).
+    # Captured in a CUDA graph, the replay of both together gives the same bits. The control:
+    # the tile at the two split sizes differs.
+    _half(dtype)
+    args = args_of(make_batch(dtype, DECODE, LAYOUTS[layout], HEADS[heads]))
+    refs = {}
+    for split in (4096, 256):
+        ref = refs[split] = unified_attention(*args, plan="split", split_size=split,
+                                              tuning=ROWS_128)
+        for blocks, ahead in KT_SCHEDULES:
+            tuning = Tuning(keys_rows=True, value_blocks=blocks, scores_ahead=ahead)
+            lp = plan_attention(*args, plan="split", split_size=split, tuning=tuning)
+            assert lp.keys_rows and (lp.value_blocks, lp.scores_ahead) == (blocks, ahead)
+            assert_same_bits(unified_attention(*args, plan="split", split_size=split,
+                                               tuning=tuning), ref,
+                             f"keys-as-rows ({blocks} V blocks, ahead {ahead}) vs 128-row "
+                             f"split tile ({heads}, {layout}, {split})")
+    kw = dict(plan="split", split_size=256, validate=False,
+              tuning=Tuning(keys_rows=True, value_blocks=2, scores_ahead=True))
+    assert_same_bits(_replayed(args, **kw), refs[256],
+                     f"keys-as-rows, 2 V blocks, ahead: CUDA-graph replay ({heads}, {layout})")
+    a, b = refs[4096], refs[256]
     assert not (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
                 and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))
 

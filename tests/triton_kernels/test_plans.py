@@ -587,10 +587,10 @@ def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, devi
 
 def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     # As on an H100 with Triton 3.6's Gluon: a decode batch in the split plan takes the
-    # keys-as-rows tile (rows: the GQA group rounded up to 8, 16 or 32; 4 warps, 3 ring slots,
-    # 1 V block); prompts, chunks of more tokens than its blocks hold, the fused plan, overrides
-    # and keys_rows=False keep the 128-row tile; keys_rows=True forces it on prompts and names
-    # what is missing elsewhere.
+    # keys-as-rows tile (rows: the GQA group rounded up to 8, 16 or 32; 4 warps; on this small
+    # grid 2 V blocks, 4 ring slots and the scores ahead); prompts, chunks of more tokens than
+    # its blocks hold, the fused plan, overrides and keys_rows=False keep the 128-row tile;
+    # keys_rows=True forces it on prompts and names what is missing elsewhere.
     import kernels._gluon as gluon_module
     import kernels.attention as attention
 
@@ -600,8 +600,31 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     prompt, decode = _hopper_batches(device)  # GQA group 4
     lp = plan_attention(*decode, validate=False, plan="split")
     assert lp.keys_rows and lp.gluon and (lp.block_m, lp.block_q) == (8, 2)
-    assert (lp.num_warps, lp.num_stages, lp.value_blocks) == (4, 3, 1)
+    # 4 blocks x 2 splits x 2 KV heads: 16 programs, so 2 V blocks (16 * 4 <= 132) and the
+    # scores ahead (16 * 8 <= 132).
+    assert (lp.num_warps, lp.num_stages, lp.value_blocks, lp.scores_ahead) == (4, 4, 2, True)
     assert lp.num_slots == 4 // 2 + 4  # T // block_q + B
+    # The same grid from a 1-block or a no-ahead override: 3 slots, no ahead (it was slower
+    # there), or 4 slots in the serial order; forced ahead on one block.
+    for kw, want in ((dict(value_blocks=1), (1, 3, False)),
+                     (dict(scores_ahead=False), (2, 4, False)),
+                     (dict(value_blocks=1, scores_ahead=True), (1, 3, True))):
+        got = plan_attention(*decode, validate=False, plan="split",
+                             tuning=Tuning(keys_rows=True, **kw))
+        assert (got.value_blocks, got.num_stages, got.scores_ahead) == want, kw
+    with pytest.raises(ValueError, match="scores_ahead=True needs the keys-as-rows tile"):
+        plan_attention(*decode, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=False, scores_ahead=True))
+    with pytest.raises(ValueError, match=r"Tuning\.scores_ahead: expected a bool"):
+        Tuning(scores_ahead=1)  # type: ignore[arg-type]
+    # A 64-program grid (8 KV heads, as the bench's): 1 V block, serial order.
+    for sms, want in ((132, (1, 3, False)), (256, (2, 4, False)), (512, (2, 4, True))):
+        monkeypatch.setattr(attention, "_num_sms", lambda device, n=sms: n)
+        wide = plan_attention(decode[0].repeat(1, 4, 1), *((decode[1].repeat(1, 1, 4, 1),) * 2),
+                              *decode[3:], validate=False, plan="split")
+        assert wide.keys_rows and (wide.value_blocks, wide.num_stages,
+                                   wide.scores_ahead) == want, sms
+    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
     # The kernel's rows are the MMA's N: the group rounded up to 8, 16 or 32, never above.
     assert [gluon_module.kt_rows(g) for g in (1, 3, 4, 8, 9, 16, 17, 32)] == \
         [8, 8, 8, 8, 16, 16, 32, 32]
