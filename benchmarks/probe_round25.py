@@ -1,7 +1,7 @@
 """Round-25 probe (H100): the keys-as-rows tile with the next tile's scores issued ahead, and
 with 2 V column blocks (reports/h100-round25/).
 
-    python benchmarks/probe_round25.py OUT_DIR bits|times|final [WORKLOAD ...]
+    python benchmarks/probe_round25.py OUT_DIR bits|times|final|ahead2 [WORKLOAD ...]
 
 ``bits`` and ``times`` need two switches of ``kernels._gluon`` that exist at experiment commit
 628895b only (elsewhere they exit): ``KT_AHEAD`` (``_split_kt_kernel``'s ``AHEAD``: tile t +
@@ -25,6 +25,13 @@ either switch and both, the control (``split_size=None``) without and with both.
 ``final`` (the landed code): as ``times``, ``auto`` against round 24's schedule (the tile
 forced with one V block in the serial order) and the control, on the decodes of 1-4 requests.
 Into ``final.jsonl``.
+
+``ahead2`` (experiment switch ``kernels._gluon.KT_AHEAD_TILES``; elsewhere it exits): with
+``scores_ahead`` the scores issued two tiles ahead and waited together with the ``p @ v``, so
+the weights need no wait. Bits as ``bits`` (two tiles ahead with 1 and 2 V blocks against the
+128-row tile; the 64-key control) into ``ahead2-bits.jsonl``, then times as ``final`` into
+``ahead2-times.jsonl``: ``auto`` one and two tiles ahead, the tile forced with 1 or 2 V blocks
+two tiles ahead, with 1 V block one tile ahead, and the control.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ KT = T(keys_rows=True)
 KT2 = T(keys_rows=True, value_blocks=2)
 NO_KT = T(keys_rows=False)
 REPEATS = 3
-STEPS = "bits|times|final"
+STEPS = "bits|times|final|ahead2"
 #: Whether this commit has the round-25 switches.
 HAS_SWITCHES = hasattr(kg, "KT_AHEAD") and hasattr(kg, "KT_BLOCKS")
 BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
@@ -72,9 +79,27 @@ FINAL_CELLS = {"before": ("split", T(keys_rows=True, value_blocks=1, scores_ahea
                "now": ("auto", None), "control": ("heuristic", None)}
 
 
+AHEAD2_BIT_CELLS = {
+    "ahead2-vb1-vs-split": (("split", NO_KT), ("split+ahead2", T(keys_rows=True, value_blocks=1,
+                                                                 scores_ahead=True))),
+    "ahead2-vb2-vs-split": (("split", NO_KT), ("split+ahead2", T(keys_rows=True, value_blocks=2,
+                                                                 scores_ahead=True))),
+    "control-64-keys": (("split", KT), ("auto", T(block_n=64)))}
+AHEAD2_WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:4kx1", "decode:8kx1", "decode:1kx2",
+                    "decode:2kx2", "decode:4kx2", "decode:1kx4", "decode:2kx4"]
+AHEAD2_CELLS = {"now": ("auto", None), "ahead2": ("auto+ahead2", None),
+                "vb2-ahead2": ("split+ahead2", T(keys_rows=True, value_blocks=2,
+                                                  scores_ahead=True)),
+                "vb1-ahead2": ("split+ahead2", T(keys_rows=True, value_blocks=1,
+                                                  scores_ahead=True)),
+                "vb1-ahead1": ("split", T(keys_rows=True, value_blocks=1, scores_ahead=True)),
+                "control": ("heuristic", None)}
+
+
 def make(batch, cell: str, tuning):
     """``cell``: a plan or ``heuristic`` (the control, ``split_size=None``), then any of
-    ``+ahead`` (``KT_AHEAD``) and ``+blocks`` (``KT_BLOCKS``)."""
+    ``+ahead`` (``KT_AHEAD``), ``+blocks`` (``KT_BLOCKS``) and ``+ahead2``
+    (``KT_AHEAD_TILES = 2``)."""
     base, *switches = cell.split("+")
     if base == "heuristic":
         fn = call(batch, "auto", tuning, split_size=None)
@@ -83,13 +108,17 @@ def make(batch, cell: str, tuning):
     else:
         raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
     for sw in switches:
-        if sw not in ("ahead", "blocks"):
-            raise ValueError(f"cell {cell!r}: expected the switches +ahead and +blocks")
-        fn = patched(fn, kg, "KT_AHEAD" if sw == "ahead" else "KT_BLOCKS", True)
+        if sw == "ahead2":
+            fn = patched(fn, kg, "KT_AHEAD_TILES", 2)
+        elif sw in ("ahead", "blocks"):
+            fn = patched(fn, kg, "KT_AHEAD" if sw == "ahead" else "KT_BLOCKS", True)
+        else:
+            raise ValueError(f"cell {cell!r}: expected the switches +ahead, +blocks, +ahead2")
     return fn
 
 
-def bits(out_dir: str, specs: list[str]) -> None:
+def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
+         name: str = "bits.jsonl") -> None:
     rows: list[dict] = []
     for heads, page in BITS_LAYOUTS:
         for spec in specs or BITS_WORKLOADS:
@@ -98,21 +127,27 @@ def bits(out_dir: str, specs: list[str]) -> None:
                 row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
                                  heads=[heads.num_q_heads, heads.num_kv_heads], page=page)
                 row["bits_differing"] = bits_cells(
-                    BIT_CELLS, lambda side, b=batch: make(b, side[0], side[1])())
+                    cells, lambda side, b=batch: make(b, side[0], side[1])())
                 del batch
-                _record(rows, row, out_dir, "bits.jsonl")
+                _record(rows, row, out_dir, name)
 
 
 def main() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round25.py OUT_DIR {STEPS} [WORKLOAD ...]")
-    if args[1] != "final" and not HAS_SWITCHES:
+    if args[1] == "ahead2" and not hasattr(kg, "KT_AHEAD_TILES"):
+        sys.exit("ahead2: needs kernels._gluon.KT_AHEAD_TILES (round 25's second experiment)")
+    if args[1] in ("bits", "times") and not HAS_SWITCHES:
         sys.exit("needs kernels._gluon.KT_AHEAD and KT_BLOCKS (round 25's experiment commit)")
     out_dir, step, specs = args[0], args[1], args[2:]
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":
         bits(out_dir, specs)
+    elif step == "ahead2":
+        bits(out_dir, specs, cells=AHEAD2_BIT_CELLS, name="ahead2-bits.jsonl")
+        times(out_dir, [], cells=AHEAD2_CELLS, base="now", defaults=AHEAD2_WORKLOADS,
+              repeats=REPEATS, make=make, name="ahead2-times.jsonl")
     elif step == "final":
         times(out_dir, specs, cells=FINAL_CELLS, base="before", defaults=FINAL_WORKLOADS,
               repeats=REPEATS, make=make, name="final.jsonl")
