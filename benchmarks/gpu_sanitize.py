@@ -11,7 +11,8 @@ bit), the fused plan with 128- and 256-row tiles and its nested loop (half preci
 ``merge_states`` (with empty, NaN and +inf partials), the Gluon kernels where they run (half
 precision at head dim 128 on Hopper with Triton 3.6: the 128-key contract's fused and split
 kernels, bits compared with the Triton kernels at 128 keys, the split kernel with 2 and 4 V
-column blocks, and the 64-key contract's prefill
+column blocks, the keys-as-rows tile with 1 and 2 V blocks and its scores ahead, and the 64-key
+contract's prefill
 tile and Triton rules through ``Tuning(block_n=64)``), and
 malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
@@ -117,9 +118,12 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
                                 for a, b in zip(fused, triton, strict=True))
     if wide and lp.gluon:
         # The Gluon split kernel with 2 and 4 V column blocks, its merge as an ordinary
-        # launch, and the keys-as-rows decode tile forced (round 23; bits compared).
+        # launch, and the keys-as-rows decode tile forced (round 23), with 1 and 2 V blocks
+        # and the scores ahead (round 25; bits compared).
         for tuning in (tuned(value_blocks=2), tuned(value_blocks=4),
-                       tuned(dependent_merge=False), tuned(keys_rows=True)):
+                       tuned(dependent_merge=False), tuned(keys_rows=True),
+                       *(tuned(keys_rows=True, value_blocks=vb, scores_ahead=ahead)
+                         for vb in (1, 2) for ahead in (False, True))):
             cut = unified_attention(*args, split_size=split, plan="split", tuning=tuning)
             same = same and all(torch.equal(bits(a), bits(b))
                                 for a, b in zip(cut, split_plan, strict=True))
@@ -211,6 +215,10 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                 case(f"{tag}/validate=False/{label}/split-keys-rows",
                      lambda b=bad: call(b, validate=False, plan="split",
                                         tuning=Tuning(keys_rows=True)))
+                case(f"{tag}/validate=False/{label}/split-keys-rows-2-value-blocks-ahead",
+                     lambda b=bad: call(b, validate=False, plan="split",
+                                        tuning=Tuning(keys_rows=True, value_blocks=2,
+                                                      scores_ahead=True)))
             if block_n != narrow:
                 for plan in ("fused", "split"):
                     case(f"{tag}/validate=False/{label}/{plan}-triton-{block_n}-keys",

@@ -26,7 +26,8 @@ either switch and both, the control (``split_size=None``) without and with both.
 forced with one V block in the serial order) and the control, on the decodes of 1-4 requests.
 Into ``final.jsonl``.
 
-``ahead2`` (experiment switch ``kernels._gluon.KT_AHEAD_TILES``; elsewhere it exits): with
+``ahead2`` (experiment switch ``kernels._gluon.KT_AHEAD_TILES``, at experiment commit bbba804
+only; elsewhere it exits): with
 ``scores_ahead`` the scores issued two tiles ahead and waited together with the ``p @ v``, so
 the weights need no wait. Bits as ``bits`` (two tiles ahead with 1 and 2 V blocks against the
 128-row tile; the 64-key control) into ``ahead2-bits.jsonl``, then times as ``final`` into

@@ -159,11 +159,6 @@ RING_SLOTS_KT = 3
 #: at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
 RING_SLOTS_KT_BLOCKED = 4
 
-#: Experiment switch (round 25, call 5): with ``scores_ahead`` the scores run this many tiles
-#: ahead (1 or 2; ``_split_kt_kernel``'s ``AHEAD``). Issue order only, no bit.
-KT_AHEAD_TILES = 1
-
-
 def kt_rows(group: int) -> int:
     """Rows per block of the keys-as-rows decode tile (the MMA's N) for GQA group ``group``:
     the smallest of 8, 16, 32 that holds one token's group."""
@@ -211,5 +206,5 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         num_splits, q.stride(0), q.stride(1), block_table.stride(0),
         G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
         STAGES=stages or kt_ring_slots(value_blocks, rows), IS_DIRECT=direct,
-        VALUE_BLOCKS=value_blocks, AHEAD=KT_AHEAD_TILES if scores_ahead else 0,
-        IS_PDL=dependent_merge and not direct, num_warps=4)
+        VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
+        num_warps=4)

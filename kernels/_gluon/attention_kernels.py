@@ -697,7 +697,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
-    if AHEAD == 1:
+    if AHEAD:
         mbarrier.wait(ready.index(0), 0)
         s_tok = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
         s_t = warpgroup_mma_wait(0, deps=[s_tok])
@@ -727,45 +727,6 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
             l_i = gl.fma(l_i, alpha, r_sum)
             acc = acc * alpha[None, :]
         # The last tile's p @ v (its V tail zeroed first where the row ends inside it).
-        t = n - 1
-        j = j_lo + t
-        if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
-            _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
-        acc_tok = warpgroup_mma(v_s.index(t % STAGES).permute((1, 0)),
-                                p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        mbarrier.arrive(empty.index(t % STAGES))
-    elif AHEAD == 2:  # experiment: the scores two tiles ahead, waited with the p @ v
-        mbarrier.wait(ready.index(0), 0)
-        s_tok = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
-        t1 = gl.minimum(n - 1, 1)
-        mbarrier.wait(ready.index(t1 % STAGES), (t1 // STAGES) & 1)
-        s1_tok = warpgroup_mma(k_s.index(t1 % STAGES), q_t, zero_s, is_async=True)
-        s_t, s_nxt = warpgroup_mma_wait(0, deps=[s_tok, s1_tok])
-        m_i, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j_lo, j_mid, pos, qk_scale, ROWS,
-                                             BLOCK_N, ST_L, COL_S)
-        l_i = gl.fma(l_i, alpha, r_sum)
-        acc = acc * alpha[None, :]
-        p_s.index(0).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
-        fence_async_shared()
-        gl.thread_barrier()
-        for t in range(0, n - 1):  # tile t's p @ v and tile t + 2's scores, t + 1's weights
-            s = t % STAGES
-            t2 = gl.minimum(t + 2, n - 1)  # past the last tile: its own again, never used
-            mbarrier.wait(ready.index(t2 % STAGES), (t2 // STAGES) & 1)
-            s_tok = warpgroup_mma(k_s.index(t2 % STAGES), q_t, zero_s, is_async=True)
-            acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)),
-                                    p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
-            m_new, alpha, p_t, r_sum = _kt_weights(s_nxt, m_i, j_lo + t + 1, j_mid, pos,
-                                                   qk_scale, ROWS, BLOCK_N, ST_L, COL_S)
-            p_s.index((t + 1) % 2).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
-            fence_async_shared()
-            gl.thread_barrier()
-            acc, s_nxt = warpgroup_mma_wait(0, deps=[acc_tok, s_tok])
-            mbarrier.arrive(empty.index(s))
-            m_i = m_new
-            l_i = gl.fma(l_i, alpha, r_sum)
-            acc = acc * alpha[None, :]
         t = n - 1
         j = j_lo + t
         if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
@@ -846,7 +807,7 @@ def _split_kt_kernel(
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
-    AHEAD: gl.constexpr = 0,  # the scores this many tiles (0-2) ahead of each tile's p @ v
+    AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
@@ -883,7 +844,7 @@ def _split_kt_kernel(
     tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
     q_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, HEAD_DIM], SMEM_L, b_q)
-    p_s = gl.allocate_shared_memory(b_q.dtype, [2 if AHEAD > 0 else 1, ROWS, BLOCK_N], SMEM_L)
+    p_s = gl.allocate_shared_memory(b_q.dtype, [2 if AHEAD else 1, ROWS, BLOCK_N], SMEM_L)
     k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
     if BLOCK_DV == HEAD_DIM:
         v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
