@@ -138,9 +138,10 @@ def main() -> None:
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round25.py OUT_DIR {STEPS} [WORKLOAD ...]")
     if args[1] == "ahead2" and not hasattr(kg, "KT_AHEAD_TILES"):
-        sys.exit("ahead2: needs kernels._gluon.KT_AHEAD_TILES (round 25's second experiment)")
+        sys.exit("ahead2: needs kernels._gluon.KT_AHEAD_TILES (experiment commit bbba804)")
     if args[1] in ("bits", "times") and not HAS_SWITCHES:
-        sys.exit("needs kernels._gluon.KT_AHEAD and KT_BLOCKS (round 25's experiment commit)")
+        sys.exit(f"{args[1]}: needs kernels._gluon.KT_AHEAD and KT_BLOCKS (experiment commit "
+                 f"628895b)")
     out_dir, step, specs = args[0], args[1], args[2:]
     os.makedirs(out_dir, exist_ok=True)
     if step == "bits":

@@ -1025,3 +1025,43 @@ def test_probe_round24_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
             probe.make(None, cell, None)()
     with pytest.raises(ValueError, match="cell"):
         probe.make(None, "tree-root", None)
+
+
+def test_probe_round25_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """benchmarks/probe_round25.py (reports/h100-round25/): an unknown step exits naming the
+    steps; the experiment steps exit here (their switches live at experiment commits 628895b
+    and bbba804 only) and their switched cells would fail loudly; ``final`` compares auto with
+    round 24's schedule (the tile forced, one V block, serial order) and the batch-dependent
+    control; an unknown switch or cell raises instead of timing the default."""
+    import kernels
+
+    probe = _probe("probe_round25", probe_steps := "bits|times|final|ahead2")
+    assert probe_steps == probe.STEPS and not probe.HAS_SWITCHES
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for step, names in (("bits", "628895b"), ("times", "628895b"), ("ahead2", "KT_AHEAD_TILES")):
+        proc = subprocess.run([sys.executable, "benchmarks/probe_round25.py", str(tmp_path),
+                               step], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=120)
+        assert proc.returncode == 1 and names in proc.stderr, proc.stderr
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        return lambda: seen.append((plan, tuning, split_size))
+
+    monkeypatch.setattr(probe, "call", fake_call)
+    before = probe.FINAL_CELLS["before"]
+    assert before[0] == "split" and (before[1].keys_rows, before[1].value_blocks,
+                                     before[1].scores_ahead) == (True, 1, False)
+    assert probe.FINAL_CELLS["now"] == ("auto", None)
+    for plan, tuning in probe.FINAL_CELLS.values():
+        probe.make(None, plan, tuning)()
+    default = kernels.DEFAULT_SPLIT_SIZE
+    assert seen == [("split", before[1], default), ("auto", None, default),
+                    ("auto", None, None)]
+    for cell in ("auto+ahead", "heuristic+ahead+blocks", "split+ahead2"):
+        with pytest.raises(AttributeError, match=r"KT_AHEAD|KT_BLOCKS|KT_AHEAD_TILES"):
+            probe.make(None, cell, None)()
+    with pytest.raises(ValueError, match="switches"):
+        probe.make(None, "auto+faster", None)
+    with pytest.raises(ValueError, match="cell"):
+        probe.make(None, "fastest", None)

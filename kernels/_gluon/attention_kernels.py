@@ -33,7 +33,9 @@ In both (and, with its one warpgroup, in the third):
 - at 128 keys the fused kernel runs the serial order (``_serial_rows``: this tile's ``p @ v``
   waited before the next scores are issued): with the fold state, FA3's order spills 336 bytes
   and was 3-6% slower (reports/h100-round19/README.md); the split kernel, which has no fold
-  state, runs FA3's order without spilling.
+  state, runs FA3's order without spilling; the keys-as-rows kernel runs the serial order, or
+  FA3's with ``AHEAD`` (round 25: faster only on a 4-slot ring, ``kernels.config.
+  kt_scores_ahead``).
 
 Bits: per row the same operations in the same order as the Triton kernels (ARCHITECTURE.md,
 "Numerics contract"; kernels/README.md, "The 128-key contract" and "The Gluon prefill tile"):
