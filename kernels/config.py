@@ -351,7 +351,7 @@ def kt_scores_ahead(num_programs: int, num_sms: int) -> bool:
     ``p @ v`` (``Tuning.scores_ahead``): where ``num_programs * 8 <= num_sms`` (the split grid's
     working programs at one V block); ``plan_attention`` asks it only with 2 V blocks. Shapes
     only (no sync); issue order only, no bit (0 of 68 comparisons differing, round 25).
-    Measured on an H100 (bf16, round 25, call 1): with 2 V blocks (a ring of 4 slots) 3-4%
+    Measured on an H100 (bf16, round 25, call 1): with 2 V blocks (a ring of 4 slots) 3%
     faster on 8-16 programs (batch 1 with 1k: 15.0 -> 14.5 us, 2k x 1 17.5 -> 16.9, 1k x 2
     15.6 -> 15.1), 1-2% slower on 32 (4k x 1, 2k x 2, 1k x 4); with one block (3 slots) 6-9%
     slower on 8-32 programs (it waits for the next tile before this tile's ``p @ v`` frees a
