@@ -208,7 +208,8 @@ class Tuning:
     - ``scores_ahead`` (bool; the keys-as-rows tile only): its issue order, each next tile's
       scores issued before this tile's ``p @ v`` and its weights computed while that runs.
       Scheduling only, no bit. ``None``: :func:`~kernels.config.kt_scores_ahead` with 2 V
-      blocks; ``True`` where the tile does not run raises a ``ValueError``.
+      blocks; ``True`` where the tile does not run, or with one V block at 32 rows (its second
+      p buffer would overflow shared memory), raises a ``ValueError``.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid: another contract. For experiments (tile sweeps, the 64-key contract on Hopper with
       ``block_n=64``); ``split_size`` must be a multiple of it.
@@ -709,6 +710,11 @@ def plan_attention(
     if tuning.scores_ahead and not keys_rows:
         raise ValueError("tuning: scores_ahead=True needs the keys-as-rows tile "
                          "(LaunchPlan.keys_rows; Tuning(keys_rows=True) names why it is off)")
+    if ahead and v_blocks == 1 and block_m > 16:
+        # Its second p buffer and 3 ring slots of 64 KB exceed Hopper's shared memory.
+        raise ValueError(f"tuning: scores_ahead=True needs value_blocks=2 for blocks of "
+                         f"{block_m} rows (GQA group {G}), got value_blocks=1 (pass "
+                         f"Tuning(value_blocks=2))")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -730,13 +736,14 @@ def _keys_rows_misfit(plan: str, use_gluon: bool, G: int, T: int, B: int,
     """Why the keys-as-rows decode tile cannot serve this call (None: it can). It needs the
     split plan on the 128-key Gluon kernels, a GQA group of at most 32 heads, and none of the
     launch overrides it does not take (``block_m``, ``num_warps``, ``value_blocks`` other than
-    1, ``tiles_per_step`` other than 1: ``num_stages`` other than 3 already leaves the Gluon
-    kernels). With ``tuning.keys_rows`` True any such batch qualifies (prompts too: correct, not
-    fast); otherwise, from shapes alone, only batches of at most ``kt_rows(G) // G`` query
-    tokens per request on average (decode; its blocks hold that many tokens, and each block
-    walks its request's keys) with GQA groups of at most 16 (groups of 17-32 were not run on a
-    GPU), and no ``num_stages`` override either: where the split plan runs such batches it was
-    1-7% faster than the 128-row tile on every one timed (reports/h100-round23/README.md)."""
+    1 or 2, ``tiles_per_step`` other than 1: ``num_stages`` other than 3 already leaves the
+    Gluon kernels). With ``tuning.keys_rows`` True any such batch qualifies (prompts too:
+    correct, not fast); otherwise, from shapes alone, only batches of at most ``kt_rows(G) //
+    G`` query tokens per request on average (decode; its blocks hold that many tokens, and
+    each block walks its request's keys) with GQA groups of at most 16 (groups of 17-32 were
+    not run on a GPU), and no ``num_stages`` override either: where the split plan runs such
+    batches it was 1-7% faster than the 128-row tile on every one timed
+    (reports/h100-round23/README.md)."""
     if plan != "split" or not use_gluon:
         return (f"the split plan on the 128-key Gluon kernels, got plan {plan!r}, gluon "
                 f"{use_gluon} (LaunchPlan.gluon; Tuning(gluon=True) names why it is off)")

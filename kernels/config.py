@@ -335,7 +335,9 @@ def gluon_value_blocks(num_programs: int, num_sms: int) -> int:
 def kt_value_blocks(num_programs: int, num_sms: int) -> int:
     """V column blocks per program of the keys-as-rows decode tile: 2 where 4 times the grid
     would fit the SMs once (``num_programs * 4 <= num_sms``), else 1. ``num_programs``: the
-    split grid's working programs at one block. Shapes only (no sync). Scheduling only, as
+    split grid's working programs at one block, counted in the 128-row tile's query blocks
+    (``plan_attention``; exact for decode, fewer than launched for longer chunks, which the
+    tile takes only when forced). Shapes only (no sync). Scheduling only, as
     :func:`gluon_value_blocks`: every block computes the same scores, max and denominator and
     ``p @ v`` for its half of V's columns (the tile's ``p @ v`` has V's columns on the MMA's M,
     64 at least, so 2 blocks at most at head dim 128); 0 bits differing against the 128-row

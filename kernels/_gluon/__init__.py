@@ -159,6 +159,7 @@ RING_SLOTS_KT = 3
 #: at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
 RING_SLOTS_KT_BLOCKED = 4
 
+
 def kt_rows(group: int) -> int:
     """Rows per block of the keys-as-rows decode tile (the MMA's N) for GQA group ``group``:
     the smallest of 8, 16, 32 that holds one token's group."""
@@ -187,9 +188,8 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ``(num_slots, Hkv * value_blocks, num_splits)`` with ``num_slots = T // block_q + B``;
     ``value_blocks`` 1 or 2 (V column blocks), ``stages`` the ring's slots (default
     :func:`kt_ring_slots`), ``scores_ahead`` the issue order (the next tile's scores before this
-    tile's ``p @ v``): scheduling only, no bit. Same shapes and stores as :func:`launch_split`."""
-    from kernels._gluon import attention_kernels as ak
-
+    tile's ``p @ v``): scheduling only, no bit. Same shapes and stores as :func:`launch_split`.
+    The settings are checked before the kernel module is imported."""
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -197,14 +197,22 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if block_q != rows // G:
         raise ValueError(f"launch_split_kt: expected block_q {rows // G} (kt_rows({G}) // {G}), "
                          f"got {block_q}")
-    if value_blocks not in (1, 2):
-        raise ValueError(f"launch_split_kt: expected value_blocks 1 or 2, got {value_blocks}")
+    if value_blocks not in (1, 2) or D // value_blocks < 64:
+        raise ValueError(f"launch_split_kt: expected value_blocks 1 or 2 with at least 64 V "
+                         f"columns each (the p @ v MMA's M), got {value_blocks} at head dim {D}")
+    slots = kt_ring_slots(value_blocks, rows) if stages is None else stages
+    if slots < 2 or (scores_ahead and value_blocks == 1 and rows > 16):
+        raise ValueError(f"launch_split_kt: expected at least 2 ring slots, and 2 V blocks for "
+                         f"the scores ahead at {rows} rows (shared memory), got stages {slots}, "
+                         f"value_blocks {value_blocks}, scores_ahead {scores_ahead}")
+    from kernels._gluon import attention_kernels as ak
+
     descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)
     ak._split_kt_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,
         num_splits, q.stride(0), q.stride(1), block_table.stride(0),
         G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
-        STAGES=stages or kt_ring_slots(value_blocks, rows), IS_DIRECT=direct,
+        STAGES=slots, IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
         num_warps=4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import replace
 from typing import Any
@@ -617,6 +618,19 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
                        tuning=Tuning(keys_rows=False, scores_ahead=True))
     with pytest.raises(ValueError, match=r"Tuning\.scores_ahead: expected a bool"):
         Tuning(scores_ahead=1)  # type: ignore[arg-type]
+    # 32 query heads on one KV head: blocks of 32 rows, whose second p buffer and 3 ring slots
+    # of one V block exceed shared memory; forced ahead there names the fix (2 blocks fit).
+    g32 = (torch.zeros(4, 32, 128, dtype=torch.bfloat16, device=device),
+           *((torch.zeros(130, 16, 1, 128, dtype=torch.bfloat16, device=device),) * 2),
+           *decode[3:])
+    with pytest.raises(ValueError, match=r"value_blocks=2 for blocks of 32 rows \(GQA group "
+                                         r"32\), got value_blocks=1 \(pass"):
+        plan_attention(*g32, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, value_blocks=1, scores_ahead=True))
+    both = plan_attention(*g32, validate=False, plan="split",
+                          tuning=Tuning(keys_rows=True, value_blocks=2, scores_ahead=True))
+    assert (both.block_m, both.value_blocks, both.num_stages, both.scores_ahead) == (
+        32, 2, 3, True)
     # A 64-program grid (8 KV heads, as the bench's): 1 V block, serial order.
     for sms, want in ((132, (1, 3, False)), (256, (2, 4, False)), (512, (2, 4, True))):
         monkeypatch.setattr(attention, "_num_sms", lambda device, n=sms: n)
@@ -630,6 +644,21 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
         [8, 8, 8, 8, 16, 16, 32, 32]
     with pytest.raises(ValueError, match="1 to 32 query heads, got 33"):
         gluon_module.kt_rows(33)
+    # The launcher checks its scheduling settings before importing the kernel module (on CPU
+    # too): V blocks of fewer than 64 columns (the p @ v MMA's M), fewer than 2 ring slots, and
+    # the scores ahead on one V block at 32 rows (over the shared memory) raise.
+    g4 = dict(num_slots=6, num_splits=2, split_tiles=8, block_q=2, direct=False)
+    launch = functools.partial(gluon_module.launch_split_kt, *decode, *((None,) * 4), 0.1)
+    for kw, match in ((dict(value_blocks=4), "value_blocks 1 or 2 with at least 64"),
+                      (dict(stages=1), "at least 2 ring slots")):
+        with pytest.raises(ValueError, match=match):
+            launch(**g4, **kw)
+    q32, cache32 = (torch.zeros(4, 32, 128, dtype=torch.bfloat16, device=device),
+                    torch.zeros(130, 16, 1, 128, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="2 V blocks for the scores ahead at 32 rows"):
+        gluon_module.launch_split_kt(q32, cache32, cache32, *decode[3:], *((None,) * 4), 0.1,
+                                     num_slots=5, num_splits=2, split_tiles=8, block_q=1,
+                                     direct=False, scores_ahead=True)
     auto = plan_attention(*decode, validate=False)
     assert auto.plan == "split" and auto.keys_rows  # 4 requests on 2 KV heads: a small grid
     # 160 decodes of 1024 tokens (320 programs, more than the SMs): rows of one split take the
@@ -802,11 +831,11 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
         for plan in ("auto", "fused", "split"):
             lp = plan_attention(*args, validate=False, plan=plan)
             assert lp.gluon and lp.block_n == 128, plan
-            # The decode batch's split plan takes the keys-as-rows tile (8 rows on 4 warps, one
-            # V block: test_decode_takes_the_keys_as_rows_tile); on the 128-row tile its split
-            # grid (16 programs) takes 4 V column blocks.
+            # The decode batch's split plan takes the keys-as-rows tile (8 rows on 4 warps, 2 V
+            # blocks on its 16 programs: test_decode_takes_the_keys_as_rows_tile); on the
+            # 128-row tile that split grid takes 4 V column blocks.
             if lp.plan == "split" and args is decode:
-                assert lp.keys_rows and (lp.block_m, lp.num_warps, lp.value_blocks) == (8, 4, 1)
+                assert lp.keys_rows and (lp.block_m, lp.num_warps, lp.value_blocks) == (8, 4, 2)
                 lp = plan_attention(*args, validate=False, plan=plan,
                                     tuning=Tuning(keys_rows=False))
             blocks = 4 if lp.plan == "split" and args is decode else 1
