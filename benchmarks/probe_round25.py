@@ -1,7 +1,7 @@
 """Round-25 probe (H100): the keys-as-rows tile with the next tile's scores issued ahead, and
 with 2 V column blocks (reports/h100-round25/).
 
-    python benchmarks/probe_round25.py OUT_DIR bits|times|final|ahead2 [WORKLOAD ...]
+    python benchmarks/probe_round25.py OUT_DIR bits|times|final|ahead2|bits32 [WORKLOAD ...]
 
 ``bits`` and ``times`` need two switches of ``kernels._gluon`` that exist at experiment commit
 628895b only (elsewhere they exit): ``KT_AHEAD`` (``_split_kt_kernel``'s ``AHEAD``: tile t +
@@ -26,6 +26,11 @@ either switch and both, the control (``split_size=None``) without and with both.
 forced with one V block in the serial order) and the control, on the decodes of 1-4 requests.
 Into ``final.jsonl``.
 
+``bits32`` (the landed code): as ``bits`` at GQA 32 (32 query heads on one KV head: blocks of
+32 rows, which ``auto`` does not take), the tile forced with 1 block in the serial order, 2
+blocks, and 2 blocks ahead, against the 128-row split tile; the 64-key control. Into
+``bits32.jsonl``.
+
 ``ahead2`` (experiment switch ``kernels._gluon.KT_AHEAD_TILES``, at experiment commit bbba804
 only; elsewhere it exits): with
 ``scores_ahead`` the scores issued two tiles ahead and waited together with the ``p @ v``, so
@@ -49,13 +54,14 @@ from benchmarks.probe_round11 import _workload
 from benchmarks.probe_round20 import _record, times
 from benchmarks.probe_round23 import LAYOUTS, bits_cells
 from invariance.bench import build_batch
+from invariance.workload import HeadConfig
 
 T = kernels.Tuning
 KT = T(keys_rows=True)
 KT2 = T(keys_rows=True, value_blocks=2)
 NO_KT = T(keys_rows=False)
 REPEATS = 3
-STEPS = "bits|times|final|ahead2"
+STEPS = "bits|times|final|ahead2|bits32"
 #: Whether this commit has the round-25 switches.
 HAS_SWITCHES = hasattr(kg, "KT_AHEAD") and hasattr(kg, "KT_BLOCKS")
 BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
@@ -76,6 +82,15 @@ TIME_CELLS = {"now": ("auto", None), "ahead": ("auto+ahead", None),
 
 
 FINAL_WORKLOADS = TIME_WORKLOADS[:18]
+BITS32_LAYOUTS = [(HeadConfig(32, 1, 128), 16)]
+BITS32_CELLS = {
+    "kt-vs-split": (("split", NO_KT), ("split", T(keys_rows=True, value_blocks=1,
+                                                  scores_ahead=False))),
+    "vb2-vs-split": (("split", NO_KT), ("split", T(keys_rows=True, value_blocks=2,
+                                                   scores_ahead=False))),
+    "ahead-vb2-vs-split": (("split", NO_KT), ("split", T(keys_rows=True, value_blocks=2,
+                                                         scores_ahead=True))),
+    "control-64-keys": (("split", KT), ("auto", T(block_n=64)))}
 FINAL_CELLS = {"before": ("split", T(keys_rows=True, value_blocks=1, scores_ahead=False)),
                "now": ("auto", None), "control": ("heuristic", None)}
 
@@ -119,9 +134,9 @@ def make(batch, cell: str, tuning):
 
 
 def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
-         name: str = "bits.jsonl") -> None:
+         name: str = "bits.jsonl", layouts: list = BITS_LAYOUTS) -> None:
     rows: list[dict] = []
-    for heads, page in BITS_LAYOUTS:
+    for heads, page in layouts:
         for spec in specs or BITS_WORKLOADS:
             for dtype in (torch.bfloat16, torch.float16):
                 batch = build_batch(_workload(spec), heads=heads, dtype=dtype, page_size=page)
@@ -150,6 +165,8 @@ def main() -> None:
         bits(out_dir, specs, cells=AHEAD2_BIT_CELLS, name="ahead2-bits.jsonl")
         times(out_dir, [], cells=AHEAD2_CELLS, base="now", defaults=AHEAD2_WORKLOADS,
               repeats=REPEATS, make=make, name="ahead2-times.jsonl")
+    elif step == "bits32":
+        bits(out_dir, specs, cells=BITS32_CELLS, name="bits32.jsonl", layouts=BITS32_LAYOUTS)
     elif step == "final":
         times(out_dir, specs, cells=FINAL_CELLS, base="before", defaults=FINAL_WORKLOADS,
               repeats=REPEATS, make=make, name="final.jsonl")

@@ -1035,7 +1035,7 @@ def test_probe_round25_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     control; an unknown switch or cell raises instead of timing the default."""
     import kernels
 
-    probe = _probe("probe_round25", probe_steps := "bits|times|final|ahead2")
+    probe = _probe("probe_round25", probe_steps := "bits|times|final|ahead2|bits32")
     assert probe_steps == probe.STEPS and not probe.HAS_SWITCHES
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for step, names in (("bits", "628895b"), ("times", "628895b"), ("ahead2", "KT_AHEAD_TILES")):
@@ -1061,6 +1061,13 @@ def test_probe_round25_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     for cell in ("auto+ahead", "heuristic+ahead+blocks", "split+ahead2"):
         with pytest.raises(AttributeError, match=r"KT_AHEAD|KT_BLOCKS|KT_AHEAD_TILES"):
             probe.make(None, cell, None)()
+    # bits32: blocks of 32 rows, forced in the split plan, never ahead on one V block.
+    assert probe.BITS32_LAYOUTS[0][0].num_q_heads // probe.BITS32_LAYOUTS[0][0].num_kv_heads == 32
+    for name, (ref, side) in probe.BITS32_CELLS.items():
+        if name.startswith("control"):
+            continue
+        assert ref == ("split", probe.NO_KT) and side[0] == "split" and side[1].keys_rows
+        assert not (side[1].scores_ahead and side[1].value_blocks == 1)
     with pytest.raises(ValueError, match="switches"):
         probe.make(None, "auto+faster", None)
     with pytest.raises(ValueError, match="cell"):
