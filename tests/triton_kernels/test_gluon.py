@@ -350,7 +350,7 @@ def test_keys_rows_schedules_give_the_same_bits(dtype, make_batch, args_of, asse
     # together, forced on the keys-as-rows tile against the 128-row split tile: one split per
     # row (the direct store) and 256-token splits (the merge; splits of one and two tiles).
     # Captured in a CUDA graph, the replay of both together gives the same bits. The control:
-    # the tile at the two split sizes differs.
+    # the results at the two split sizes (which the tile's equal) differ.
     _half(dtype)
     args = args_of(make_batch(dtype, DECODE, LAYOUTS[layout], HEADS[heads]))
     refs = {}
