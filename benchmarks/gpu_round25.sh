@@ -9,8 +9,11 @@
 #          auto_takes", or $KT_K), bf16 first (round 23 left them unrun), then fp16 (or the
 #          dtypes in $KT_DTYPES), verbose, $KT_S seconds each
 #   tests, final, check, bench, san: the steps shared with rounds 21-23 (gpu_steps_21.sh)
+#   ncu:   Nsight Compute on the keys-as-rows kernel at batch 1 with 1k tokens (auto: 2 V blocks,
+#          the scores ahead): its sections, the SASS source page and its stall summary
+#          (benchmarks/ncu_stalls.py --order)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round25.sh probe|ktests|tests|final|check|bench|san}
+STEP=${1:?usage: sh benchmarks/gpu_round25.sh probe|ktests|tests|final|check|bench|san|ncu}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -30,4 +33,16 @@ step_ktests() {
   done
 }
 
-run_step gpu_round25.sh "probe|ktests|tests|final|check|bench|san"
+step_ncu() {
+  step_info
+  timeout 150 ncu --clock-control none -k regex:_split_kt_kernel --launch-skip 2 --launch-count 1 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section SourceCounters -o $C/b1-ctx1k python3 benchmarks/profile_round12.py decode-b1-ctx1k > $C/ncu-run.txt 2>&1
+  echo "ncu rc=$?"
+  ncu -i $C/b1-ctx1k.ncu-rep > $C/ncu-b1-ctx1k.txt 2>&1
+  ncu -i $C/b1-ctx1k.ncu-rep --page source --csv --print-source sass > $C/ncu-b1-ctx1k-sass.csv 2>&1
+  python3 benchmarks/ncu_stalls.py $C/ncu-b1-ctx1k-sass.csv --order > $C/stalls.md 2>&1
+  gzip -f $C/ncu-b1-ctx1k-sass.csv
+  grep -E "Duration|Elapsed Cycles|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" $C/ncu-b1-ctx1k.txt | head -12
+  head -30 $C/stalls.md
+}
+
+run_step gpu_round25.sh "probe|ktests|tests|final|check|bench|san|ncu"
