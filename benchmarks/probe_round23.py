@@ -100,26 +100,33 @@ def bits_cells(cells: dict, run) -> dict:
     return found
 
 
-def bits(out_dir: str, specs: list[str], layouts=LAYOUTS[:3],
-         name: str = "bits.jsonl") -> None:
+def bits_rows(out_dir: str, name: str, specs: list[str], layouts: list, row_of) -> None:
+    """One row per (layout, workload, dtype): each ``(heads, page size)`` of ``layouts``, each
+    workload (``specs``), at bf16 then fp16, the batch built and ``row_of(batch)``'s fields
+    recorded after its identity (dtype, workload, heads, page) into ``out_dir/name``."""
     rows: list[dict] = []
     for heads, page in layouts:
-        for spec in specs or BITS_WORKLOADS:
+        for spec in specs:
             for dtype in (torch.bfloat16, torch.float16):
                 batch = build_batch(_workload(spec), heads=heads, dtype=dtype, page_size=page)
                 row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
                                  heads=[heads.num_q_heads, heads.num_kv_heads], page=page)
-                lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache,
-                                            batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
-                                            plan="split", tuning=KT)
-                row["kt"] = dict(keys_rows=lp.keys_rows, block_m=lp.block_m, splits=lp.num_splits)
-                row["auto_keys_rows"] = kernels.plan_attention(
-                    batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
-                    batch.block_table).keys_rows
-                row["bits_differing"] = bits_cells(BIT_CELLS,
-                                                   lambda spec, b=batch: call(b, *spec)())
+                row.update(row_of(batch))
                 del batch
                 _record(rows, row, out_dir, name)
+
+
+def bits(out_dir: str, specs: list[str], layouts=LAYOUTS[:3],
+         name: str = "bits.jsonl") -> None:
+    def row_of(batch) -> dict:
+        args = (batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
+                batch.block_table)
+        lp = kernels.plan_attention(*args, plan="split", tuning=KT)
+        return dict(kt=dict(keys_rows=lp.keys_rows, block_m=lp.block_m, splits=lp.num_splits),
+                    auto_keys_rows=kernels.plan_attention(*args).keys_rows,
+                    bits_differing=bits_cells(BIT_CELLS, lambda spec: call(batch, *spec)()))
+
+    bits_rows(out_dir, name, specs or BITS_WORKLOADS, layouts, row_of)
 
 
 def main() -> None:

@@ -49,15 +49,12 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 import kernels
 import kernels._gluon as kg
 from benchmarks.probe_round4 import call, patched
-from benchmarks.probe_round11 import _workload
-from benchmarks.probe_round20 import _record, times
-from benchmarks.probe_round23 import bits_cells
-from invariance.bench import build_batch
+from benchmarks.probe_round20 import times
+from benchmarks.probe_round23 import bits_cells, bits_rows
+from invariance.bench import BENCH_HEADS, BENCH_PAGE_SIZE
 
 T = kernels.Tuning
 KT = T(keys_rows=True)
@@ -126,15 +123,9 @@ TREE_TIME_CELLS = {"default": ("default", None), "tree-leaf": ("tree-leaf", None
 
 def tree_bits(out_dir: str, specs: list[str], cells: dict = TREE_BIT_CELLS,
               defaults: list[str] = TREE_BITS_WORKLOADS, name: str = "tree-bits.jsonl") -> None:
-    rows: list[dict] = []
-    for spec in specs or defaults:
-        for dtype in (torch.bfloat16, torch.float16):
-            batch = build_batch(_workload(spec), dtype=dtype)
-            row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
-                             bits_differing=bits_cells(
-                                 cells, lambda cell, b=batch: make(b, cell, None)()))
-            del batch
-            _record(rows, row, out_dir, name)
+    bits_rows(out_dir, name, specs or defaults, [(BENCH_HEADS, BENCH_PAGE_SIZE)],
+              lambda batch: dict(bits_differing=bits_cells(
+                  cells, lambda cell: make(batch, cell, None)())))
 
 
 def main() -> None:

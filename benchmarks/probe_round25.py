@@ -45,15 +45,11 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 import kernels
 import kernels._gluon as kg
 from benchmarks.probe_round4 import call, patched
-from benchmarks.probe_round11 import _workload
-from benchmarks.probe_round20 import _record, times
-from benchmarks.probe_round23 import LAYOUTS, bits_cells
-from invariance.bench import build_batch
+from benchmarks.probe_round20 import times
+from benchmarks.probe_round23 import LAYOUTS, bits_cells, bits_rows
 from invariance.workload import HeadConfig
 
 T = kernels.Tuning
@@ -135,17 +131,9 @@ def make(batch, cell: str, tuning):
 
 def bits(out_dir: str, specs: list[str], cells: dict = BIT_CELLS,
          name: str = "bits.jsonl", layouts: list = BITS_LAYOUTS) -> None:
-    rows: list[dict] = []
-    for heads, page in layouts:
-        for spec in specs or BITS_WORKLOADS:
-            for dtype in (torch.bfloat16, torch.float16):
-                batch = build_batch(_workload(spec), heads=heads, dtype=dtype, page_size=page)
-                row: dict = dict(dtype=str(dtype).removeprefix("torch."), workload=spec,
-                                 heads=[heads.num_q_heads, heads.num_kv_heads], page=page)
-                row["bits_differing"] = bits_cells(
-                    cells, lambda side, b=batch: make(b, side[0], side[1])())
-                del batch
-                _record(rows, row, out_dir, name)
+    bits_rows(out_dir, name, specs or BITS_WORKLOADS, layouts,
+              lambda batch: dict(bits_differing=bits_cells(
+                  cells, lambda side: make(batch, side[0], side[1])())))
 
 
 def main() -> None:

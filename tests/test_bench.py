@@ -987,6 +987,24 @@ def test_probe_round23_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
 
     assert probe.bits_cells({"same": ("x", "x"), "one": ("x", "y"), "err": ("x", "bad")},
                             run) == {"same": 0, "one": 1, "err": "RuntimeError: boom"}
+    # bits_rows (rounds 23-25's bit probes): one row per (layout, workload, dtype), bf16 first,
+    # the batch built with the layout's heads and page size, the row's identity then its fields.
+    import json
+
+    from invariance.workload import HeadConfig
+
+    built: list[tuple] = []
+    monkeypatch.setattr(probe, "build_batch", lambda w, heads, dtype, page_size: built.append(
+        (w.name, heads.num_kv_heads, dtype, page_size)) or len(built))
+    layouts = [(HeadConfig(32, 8, 128), 16), (HeadConfig(8, 8, 128), 64)]
+    probe.bits_rows(str(tmp_path), "rows.jsonl", ["decode:1kx1"], layouts,
+                    lambda batch: dict(batch=batch))
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [(r["dtype"], r["heads"], r["page"], r["batch"]) for r in rows] == [
+        ("bfloat16", [32, 8], 16, 1), ("float16", [32, 8], 16, 2),
+        ("bfloat16", [8, 8], 64, 3), ("float16", [8, 8], 64, 4)]
+    assert all(r["workload"] == "decode:1kx1" for r in rows)
+    assert [(kv, page) for _, kv, _, page in built] == [(8, 16), (8, 16), (8, 64), (8, 64)]
 
 
 def test_probe_round24_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
