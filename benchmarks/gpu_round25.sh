@@ -5,10 +5,8 @@
 # folder into $OUT/STEP.tgz.
 #   probe: the parts of benchmarks/probe_round25.py named in $PARTS ("bits times" by default), each
 #          into PART.txt and its jsonl
-#   ktests: the keys-as-rows Gluon tests (test_gluon.py -k "keys_rows or value_blocks or
-#          auto_takes", or $KT_K), bf16 first (round 23 left them unrun), then fp16 (or the
-#          dtypes in $KT_DTYPES), verbose, $KT_S seconds each
-#   tests, final, check, bench, san: the steps shared with rounds 21-23 (gpu_steps_21.sh)
+#   ktests, tests, final, check, bench, san: the steps shared with rounds 21-24
+#          (gpu_steps_21.sh)
 #   ncu:   Nsight Compute on the keys-as-rows kernel at batch 1 with 1k tokens (auto: 2 V blocks,
 #          the scores ahead): its sections, the SASS source page and its stall summary
 #          (benchmarks/ncu_stalls.py --order)
@@ -22,15 +20,6 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
 step_probe() {
   probe_parts probe_round25.py "${PARTS:-bits times}"
-}
-
-step_ktests() {
-  step_info
-  for dt in ${KT_DTYPES:-bfloat16 float16}; do
-    s=$(date +%s)
-    INVARIANCE_DTYPE=$dt PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 ${KT_S:-280} python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE -k "${KT_K:-keys_rows or value_blocks or auto_takes}" tests/triton_kernels/test_gluon.py > $C/ktests-$dt.txt 2>&1
-    echo "$dt rc=$? wall $(( $(date +%s) - s )) s"; grep -E "passed|failed|FAILED|Error" $C/ktests-$dt.txt | tail -6 | cut -c1-300
-  done
 }
 
 step_ncu() {

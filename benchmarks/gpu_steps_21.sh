@@ -10,6 +10,9 @@
 #   check: the full check counted, the control, then the GPU kernel tests (test_gpu.py): the
 #          final step without the sanitizers
 #   san: memcheck alone with a longer timeout ($SAN_S, 500 s by default; final's 150 s ran out)
+#   ktests (rounds 24-25): the keys-as-rows Gluon tests (test_gluon.py -k "keys_rows or
+#          value_blocks or auto_takes", or $KT_K), bf16 first, then fp16 (or the dtypes in
+#          $KT_DTYPES), verbose, $KT_S seconds each
 # and probe_parts SCRIPT PARTS: the GPU, then each part (space-separated) of benchmarks/SCRIPT
 # into $C/PART.txt (260 s each), with its last lines.
 
@@ -59,4 +62,13 @@ step_san() {
   s=$(date +%s)
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-500} compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
   echo "memcheck rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/memcheck-bf16.txt; tail -3 $C/memcheck-bf16.txt
+}
+
+step_ktests() {
+  step_info
+  for dt in ${KT_DTYPES:-bfloat16 float16}; do
+    s=$(date +%s)
+    INVARIANCE_DTYPE=$dt PYTHONPATH=$PWD:$PWD/gpu_site timeout -s INT -k 20 ${KT_S:-280} python3 -m pytest -v -p _invariance_pytestplugin -p no:cacheprovider -rfE -k "${KT_K:-keys_rows or value_blocks or auto_takes}" tests/triton_kernels/test_gluon.py > $C/ktests-$dt.txt 2>&1
+    echo "$dt rc=$? wall $(( $(date +%s) - s )) s"; grep -E "passed|failed|FAILED|Error" $C/ktests-$dt.txt | tail -6 | cut -c1-300
+  done
 }
