@@ -710,11 +710,12 @@ def plan_attention(
     if tuning.scores_ahead and not keys_rows:
         raise ValueError("tuning: scores_ahead=True needs the keys-as-rows tile "
                          "(LaunchPlan.keys_rows; Tuning(keys_rows=True) names why it is off)")
-    if ahead and v_blocks == 1 and block_m > 16:
-        # Its second p buffer and 3 ring slots of 64 KB exceed Hopper's shared memory.
-        raise ValueError(f"tuning: scores_ahead=True needs value_blocks=2 for blocks of "
-                         f"{block_m} rows (GQA group {G}), got value_blocks=1 (pass "
-                         f"Tuning(value_blocks=2))")
+    if keys_rows:
+        from kernels import _gluon  # light: imports no Triton
+
+        misfit = _gluon.kt_schedule_misfit(block_m, D, v_blocks, num_stages, ahead)
+        if misfit is not None:  # reachable: scores_ahead=True on one V block at 32 rows
+            raise ValueError(f"tuning: the keys-as-rows tile (GQA group {G}) needs {misfit}")
     ordered = plan == "fused" and (
         slot_order(num_q_blocks * Hkv, num_sms, T, G, B)
         if tuning.slot_order is None else tuning.slot_order)

@@ -176,6 +176,23 @@ def kt_ring_slots(value_blocks: int = 1, rows: int = 8) -> int:
     return RING_SLOTS_KT_BLOCKED if value_blocks == 2 and rows <= 16 else RING_SLOTS_KT
 
 
+def kt_schedule_misfit(rows: int, head_dim: int, value_blocks: int, stages: int,
+                       scores_ahead: bool) -> str | None:
+    """Why the keys-as-rows tile cannot run these scheduling settings (None: it can): V column
+    blocks of at least 64 columns (the ``p @ v`` MMA's M), at least 2 ring slots, and with the
+    scores ahead 2 V blocks at 32 rows (one block's 3 slots of 64 KB and the second p buffer
+    overflow Hopper's shared memory)."""
+    if value_blocks not in (1, 2) or head_dim // value_blocks < 64:
+        return (f"value_blocks 1 or 2 with at least 64 V columns each (the p @ v MMA's M), "
+                f"got {value_blocks} at head dim {head_dim}")
+    if stages < 2:
+        return f"at least 2 ring slots, got {stages}"
+    if scores_ahead and value_blocks == 1 and rows > 16:
+        return (f"value_blocks=2 for the scores ahead at {rows} rows (shared memory), got "
+                f"value_blocks=1")
+    return None
+
+
 def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, block_table: torch.Tensor,
                     ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor,
@@ -197,14 +214,10 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if block_q != rows // G:
         raise ValueError(f"launch_split_kt: expected block_q {rows // G} (kt_rows({G}) // {G}), "
                          f"got {block_q}")
-    if value_blocks not in (1, 2) or D // value_blocks < 64:
-        raise ValueError(f"launch_split_kt: expected value_blocks 1 or 2 with at least 64 V "
-                         f"columns each (the p @ v MMA's M), got {value_blocks} at head dim {D}")
     slots = kt_ring_slots(value_blocks, rows) if stages is None else stages
-    if slots < 2 or (scores_ahead and value_blocks == 1 and rows > 16):
-        raise ValueError(f"launch_split_kt: expected at least 2 ring slots, and 2 V blocks for "
-                         f"the scores ahead at {rows} rows (shared memory), got stages {slots}, "
-                         f"value_blocks {value_blocks}, scores_ahead {scores_ahead}")
+    misfit = kt_schedule_misfit(rows, D, value_blocks, slots, scores_ahead)
+    if misfit is not None:
+        raise ValueError(f"launch_split_kt: expected {misfit}")
     from kernels._gluon import attention_kernels as ak
 
     descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)

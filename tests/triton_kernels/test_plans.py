@@ -623,8 +623,9 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     g32 = (torch.zeros(4, 32, 128, dtype=torch.bfloat16, device=device),
            *((torch.zeros(130, 16, 1, 128, dtype=torch.bfloat16, device=device),) * 2),
            *decode[3:])
-    with pytest.raises(ValueError, match=r"value_blocks=2 for blocks of 32 rows \(GQA group "
-                                         r"32\), got value_blocks=1 \(pass"):
+    with pytest.raises(ValueError, match=r"tile \(GQA group 32\) needs value_blocks=2 for the "
+                                         r"scores ahead at 32 rows \(shared memory\), got "
+                                         r"value_blocks=1$"):
         plan_attention(*g32, validate=False, plan="split",
                        tuning=Tuning(keys_rows=True, value_blocks=1, scores_ahead=True))
     both = plan_attention(*g32, validate=False, plan="split",
@@ -650,12 +651,12 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     g4 = dict(num_slots=6, num_splits=2, split_tiles=8, block_q=2, direct=False)
     launch = functools.partial(gluon_module.launch_split_kt, *decode, *((None,) * 4), 0.1)
     for kw, match in ((dict(value_blocks=4), "value_blocks 1 or 2 with at least 64"),
-                      (dict(stages=1), "at least 2 ring slots")):
+                      (dict(stages=1), "at least 2 ring slots, got 1")):
         with pytest.raises(ValueError, match=match):
             launch(**g4, **kw)
     q32, cache32 = (torch.zeros(4, 32, 128, dtype=torch.bfloat16, device=device),
                     torch.zeros(130, 16, 1, 128, dtype=torch.bfloat16, device=device))
-    with pytest.raises(ValueError, match="2 V blocks for the scores ahead at 32 rows"):
+    with pytest.raises(ValueError, match="expected value_blocks=2 for the scores ahead at 32 rows"):
         gluon_module.launch_split_kt(q32, cache32, cache32, *decode[3:], *((None,) * 4), 0.1,
                                      num_slots=5, num_splits=2, split_tiles=8, block_q=1,
                                      direct=False, scores_ahead=True)
