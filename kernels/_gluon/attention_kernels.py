@@ -557,6 +557,9 @@ def _split_kernel(
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+    k_ptr=None,  # experiment (round 26): k_cache, with PREFETCH
+    v_ptr=None,
+    PREFETCH: gl.constexpr = False,  # experiment: the split's later tiles asked into L2
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the first consumer
     warpgroup; the second and the loader warp are workers): the split plan's first phase.
@@ -634,6 +637,36 @@ def _split_kernel(
 # ``_split_kernel`` with 8x less padding on the tensor cores and exponentials when a block has
 # a few rows (kernels/README.md, "The keys-as-rows decode tile").
 # ------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _prefetch_l2(k_ptr, v_ptr, p_bt, j_lo, n_tiles, kv_len, num_pages, row_elems,
+                 PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr):
+    """Experiment (round 26): the split's tiles after its first, every KV head's rows, asked
+    into L2 (``cp.async.bulk.prefetch.L2``), each box once across the programs of this
+    (slot, split): program ``program_id(1)`` of ``num_programs(1)`` takes every one in that
+    many. Loads nothing into the SM; no bit."""
+    L1: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
+                                        warps_per_cta=[1], order=[0])
+    per: gl.constexpr = BLOCK_N // BOX
+    pid = gl.program_id(1)
+    np_ = gl.num_programs(1)
+    total = n_tiles * per
+    nbytes = BOX * row_elems * k_ptr.dtype.element_ty.primitive_bitwidth // 8
+    for c in range(0, gl.cdiv(total - per, 32 * np_)):
+        u = per + pid + np_ * (c * 32 + gl.arange(0, 32, layout=L1))
+        key = j_lo * BLOCK_N + u * BOX
+        ok = (u < total) & (key < kv_len)
+        page = gl.load(p_bt + key // PAGE_SIZE, mask=ok, other=0)
+        page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+        off = (page * PAGE_SIZE + key % PAGE_SIZE).to(gl.int64) * row_elems
+        for ptr in gl.static_range(2):
+            base = k_ptr if ptr == 0 else v_ptr
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r,r", [base + off, gl.full([32], nbytes, gl.int32, layout=L1),
+                             ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -776,6 +809,18 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
                  m_ml, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
 
 
+@gluon.jit
+def _loader_kt(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
+               i_kvh, i_vb, k_ptr, v_ptr, row_elems, HEAD_DIM: gl.constexpr,
+               PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
+               STAGES: gl.constexpr, BLOCK_DV: gl.constexpr):
+    """Experiment (round 26): ``_prefetch_l2`` then ``_loader``."""
+    _prefetch_l2(k_ptr, v_ptr, p_bt, j_lo, n_tiles, kv_len, num_pages, row_elems, PAGE_SIZE,
+                 BLOCK_N, BOX)
+    _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
+            i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV)
+
+
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
 def _split_kt_kernel(
     q_ptr,  # [T, Hq, D]
@@ -811,6 +856,9 @@ def _split_kt_kernel(
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
     AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+    k_ptr=None,  # experiment (round 26): k_cache, with PREFETCH
+    v_ptr=None,
+    PREFETCH: gl.constexpr = False,  # experiment: the split's later tiles asked into L2
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
     the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
@@ -862,11 +910,22 @@ def _split_kt_kernel(
     fence_async_shared()
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
-    gl.warp_specialize([
-        (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
-                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
-                    j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N,
-                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
-        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
-                   i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
-        [24])
+    if PREFETCH:
+        gl.warp_specialize([
+            (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+                        i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
+                        j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q,
+                        BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
+            (_loader_kt, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len,
+                          num_pages, i_kvh, i_vb, k_ptr, v_ptr,
+                          gl.num_programs(1) // VALUE_BLOCKS * HEAD_DIM, HEAD_DIM, PAGE_SIZE,
+                          BLOCK_N, BOX, STAGES, BLOCK_DV))], [1], [24])
+    else:
+        gl.warp_specialize([
+            (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+                        i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
+                        j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q,
+                        BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
+            (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
+                       i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
+            [24])

@@ -1,0 +1,109 @@
+"""Round-26 probe (H100): where the keys-as-rows tile's time goes at batch 1, and an L2 prefetch
+of the split's later tiles (reports/h100-round26/).
+
+    python benchmarks/probe_round26.py OUT_DIR warm|pf|pfbits [WORKLOAD ...]
+
+``warm``: at bf16, CUDA-graph replays (medians of 20), interleaved in ``REPEATS`` repeats:
+``auto`` and the control (``split_size=None``), each with L2 flushed before every replay (the
+bench's method) and without (the KV cache left in L2 by the previous replay). What the tile
+gains from L2-resident K and V bounds what any prefetch could give. Into ``warm.jsonl``.
+
+``pf`` (experiment switch ``kernels._gluon.KT_PREFETCH``; elsewhere it exits): as ``warm``
+with L2 flushed, ``auto`` with and without the loader first asking the split's later tiles
+into L2 (``cp.async.bulk.prefetch.L2``, every KV head's rows of each page once across the
+programs of a split), and the control. Into ``pf.jsonl``.
+
+``pfbits`` (same switch): out and LSE with the prefetch against ``auto`` without it and
+against the 128-row split tile, in differing bits, at bf16 and fp16; the 64-key contract
+(``Tuning(block_n=64)``) must differ (the control). Into ``pfbits.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import torch
+
+import kernels
+import kernels._gluon as kg
+from benchmarks.probe_round4 import call, patched
+from benchmarks.probe_round11 import _workload
+from benchmarks.probe_round20 import _record, times
+from benchmarks.probe_round23 import LAYOUTS, bits_cells, bits_rows
+from benchmarks.tile_sweep import _graphed as graphed
+from invariance.bench import CudaTimer, build_batch
+
+T = kernels.Tuning
+REPEATS = 3
+STEPS = "warm|pf|pfbits"
+HAS_SWITCH = hasattr(kg, "KT_PREFETCH")
+WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
+             "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k"]
+BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "chunk:5/1000x2"]
+PF_CELLS = {"now": ("auto", None), "prefetch": ("auto+pf", None),
+            "control": ("heuristic", None)}
+PF_BIT_CELLS = {"pf-vs-now": (("auto", None), ("auto+pf", None)),
+                "pf-vs-split": (("split", T(keys_rows=False)), ("auto+pf", None)),
+                "control-64-keys": (("auto", None), ("auto", T(block_n=64)))}
+
+
+def make(batch, cell: str, tuning):
+    """``cell``: a plan or ``heuristic`` (the control), with ``+pf`` the prefetch switch."""
+    base, _, switch = cell.partition("+")
+    if base == "heuristic":
+        fn = call(batch, "auto", tuning, split_size=None)
+    elif base in kernels.PLANS:
+        fn = call(batch, base, tuning)
+    else:
+        raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
+    if switch == "pf":
+        fn = patched(fn, kg, "KT_PREFETCH", True)
+    elif switch:
+        raise ValueError(f"cell {cell!r}: expected the switch +pf")
+    return fn
+
+
+def warm(out_dir: str, specs: list[str]) -> None:
+    """``auto`` and the control, flushed and L2-warm, interleaved (module docstring)."""
+    cold = CudaTimer(iters=20, warmup=2)
+    hot = CudaTimer(iters=20, warmup=2)
+    hot._flush = torch.empty(16, dtype=torch.uint8, device="cuda")  # a no-op "flush"
+    rows: list[dict] = []
+    for spec in specs or WORKLOADS:
+        batch = build_batch(_workload(spec), dtype=torch.bfloat16)
+        row: dict = dict(dtype="bfloat16", workload=spec)
+        graphs = {c: graphed(make(batch, *cell)) for c, cell in
+                  (("now", ("auto", None)), ("control", ("heuristic", None)))}
+        for _ in range(REPEATS):
+            for c, g in graphs.items():
+                for tag, timer in (("flushed", cold), ("warm", hot)):
+                    row.setdefault(f"us_{c}_{tag}", []).append(round(timer.time_fn(g) * 1000, 1))
+        row["median_us"] = {k.removeprefix("us_"): statistics.median(v)
+                            for k, v in row.items() if k.startswith("us_")}
+        del batch, graphs
+        _record(rows, row, out_dir, "warm.jsonl")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) < 2 or args[1] not in STEPS.split("|"):
+        sys.exit(f"usage: python benchmarks/probe_round26.py OUT_DIR {STEPS} [WORKLOAD ...]")
+    out_dir, step, specs = args[0], args[1], args[2:]
+    if step != "warm" and not HAS_SWITCH:
+        sys.exit(f"{step}: needs kernels._gluon.KT_PREFETCH (the round-26 experiment commit)")
+    os.makedirs(out_dir, exist_ok=True)
+    if step == "warm":
+        warm(out_dir, specs)
+    elif step == "pf":
+        times(out_dir, specs, cells=PF_CELLS, base="now", defaults=WORKLOADS,
+              repeats=REPEATS, make=make, name="pf.jsonl")
+    else:
+        bits_rows(out_dir, "pfbits.jsonl", specs or BITS_WORKLOADS, [LAYOUTS[i] for i in (0, 5)],
+                  lambda batch: dict(bits_differing=bits_cells(
+                      PF_BIT_CELLS, lambda side: make(batch, side[0], side[1])())))
+
+
+if __name__ == "__main__":
+    main()
