@@ -1,14 +1,15 @@
 """Round-26 probe (H100): where the keys-as-rows tile's time goes at batch 1, and an L2 prefetch
 of the split's later tiles (reports/h100-round26/).
 
-    python benchmarks/probe_round26.py OUT_DIR warm|pf|pfbits [WORKLOAD ...]
+    python benchmarks/probe_round26.py OUT_DIR warm|pf|pfbits|late|latebits [WORKLOAD ...]
 
 ``warm``: at bf16, CUDA-graph replays (medians of 20), interleaved in ``REPEATS`` repeats:
 ``auto`` and the control (``split_size=None``), each with L2 flushed before every replay (the
 bench's method) and without (the KV cache left in L2 by the previous replay). What the tile
 gains from L2-resident K and V bounds what any prefetch could give. Into ``warm.jsonl``.
 
-``pf`` (experiment switch ``kernels._gluon.KT_PREFETCH``; elsewhere it exits): as ``warm``
+``pf`` (experiment switch ``kernels._gluon.KT_PREFETCH``, at experiment commit 94d3f2b only;
+elsewhere it exits): as ``warm``
 with L2 flushed, ``auto`` with and without the loader first asking the split's later tiles
 into L2 (``cp.async.bulk.prefetch.L2``, every KV head's rows of each page once across the
 programs of a split), and the control. Into ``pf.jsonl``.
@@ -16,6 +17,10 @@ programs of a split), and the control. Into ``pf.jsonl``.
 ``pfbits`` (same switch): out and LSE with the prefetch against ``auto`` without it and
 against the 128-row split tile, in differing bits, at bf16 and fp16; the 64-key contract
 (``Tuning(block_n=64)``) must differ (the control). Into ``pfbits.jsonl``.
+
+``late`` and ``latebits`` (experiment switch ``kernels._gluon.KT_LATE_SUM``): as ``pf`` and
+``pfbits`` for the tile with the scores ahead computing each tile's row sum after the next
+MMAs are issued (the same l chain in tile order). Into ``late.jsonl`` and ``latebits.jsonl``.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from invariance.bench import CudaTimer, build_batch
 
 T = kernels.Tuning
 REPEATS = 3
-STEPS = "warm|pf|pfbits"
-HAS_SWITCH = hasattr(kg, "KT_PREFETCH")
+STEPS = "warm|pf|pfbits|late|latebits"
+#: Each step's experiment switch of ``kernels._gluon``.
+SWITCH = {"pf": "KT_PREFETCH", "pfbits": "KT_PREFETCH", "late": "KT_LATE_SUM",
+          "latebits": "KT_LATE_SUM"}
 WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
              "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k"]
 BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "chunk:5/1000x2"]
@@ -47,10 +54,18 @@ PF_CELLS = {"now": ("auto", None), "prefetch": ("auto+pf", None),
 PF_BIT_CELLS = {"pf-vs-now": (("auto", None), ("auto+pf", None)),
                 "pf-vs-split": (("split", T(keys_rows=False)), ("auto+pf", None)),
                 "control-64-keys": (("auto", None), ("auto", T(block_n=64)))}
+#: The tile ahead, forced (2 V blocks), so that every workload runs it.
+AHEAD = T(keys_rows=True, value_blocks=2, scores_ahead=True)
+LATE_CELLS = {"now": ("auto", None), "late": ("auto+late", None),
+              "control": ("heuristic", None), "ahead": ("split", AHEAD),
+              "ahead-late": ("split+late", AHEAD)}
+LATE_BIT_CELLS = {"late-vs-now": (("split", AHEAD), ("split+late", AHEAD)),
+                  "late-vs-split": (("split", T(keys_rows=False)), ("split+late", AHEAD)),
+                  "control-64-keys": (("auto", None), ("auto", T(block_n=64)))}
 
 
 def make(batch, cell: str, tuning):
-    """``cell``: a plan or ``heuristic`` (the control), with ``+pf`` the prefetch switch."""
+    """``cell``: a plan or ``heuristic`` (the control), with ``+pf`` or ``+late`` a switch."""
     base, _, switch = cell.partition("+")
     if base == "heuristic":
         fn = call(batch, "auto", tuning, split_size=None)
@@ -58,10 +73,10 @@ def make(batch, cell: str, tuning):
         fn = call(batch, base, tuning)
     else:
         raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
-    if switch == "pf":
-        fn = patched(fn, kg, "KT_PREFETCH", True)
+    if switch in ("pf", "late"):
+        fn = patched(fn, kg, SWITCH[switch], True)
     elif switch:
-        raise ValueError(f"cell {cell!r}: expected the switch +pf")
+        raise ValueError(f"cell {cell!r}: expected the switch +pf or +late")
     return fn
 
 
@@ -91,18 +106,20 @@ def main() -> None:
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round26.py OUT_DIR {STEPS} [WORKLOAD ...]")
     out_dir, step, specs = args[0], args[1], args[2:]
-    if step != "warm" and not HAS_SWITCH:
-        sys.exit(f"{step}: needs kernels._gluon.KT_PREFETCH (the round-26 experiment commit)")
+    if step in SWITCH and not hasattr(kg, SWITCH[step]):
+        sys.exit(f"{step}: needs kernels._gluon.{SWITCH[step]} (a round-26 experiment commit)")
     os.makedirs(out_dir, exist_ok=True)
     if step == "warm":
         warm(out_dir, specs)
-    elif step == "pf":
-        times(out_dir, specs, cells=PF_CELLS, base="now", defaults=WORKLOADS,
-              repeats=REPEATS, make=make, name="pf.jsonl")
+    elif step in ("pf", "late"):
+        times(out_dir, specs, cells=PF_CELLS if step == "pf" else LATE_CELLS, base="now",
+              defaults=WORKLOADS, repeats=REPEATS, make=make, name=f"{step}.jsonl")
     else:
-        bits_rows(out_dir, "pfbits.jsonl", specs or BITS_WORKLOADS, [LAYOUTS[i] for i in (0, 5)],
+        cells = PF_BIT_CELLS if step == "pfbits" else LATE_BIT_CELLS
+        bits_rows(out_dir, f"{step}.jsonl", specs or BITS_WORKLOADS,
+                  [LAYOUTS[i] for i in (0, 3, 5)],
                   lambda batch: dict(bits_differing=bits_cells(
-                      PF_BIT_CELLS, lambda side: make(batch, side[0], side[1])())))
+                      cells, lambda side: make(batch, side[0], side[1])())))
 
 
 if __name__ == "__main__":

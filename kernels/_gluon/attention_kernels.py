@@ -557,9 +557,7 @@ def _split_kernel(
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    k_ptr=None,  # experiment (round 26): k_cache, with PREFETCH
-    v_ptr=None,
-    PREFETCH: gl.constexpr = False,  # experiment: the split's later tiles asked into L2
+    LATE_SUM: gl.constexpr = False,  # experiment (round 26): row sums after the next issue
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the first consumer
     warpgroup; the second and the loader warp are workers): the split plan's first phase.
@@ -640,36 +638,6 @@ def _split_kernel(
 
 
 @gluon.jit
-def _prefetch_l2(k_ptr, v_ptr, p_bt, j_lo, n_tiles, kv_len, num_pages, row_elems,
-                 PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr):
-    """Experiment (round 26): the split's tiles after its first, every KV head's rows, asked
-    into L2 (``cp.async.bulk.prefetch.L2``), each box once across the programs of this
-    (slot, split): program ``program_id(1)`` of ``num_programs(1)`` takes every one in that
-    many. Loads nothing into the SM; no bit."""
-    L1: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
-                                        warps_per_cta=[1], order=[0])
-    per: gl.constexpr = BLOCK_N // BOX
-    pid = gl.program_id(1)
-    np_ = gl.num_programs(1)
-    total = n_tiles * per
-    nbytes = BOX * row_elems * k_ptr.dtype.element_ty.primitive_bitwidth // 8
-    for c in range(0, gl.cdiv(total - per, 32 * np_)):
-        u = per + pid + np_ * (c * 32 + gl.arange(0, 32, layout=L1))
-        key = j_lo * BLOCK_N + u * BOX
-        ok = (u < total) & (key < kv_len)
-        page = gl.load(p_bt + key // PAGE_SIZE, mask=ok, other=0)
-        page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-        off = (page * PAGE_SIZE + key % PAGE_SIZE).to(gl.int64) * row_elems
-        for ptr in gl.static_range(2):
-            base = k_ptr if ptr == 0 else v_ptr
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $3, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r,r", [base + off, gl.full([32], nbytes, gl.int32, layout=L1),
-                             ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _row_sum_t(p_t, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, COL_L: gl.constexpr):
     """``tl.sum(p, 1)`` of ``_tile_sum`` with the bits it has in the 128-row tile, from the
     transposed ``p_t`` ``[BLOCK_N, ROWS]`` (keys down, rows across). There (Triton 3.6, the
@@ -696,6 +664,13 @@ def _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS: gl.constexpr, BLOCK_N: 
     (``_tile_weights``' operations along axis 0; masked by ``key <= pos`` when ``j >=
     j_mid``): ``(m_new, alpha, p_t, row sum)``, the row sum in the 128-row tile's order
     (``_row_sum_t``)."""
+    m_new, alpha, p_t = _kt_softmax(s_t, m_i, j, j_mid, pos, qk_scale, BLOCK_N, ST_L)
+    return m_new, alpha, p_t, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S)
+
+
+@gluon.jit
+def _kt_softmax(s_t, m_i, j, j_mid, pos, qk_scale, BLOCK_N: gl.constexpr, ST_L: gl.constexpr):
+    """``_kt_weights`` without the row sum: ``(m_new, alpha, p_t)``."""
     if j >= j_mid:
         o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
         s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
@@ -703,7 +678,7 @@ def _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS: gl.constexpr, BLOCK_N: 
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
     p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_safe[None, :]))
-    return m_new, alpha, p_t, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S)
+    return m_new, alpha, p_t
 
 
 @gluon.jit
@@ -711,7 +686,8 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
              q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid, i_split,
              num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr):
+             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr,
+             LATE_SUM: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
     weights (``_kt_weights``), ``acc^T * alpha``, p^T through shared memory, ``acc^T += v^T @
@@ -732,7 +708,45 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
-    if AHEAD:
+    if AHEAD and LATE_SUM:
+        # Experiment (round 26): as below, each tile's row sum (and the l update) computed
+        # after the next MMAs are issued, while they run; the same l chain, in tile order.
+        mbarrier.wait(ready.index(0), 0)
+        s_tok = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
+        s_t = warpgroup_mma_wait(0, deps=[s_tok])
+        m_i, alpha, p_t = _kt_softmax(s_t, m_i, j_lo, j_mid, pos, qk_scale, BLOCK_N, ST_L)
+        acc = acc * alpha[None, :]
+        p_s.index(0).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        for t in range(0, n - 1):
+            s = t % STAGES
+            sn = (t + 1) % STAGES
+            mbarrier.wait(ready.index(sn), ((t + 1) // STAGES) & 1)
+            s_tok = warpgroup_mma(k_s.index(sn), q_t, zero_s, is_async=True)
+            acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)),
+                                    p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
+            l_i = gl.fma(l_i, alpha, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S))  # tile t's
+            s_t = warpgroup_mma_wait(1, deps=[s_tok])
+            m_new, alpha, p_t = _kt_softmax(s_t, m_i, j_lo + t + 1, j_mid, pos, qk_scale,
+                                            BLOCK_N, ST_L)
+            p_s.index((t + 1) % 2).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(s))
+            m_i = m_new
+            acc = acc * alpha[None, :]
+        t = n - 1
+        j = j_lo + t
+        if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+            _zero_v_tail(v_s.index(t % STAGES), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+        acc_tok = warpgroup_mma(v_s.index(t % STAGES).permute((1, 0)),
+                                p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
+        l_i = gl.fma(l_i, alpha, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S))  # the last tile's
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        mbarrier.arrive(empty.index(t % STAGES))
+    elif AHEAD:
         mbarrier.wait(ready.index(0), 0)
         s_tok = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
         s_t = warpgroup_mma_wait(0, deps=[s_tok])
@@ -809,18 +823,6 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
                  m_ml, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
 
 
-@gluon.jit
-def _loader_kt(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
-               i_kvh, i_vb, k_ptr, v_ptr, row_elems, HEAD_DIM: gl.constexpr,
-               PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
-               STAGES: gl.constexpr, BLOCK_DV: gl.constexpr):
-    """Experiment (round 26): ``_prefetch_l2`` then ``_loader``."""
-    _prefetch_l2(k_ptr, v_ptr, p_bt, j_lo, n_tiles, kv_len, num_pages, row_elems, PAGE_SIZE,
-                 BLOCK_N, BOX)
-    _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
-            i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV)
-
-
 @gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
 def _split_kt_kernel(
     q_ptr,  # [T, Hq, D]
@@ -856,9 +858,7 @@ def _split_kt_kernel(
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
     AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    k_ptr=None,  # experiment (round 26): k_cache, with PREFETCH
-    v_ptr=None,
-    PREFETCH: gl.constexpr = False,  # experiment: the split's later tiles asked into L2
+    LATE_SUM: gl.constexpr = False,  # experiment (round 26): row sums after the next issue
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
     the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
@@ -910,22 +910,11 @@ def _split_kt_kernel(
     fence_async_shared()
     j_mid = (min_pos + 1) // BLOCK_N
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
-    if PREFETCH:
-        gl.warp_specialize([
-            (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
-                        i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
-                        j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q,
-                        BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
-            (_loader_kt, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len,
-                          num_pages, i_kvh, i_vb, k_ptr, v_ptr,
-                          gl.num_programs(1) // VALUE_BLOCKS * HEAD_DIM, HEAD_DIM, PAGE_SIZE,
-                          BLOCK_N, BOX, STAGES, BLOCK_DV))], [1], [24])
-    else:
-        gl.warp_specialize([
-            (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
-                        i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
-                        j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q,
-                        BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
-            (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
-                       i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
-            [24])
+    gl.warp_specialize([
+        (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+                    i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
+                    j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N,
+                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD, LATE_SUM)),
+        (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
+                   i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
+        [24])
