@@ -1,7 +1,8 @@
 """Round-26 probe (H100): where the keys-as-rows tile's time goes at batch 1, and an L2 prefetch
 of the split's later tiles (reports/h100-round26/).
 
-    python benchmarks/probe_round26.py OUT_DIR warm|pf|pfbits|late|latebits [WORKLOAD ...]
+    python benchmarks/probe_round26.py OUT_DIR warm|pf|pfbits|late|latebits|pairs|pairsbits
+        [WORKLOAD ...]
 
 ``warm``: at bf16, CUDA-graph replays (medians of 20), interleaved in ``REPEATS`` repeats:
 ``auto`` and the control (``split_size=None``), each with L2 flushed before every replay (the
@@ -21,6 +22,11 @@ against the 128-row split tile, in differing bits, at bf16 and fp16; the 64-key 
 ``late`` and ``latebits`` (experiment switch ``kernels._gluon.KT_LATE_SUM``): as ``pf`` and
 ``pfbits`` for the tile with the scores ahead computing each tile's row sum after the next
 MMAs are issued (the same l chain in tile order). Into ``late.jsonl`` and ``latebits.jsonl``.
+
+``pairs`` and ``pairsbits`` (experiment switch ``kernels._gluon.KT_PAIRS``): the same for the
+tile two tiles per step in the serial order (both tiles' scores issued together, one
+cross-warp max exchange and one p barrier for both), under ``auto`` and forced with 1 and 2 V
+blocks. Into ``pairs.jsonl`` and ``pairsbits.jsonl``.
 """
 
 from __future__ import annotations
@@ -42,10 +48,10 @@ from invariance.bench import CudaTimer, build_batch
 
 T = kernels.Tuning
 REPEATS = 3
-STEPS = "warm|pf|pfbits|late|latebits"
+STEPS = "warm|pf|pfbits|late|latebits|pairs|pairsbits"
 #: Each step's experiment switch of ``kernels._gluon``.
 SWITCH = {"pf": "KT_PREFETCH", "pfbits": "KT_PREFETCH", "late": "KT_LATE_SUM",
-          "latebits": "KT_LATE_SUM"}
+          "latebits": "KT_LATE_SUM", "pairs": "KT_PAIRS", "pairsbits": "KT_PAIRS"}
 WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
              "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k"]
 BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "chunk:5/1000x2"]
@@ -62,10 +68,19 @@ LATE_CELLS = {"now": ("auto", None), "late": ("auto+late", None),
 LATE_BIT_CELLS = {"late-vs-now": (("split", AHEAD), ("split+late", AHEAD)),
                   "late-vs-split": (("split", T(keys_rows=False)), ("split+late", AHEAD)),
                   "control-64-keys": (("auto", None), ("auto", T(block_n=64)))}
+SERIAL1 = T(keys_rows=True, value_blocks=1, scores_ahead=False)
+SERIAL2 = T(keys_rows=True, value_blocks=2, scores_ahead=False)
+PAIRS_CELLS = {"now": ("auto", None), "pairs": ("auto+pairs", None),
+               "control": ("heuristic", None), "vb1": ("split", SERIAL1),
+               "vb1-pairs": ("split+pairs", SERIAL1), "vb2-pairs": ("split+pairs", SERIAL2)}
+PAIRS_BIT_CELLS = {"pairs-vb1-vs-split": (("split", T(keys_rows=False)), ("split+pairs", SERIAL1)),
+                   "pairs-vb2-vs-split": (("split", T(keys_rows=False)), ("split+pairs", SERIAL2)),
+                   "control-64-keys": (("auto", None), ("auto", T(block_n=64)))}
 
 
 def make(batch, cell: str, tuning):
-    """``cell``: a plan or ``heuristic`` (the control), with ``+pf`` or ``+late`` a switch."""
+    """``cell``: a plan or ``heuristic`` (the control), with ``+pf``, ``+late`` or ``+pairs``
+    a switch."""
     base, _, switch = cell.partition("+")
     if base == "heuristic":
         fn = call(batch, "auto", tuning, split_size=None)
@@ -73,10 +88,10 @@ def make(batch, cell: str, tuning):
         fn = call(batch, base, tuning)
     else:
         raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
-    if switch in ("pf", "late"):
+    if switch in ("pf", "late", "pairs"):
         fn = patched(fn, kg, SWITCH[switch], True)
     elif switch:
-        raise ValueError(f"cell {cell!r}: expected the switch +pf or +late")
+        raise ValueError(f"cell {cell!r}: expected the switch +pf, +late or +pairs")
     return fn
 
 
@@ -111,11 +126,13 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
     if step == "warm":
         warm(out_dir, specs)
-    elif step in ("pf", "late"):
-        times(out_dir, specs, cells=PF_CELLS if step == "pf" else LATE_CELLS, base="now",
-              defaults=WORKLOADS, repeats=REPEATS, make=make, name=f"{step}.jsonl")
+    elif step in ("pf", "late", "pairs"):
+        cells = {"pf": PF_CELLS, "late": LATE_CELLS, "pairs": PAIRS_CELLS}[step]
+        times(out_dir, specs, cells=cells, base="now", defaults=WORKLOADS, repeats=REPEATS,
+              make=make, name=f"{step}.jsonl")
     else:
-        cells = PF_BIT_CELLS if step == "pfbits" else LATE_BIT_CELLS
+        cells = {"pfbits": PF_BIT_CELLS, "latebits": LATE_BIT_CELLS,
+                 "pairsbits": PAIRS_BIT_CELLS}[step]
         bits_rows(out_dir, f"{step}.jsonl", specs or BITS_WORKLOADS,
                   [LAYOUTS[i] for i in (0, 3, 5)],
                   lambda batch: dict(bits_differing=bits_cells(
