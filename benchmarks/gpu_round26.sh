@@ -11,7 +11,7 @@
 #          states sampled every 32 cycles (round 25's default interval gave 146 samples): its
 #          sections, the SASS source page and its stall summary (benchmarks/ncu_stalls.py --order)
 set -u
-STEP=${1:?usage: sh benchmarks/gpu_round26.sh probe|ktests|tests|final|check|bench|san|ncu}
+STEP=${1:?usage: sh benchmarks/gpu_round26.sh probe|ktests|tests|final|check|bench|san|ncu|rate|init}
 INV="python3 -m invariance.cli"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 
@@ -34,4 +34,20 @@ step_ncu() {
   head -40 $C/stalls.md
 }
 
-run_step gpu_round26.sh "probe|ktests|tests|final|check|bench|san|ncu"
+step_rate() {
+  step_info
+  timeout 120 python3 benchmarks/wgmma_rate.py --json $C/rate.jsonl > $C/rate.txt 2>&1
+  echo "rate rc=$?"; cut -c1-400 $C/rate.txt
+  s=$(date +%s)
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-420} compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes float16 > $C/memcheck-fp16.txt 2>&1
+  echo "memcheck fp16 rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/memcheck-fp16.txt; tail -3 $C/memcheck-fp16.txt
+}
+
+step_init() {
+  step_info
+  s=$(date +%s)
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-500} compute-sanitizer --tool initcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 --valid-only > $C/initcheck-bf16.txt 2>&1
+  echo "initcheck rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/initcheck-bf16.txt; tail -3 $C/initcheck-bf16.txt
+}
+
+run_step gpu_round26.sh "probe|ktests|tests|final|check|bench|san|ncu|rate|init"

@@ -13,7 +13,15 @@ from a zero accumulator and its wait, the shape of one step of that tile:
 - ``s64-rs``: the 64-key score group with q in registers;
 - ``pv-rs``: the ``p @ v`` group, m64n128k16 x 4 (K = 64), p in registers, V from shared memory;
 
-each with two warpgroups per program (128 rows, as the tile) and, ``-1wg``, with one. The
+each with two warpgroups per program (128 rows, as the tile) and, ``-1wg``, with one; and
+(round 26) the keys-as-rows decode tile's groups on its one warpgroup, n8 (8 rows per block):
+
+- ``kt-s``: its score group ``s^T = k @ q^T``, m64n8k16 x 16 (128 keys on M, K = 128), K and q
+  from shared memory (``kt-s16``: n16, blocks of 16 rows);
+- ``kt-pv2``: its ``p @ v`` group with 2 V column blocks, m64n8k16 x 8 (64 V columns on M, K =
+  128 keys), both operands in shared memory (V not transposed here; the tile reads V^T);
+
+The
 loop adds each result into a register sum so no group is dead. Reports tensor throughput
 (TFLOP/s) and cycles per group per warpgroup at the SM clock nvidia-smi reads meanwhile.
 Needs Triton 3.6's Gluon and a Hopper GPU.
@@ -77,6 +85,9 @@ CELLS = {
     "s128-ss-1wg": (64, 128, 128, False, 4),
     "s64-rs-1wg": (64, 64, 128, True, 4),
     "pv-rs-1wg": (64, 128, 64, True, 4),
+    "kt-s-1wg": (128, 8, 128, False, 4),
+    "kt-s16-1wg": (128, 16, 128, False, 4),
+    "kt-pv2-1wg": (64, 8, 128, False, 4),
 }
 
 

@@ -557,7 +557,6 @@ def _split_kernel(
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    PAIRS: gl.constexpr = False,  # experiment (round 26): two tiles per step
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the first consumer
     warpgroup; the second and the loader warp are workers): the split plan's first phase.
@@ -664,29 +663,14 @@ def _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS: gl.constexpr, BLOCK_N: 
     (``_tile_weights``' operations along axis 0; masked by ``key <= pos`` when ``j >=
     j_mid``): ``(m_new, alpha, p_t, row sum)``, the row sum in the 128-row tile's order
     (``_row_sum_t``)."""
-    s_t = _kt_mask(s_t, j, j_mid, pos, BLOCK_N, ST_L)
-    m_new, alpha, p_t = _kt_from_max(s_t, m_i, gl.max(s_t, 0), qk_scale)
-    return m_new, alpha, p_t, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S)
-
-
-@gluon.jit
-def _kt_mask(s_t, j, j_mid, pos, BLOCK_N: gl.constexpr, ST_L: gl.constexpr):
-    """Tile ``j``'s transposed raw scores masked by ``key <= pos`` where ``j >= j_mid``."""
     if j >= j_mid:
         o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
         s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
-    return s_t
-
-
-@gluon.jit
-def _kt_from_max(s_t, m_i, s_max, qk_scale):
-    """``(m_new, alpha, p_t)`` of masked scores ``s_t`` whose raw max over the keys is
-    ``s_max``."""
-    m_new = gl.maximum(m_i, s_max * qk_scale)
+    m_new = gl.maximum(m_i, gl.max(s_t, 0) * qk_scale)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
     p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_safe[None, :]))
-    return m_new, alpha, p_t
+    return m_new, alpha, p_t, _row_sum_t(p_t, ROWS, BLOCK_N, COL_S)
 
 
 @gluon.jit
@@ -694,8 +678,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
              q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid, i_split,
              num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr,
-             PAIRS: gl.constexpr):
+             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
     weights (``_kt_weights``), ``acc^T * alpha``, p^T through shared memory, ``acc^T += v^T @
@@ -716,67 +699,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
-    if PAIRS:
-        # Experiment (round 26): two tiles per step in the serial order. Both tiles' scores
-        # are issued together, their maxes found in one cross-warp exchange (max is exact: the
-        # same value in any order), and both p written before one barrier; then each tile's
-        # weights, row sum, rescale and p @ v in tile order, as one tile per step.
-        for u in range(0, n // 2):
-            t = 2 * u
-            j = j_lo + t
-            sa = t % STAGES
-            sb = (t + 1) % STAGES
-            mbarrier.wait(ready.index(sa), (t // STAGES) & 1)
-            tok_a = warpgroup_mma(k_s.index(sa), q_t, zero_s, is_async=True)
-            mbarrier.wait(ready.index(sb), ((t + 1) // STAGES) & 1)
-            tok_b = warpgroup_mma(k_s.index(sb), q_t, zero_s, is_async=True)
-            s_a, s_b = warpgroup_mma_wait(0, deps=[tok_a, tok_b])
-            s_a = _kt_mask(s_a, j, j_mid, pos, BLOCK_N, ST_L)
-            s_b = _kt_mask(s_b, j + 1, j_mid, pos, BLOCK_N, ST_L)
-            mx_a, mx_b = gl.split(gl.max(gl.join(s_a, s_b), 0))
-            m_a, alpha_a, p_a = _kt_from_max(s_a, m_i, gl.convert_layout(mx_a, COL_S),
-                                             qk_scale)
-            m_i, alpha_b, p_b = _kt_from_max(s_b, m_a, gl.convert_layout(mx_b, COL_S),
-                                             qk_scale)
-            l_i = gl.fma(l_i, alpha_a, _row_sum_t(p_a, ROWS, BLOCK_N, COL_S))
-            l_i = gl.fma(l_i, alpha_b, _row_sum_t(p_b, ROWS, BLOCK_N, COL_S))
-            acc = acc * alpha_a[None, :]
-            p_s.index(0).store(gl.permute(p_a.to(p_s.dtype), (1, 0)))
-            p_s.index(1).store(gl.permute(p_b.to(p_s.dtype), (1, 0)))
-            if (j + 2 == n_tiles) & (kv_len - (j + 1) * BLOCK_N < BLOCK_N):
-                _zero_v_tail(v_s.index(sb), kv_len - (j + 1) * BLOCK_N, BLOCK_N, BLOCK_DV)
-            fence_async_shared()
-            gl.thread_barrier()
-            acc_tok = warpgroup_mma(v_s.index(sa).permute((1, 0)), p_s.index(0).permute((1, 0)),
-                                    acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            mbarrier.arrive(empty.index(sa))
-            acc = acc * alpha_b[None, :]
-            acc_tok = warpgroup_mma(v_s.index(sb).permute((1, 0)), p_s.index(1).permute((1, 0)),
-                                    acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            mbarrier.arrive(empty.index(sb))
-        if n % 2 == 1:  # the last tile alone, as the serial order's step
-            t = n - 1
-            j = j_lo + t
-            s = t % STAGES
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-            s_tok = warpgroup_mma(k_s.index(s), q_t, zero_s, is_async=True)
-            s_t = warpgroup_mma_wait(0, deps=[s_tok])
-            m_i, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS,
-                                                 BLOCK_N, ST_L, COL_S)
-            l_i = gl.fma(l_i, alpha, r_sum)
-            acc = acc * alpha[None, :]
-            p_s.index(0).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
-            if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
-                _zero_v_tail(v_s.index(s), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
-            fence_async_shared()
-            gl.thread_barrier()
-            acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_s.index(0).permute((1, 0)),
-                                    acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
-            mbarrier.arrive(empty.index(s))
-    elif AHEAD:
+    if AHEAD:
         mbarrier.wait(ready.index(0), 0)
         s_tok = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
         s_t = warpgroup_mma_wait(0, deps=[s_tok])
@@ -888,7 +811,6 @@ def _split_kt_kernel(
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
     AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    PAIRS: gl.constexpr = False,  # experiment (round 26): two tiles per step
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
     the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
@@ -924,8 +846,7 @@ def _split_kt_kernel(
     tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
     b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
     q_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, HEAD_DIM], SMEM_L, b_q)
-    p_s = gl.allocate_shared_memory(b_q.dtype, [2 if AHEAD or PAIRS else 1, ROWS, BLOCK_N],
-                                    SMEM_L)
+    p_s = gl.allocate_shared_memory(b_q.dtype, [2 if AHEAD else 1, ROWS, BLOCK_N], SMEM_L)
     k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
     if BLOCK_DV == HEAD_DIM:
         v_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
@@ -945,7 +866,7 @@ def _split_kt_kernel(
         (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
                     j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N,
-                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD, PAIRS)),
+                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
         [24])
