@@ -9,24 +9,24 @@ of the split's later tiles (reports/h100-round26/).
 bench's method) and without (the KV cache left in L2 by the previous replay). What the tile
 gains from L2-resident K and V bounds what any prefetch could give. Into ``warm.jsonl``.
 
-``pf`` (experiment switch ``kernels._gluon.KT_PREFETCH``, at experiment commit 94d3f2b only;
-elsewhere it exits): as ``warm``
-with L2 flushed, ``auto`` with and without the loader first asking the split's later tiles
-into L2 (``cp.async.bulk.prefetch.L2``, every KV head's rows of each page once across the
-programs of a split), and the control. Into ``pf.jsonl``.
+The other steps need an experiment switch of ``kernels._gluon`` that exists at one experiment
+commit only (elsewhere they exit): ``pf`` and ``pfbits`` ``KT_PREFETCH`` (94d3f2b), ``late`` and
+``latebits`` ``KT_LATE_SUM`` (d6eea7c), ``pairs`` and ``pairsbits`` ``KT_PAIRS`` (5f94496).
 
-``pfbits`` (same switch): out and LSE with the prefetch against ``auto`` without it and
-against the 128-row split tile, in differing bits, at bf16 and fp16; the 64-key contract
-(``Tuning(block_n=64)``) must differ (the control). Into ``pfbits.jsonl``.
+``pf``: as ``warm`` with L2 flushed, ``auto`` with and without the loader first asking the
+split's later tiles into L2 (``cp.async.bulk.prefetch.L2``, every KV head's rows of each page
+once across the programs of a split), and the control. Into ``pf.jsonl``. ``pfbits``: out and
+LSE with the prefetch against ``auto`` without it and against the 128-row split tile, in
+differing bits, at bf16 and fp16 (GQA 4 and 16 at page 16, GQA 4 at page 64); the 64-key
+contract (``Tuning(block_n=64)``) must differ (the control). Into ``pfbits.jsonl``.
 
-``late`` and ``latebits`` (experiment switch ``kernels._gluon.KT_LATE_SUM``): as ``pf`` and
-``pfbits`` for the tile with the scores ahead computing each tile's row sum after the next
-MMAs are issued (the same l chain in tile order). Into ``late.jsonl`` and ``latebits.jsonl``.
+``late`` and ``latebits``: the same for the tile with the scores ahead (forced with 2 V
+blocks, and under ``auto``) computing each tile's row sum after the next MMAs are issued (the
+same l chain in tile order). Into ``late.jsonl`` and ``latebits.jsonl``.
 
-``pairs`` and ``pairsbits`` (experiment switch ``kernels._gluon.KT_PAIRS``): the same for the
-tile two tiles per step in the serial order (both tiles' scores issued together, one
-cross-warp max exchange and one p barrier for both), under ``auto`` and forced with 1 and 2 V
-blocks. Into ``pairs.jsonl`` and ``pairsbits.jsonl``.
+``pairs`` and ``pairsbits``: the same for the tile two tiles per step in the serial order (both
+tiles' scores issued together, one cross-warp max exchange and one p barrier for both), under
+``auto`` and forced with 1 and 2 V blocks. Into ``pairs.jsonl`` and ``pairsbits.jsonl``.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from invariance.bench import CudaTimer, build_batch
 T = kernels.Tuning
 REPEATS = 3
 STEPS = "warm|pf|pfbits|late|latebits|pairs|pairsbits"
-#: Each step's experiment switch of ``kernels._gluon``.
-SWITCH = {"pf": "KT_PREFETCH", "pfbits": "KT_PREFETCH", "late": "KT_LATE_SUM",
-          "latebits": "KT_LATE_SUM", "pairs": "KT_PAIRS", "pairsbits": "KT_PAIRS"}
+#: Each switched cell's experiment switch of ``kernels._gluon`` and the commit that has it.
+SWITCH = {"pf": ("KT_PREFETCH", "94d3f2b"), "late": ("KT_LATE_SUM", "d6eea7c"),
+          "pairs": ("KT_PAIRS", "5f94496")}
 WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
              "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k"]
 BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "chunk:5/1000x2"]
@@ -89,7 +89,7 @@ def make(batch, cell: str, tuning):
     else:
         raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
     if switch in ("pf", "late", "pairs"):
-        fn = patched(fn, kg, SWITCH[switch], True)
+        fn = patched(fn, kg, SWITCH[switch][0], True)
     elif switch:
         raise ValueError(f"cell {cell!r}: expected the switch +pf, +late or +pairs")
     return fn
@@ -121,8 +121,9 @@ def main() -> None:
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round26.py OUT_DIR {STEPS} [WORKLOAD ...]")
     out_dir, step, specs = args[0], args[1], args[2:]
-    if step in SWITCH and not hasattr(kg, SWITCH[step]):
-        sys.exit(f"{step}: needs kernels._gluon.{SWITCH[step]} (a round-26 experiment commit)")
+    name, commit = SWITCH.get(step.removesuffix("bits"), (None, None))
+    if name is not None and not hasattr(kg, name):
+        sys.exit(f"{step}: needs kernels._gluon.{name} (experiment commit {commit})")
     os.makedirs(out_dir, exist_ok=True)
     if step == "warm":
         warm(out_dir, specs)

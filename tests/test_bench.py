@@ -1090,3 +1090,46 @@ def test_probe_round25_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         probe.make(None, "auto+faster", None)
     with pytest.raises(ValueError, match="cell"):
         probe.make(None, "fastest", None)
+
+
+def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """benchmarks/probe_round26.py (reports/h100-round26/): an unknown step exits naming the
+    steps; each experiment step exits here naming its switch and commit (the switches live at
+    experiment commits only) and a switched cell fails loudly instead of timing the default;
+    ``warm`` times ``auto`` and the batch-dependent control; the bit cells compare against
+    the 128-row split tile, and the pair and late cells force the tile they claim."""
+    import kernels
+
+    probe = _probe("probe_round26", "warm|pf|pfbits|late|latebits|pairs|pairsbits")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for step, (name, commit) in (("pfbits", probe.SWITCH["pf"]), ("late", probe.SWITCH["late"]),
+                                 ("pairs", probe.SWITCH["pairs"])):
+        proc = subprocess.run([sys.executable, "benchmarks/probe_round26.py", str(tmp_path),
+                               step], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=120)
+        assert proc.returncode == 1 and name in proc.stderr and commit in proc.stderr, proc.stderr
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        return lambda: seen.append((plan, tuning, split_size))
+
+    monkeypatch.setattr(probe, "call", fake_call)
+    probe.make(None, "auto", None)()
+    probe.make(None, "heuristic", None)()
+    assert seen == [("auto", None, kernels.DEFAULT_SPLIT_SIZE), ("auto", None, None)]
+    for cell in ("auto+pf", "split+late", "split+pairs"):
+        with pytest.raises(AttributeError, match=r"KT_PREFETCH|KT_LATE_SUM|KT_PAIRS"):
+            probe.make(None, cell, None)()
+    with pytest.raises(ValueError, match="switch"):
+        probe.make(None, "auto+faster", None)
+    with pytest.raises(ValueError, match="cell"):
+        probe.make(None, "fastest", None)
+    for cells in (probe.PF_BIT_CELLS, probe.LATE_BIT_CELLS, probe.PAIRS_BIT_CELLS):
+        for name, (ref, side) in cells.items():
+            if name.startswith("control"):
+                assert side[1].block_n == 64
+            elif name.endswith("vs-split"):
+                assert ref == ("split", kernels.Tuning(keys_rows=False))
+    assert probe.AHEAD.scores_ahead and probe.AHEAD.value_blocks == 2
+    assert (probe.SERIAL1.value_blocks, probe.SERIAL2.value_blocks) == (1, 2)
+    assert not probe.SERIAL1.scores_ahead and not probe.SERIAL2.scores_ahead
