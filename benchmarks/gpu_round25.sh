@@ -24,14 +24,7 @@ step_probe() {
 
 step_ncu() {
   step_info
-  timeout 150 ncu --clock-control none -k regex:_split_kt_kernel --launch-skip 2 --launch-count 1 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section SourceCounters -o $C/b1-ctx1k python3 benchmarks/profile_round12.py decode-b1-ctx1k > $C/ncu-run.txt 2>&1
-  echo "ncu rc=$?"
-  ncu -i $C/b1-ctx1k.ncu-rep > $C/ncu-b1-ctx1k.txt 2>&1
-  ncu -i $C/b1-ctx1k.ncu-rep --page source --csv --print-source sass > $C/ncu-b1-ctx1k-sass.csv 2>&1
-  python3 benchmarks/ncu_stalls.py $C/ncu-b1-ctx1k-sass.csv --order > $C/stalls.md 2>&1
-  gzip -f $C/ncu-b1-ctx1k-sass.csv
-  grep -E "Duration|Elapsed Cycles|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" $C/ncu-b1-ctx1k.txt | head -12
-  head -30 $C/stalls.md
+  ncu_tile
 }
 
 run_step gpu_round25.sh "probe|ktests|tests|final|check|bench|san|ncu"

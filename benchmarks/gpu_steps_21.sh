@@ -10,11 +10,13 @@
 #   check: the full check counted, the control, then the GPU kernel tests (test_gpu.py): the
 #          final step without the sanitizers
 #   san: memcheck alone with a longer timeout ($SAN_S, 500 s by default; final's 150 s ran out)
-#   ktests (rounds 24-25): the keys-as-rows Gluon tests (test_gluon.py -k "keys_rows or
+#   ktests (rounds 24-26): the keys-as-rows Gluon tests (test_gluon.py -k "keys_rows or
 #          value_blocks or auto_takes", or $KT_K), bf16 first, then fp16 (or the dtypes in
 #          $KT_DTYPES), verbose, $KT_S seconds each
 # and probe_parts SCRIPT PARTS: the GPU, then each part (space-separated) of benchmarks/SCRIPT
-# into $C/PART.txt (260 s each), with its last lines.
+# into $C/PART.txt (260 s each), with its last lines; san_run (a sanitizer over
+# benchmarks/gpu_sanitize.py at one dtype) and ncu_tile (Nsight Compute on the keys-as-rows
+# tile), described where they are defined.
 
 probe_parts() {
   step_info
@@ -59,9 +61,32 @@ step_check() {
 
 step_san() {
   step_info
+  san_run memcheck bf16 bfloat16
+}
+
+# san_run TOOL SHORT DTYPE [ARGS...]: compute-sanitizer's TOOL over benchmarks/gpu_sanitize.py
+# at DTYPE (then ARGS) into $C/TOOL-SHORT.txt, $SAN_S seconds (500 by default), with its rc,
+# wall time, the count of cases run and the last lines.
+san_run() {
+  tool=$1; f=$C/$1-$2.txt; dt=$3; shift 3
   s=$(date +%s)
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-500} compute-sanitizer --tool memcheck --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes bfloat16 > $C/memcheck-bf16.txt 2>&1
-  echo "memcheck rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $C/memcheck-bf16.txt; tail -3 $C/memcheck-bf16.txt
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-500} compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py --dtypes $dt "$@" > $f 2>&1
+  echo "$tool $dt rc=$? wall $(( $(date +%s) - s )) s"; grep -c "^\[ok\]" $f; tail -3 $f
+}
+
+# ncu_tile: Nsight Compute on the keys-as-rows kernel at batch 1 with 1k tokens (auto), one
+# launch after two, with $NCU_ARGS added (round 26: "--warp-sampling-interval 0 --section
+# MemoryWorkloadAnalysis") and $NCU_S seconds (150): its sections, the SASS source page and its
+# stall summary (benchmarks/ncu_stalls.py --order) into $C.
+ncu_tile() {
+  timeout ${NCU_S:-150} ncu --clock-control none ${NCU_ARGS:-} -k regex:_split_kt_kernel --launch-skip 2 --launch-count 1 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section SourceCounters -o $C/b1-ctx1k python3 benchmarks/profile_round12.py decode-b1-ctx1k > $C/ncu-run.txt 2>&1
+  echo "ncu rc=$?"
+  ncu -i $C/b1-ctx1k.ncu-rep > $C/ncu-b1-ctx1k.txt 2>&1
+  ncu -i $C/b1-ctx1k.ncu-rep --page source --csv --print-source sass > $C/ncu-b1-ctx1k-sass.csv 2>&1
+  python3 benchmarks/ncu_stalls.py $C/ncu-b1-ctx1k-sass.csv --order > $C/stalls.md 2>&1
+  gzip -f $C/ncu-b1-ctx1k-sass.csv
+  grep -E "Duration|Elapsed Cycles|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|L2 Hit" $C/ncu-b1-ctx1k.txt | head -14
+  head -40 $C/stalls.md
 }
 
 step_ktests() {

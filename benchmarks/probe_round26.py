@@ -39,10 +39,11 @@ import torch
 
 import kernels
 import kernels._gluon as kg
-from benchmarks.probe_round4 import call, patched
+from benchmarks.probe_round4 import patched
 from benchmarks.probe_round11 import _workload
 from benchmarks.probe_round20 import _record, times
 from benchmarks.probe_round23 import LAYOUTS, bits_cells, bits_rows
+from benchmarks.probe_round25 import make as base_call
 from benchmarks.tile_sweep import _graphed as graphed
 from invariance.bench import CudaTimer, build_batch
 
@@ -82,12 +83,7 @@ def make(batch, cell: str, tuning):
     """``cell``: a plan or ``heuristic`` (the control), with ``+pf``, ``+late`` or ``+pairs``
     a switch."""
     base, _, switch = cell.partition("+")
-    if base == "heuristic":
-        fn = call(batch, "auto", tuning, split_size=None)
-    elif base in kernels.PLANS:
-        fn = call(batch, base, tuning)
-    else:
-        raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
+    fn = base_call(batch, base, tuning)  # round 25's cells without a switch
     if switch in ("pf", "late", "pairs"):
         fn = patched(fn, kg, SWITCH[switch][0], True)
     elif switch:

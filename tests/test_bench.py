@@ -1113,7 +1113,7 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
         return lambda: seen.append((plan, tuning, split_size))
 
-    monkeypatch.setattr(probe, "call", fake_call)
+    monkeypatch.setattr(sys.modules["benchmarks.probe_round25"], "call", fake_call)
     probe.make(None, "auto", None)()
     probe.make(None, "heuristic", None)()
     assert seen == [("auto", None, kernels.DEFAULT_SPLIT_SIZE), ("auto", None, None)]
