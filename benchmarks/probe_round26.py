@@ -1,5 +1,7 @@
-"""Round-26 probe (H100): where the keys-as-rows tile's time goes at batch 1, and an L2 prefetch
-of the split's later tiles (reports/h100-round26/).
+"""Round-26 probe (H100): the keys-as-rows tile at batch 1 with its KV cache in L2, and three
+bit-neutral experiments on it: an L2 prefetch of the split's later tiles, the row sum after the
+next issue, two tiles per step (reports/h100-round26/; the profile is
+``benchmarks/gpu_round26.sh ncu``).
 
     python benchmarks/probe_round26.py OUT_DIR warm|pf|pfbits|late|latebits|pairs|pairsbits
         [WORKLOAD ...]
@@ -20,13 +22,18 @@ LSE with the prefetch against ``auto`` without it and against the 128-row split 
 differing bits, at bf16 and fp16 (GQA 4 and 16 at page 16, GQA 4 at page 64); the 64-key
 contract (``Tuning(block_n=64)``) must differ (the control). Into ``pfbits.jsonl``.
 
-``late`` and ``latebits``: the same for the tile with the scores ahead (forced with 2 V
-blocks, and under ``auto``) computing each tile's row sum after the next MMAs are issued (the
-same l chain in tile order). Into ``late.jsonl`` and ``latebits.jsonl``.
+``late`` and ``latebits``: the tile with the scores ahead computing each tile's row sum after
+the next MMAs are issued (the same l chain in tile order). Times as ``pf`` under ``auto``, plus
+the tile forced ahead with 2 V blocks with and without it; bits of the forced tile with it
+against the same without it (cell ``late-vs-now``) and against the 128-row split tile, with the
+control. Into ``late.jsonl`` and ``latebits.jsonl``.
 
-``pairs`` and ``pairsbits``: the same for the tile two tiles per step in the serial order (both
-tiles' scores issued together, one cross-warp max exchange and one p barrier for both), under
-``auto`` and forced with 1 and 2 V blocks. Into ``pairs.jsonl`` and ``pairsbits.jsonl``.
+``pairs`` and ``pairsbits``: the tile two tiles per step in the serial order (both tiles'
+scores issued together, one cross-warp max exchange and one p barrier for both). Times under
+``auto``, and forced with 1 V block (against the same without pairs) and 2 V blocks (no serial
+2-block cell: compare with ``now`` where ``auto`` runs 2 blocks); bits of the forced 1- and
+2-block tiles against the 128-row split tile only, with the control. Into ``pairs.jsonl`` and
+``pairsbits.jsonl``.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from benchmarks.probe_round4 import patched
 from benchmarks.probe_round11 import _workload
 from benchmarks.probe_round20 import _record, times
 from benchmarks.probe_round23 import LAYOUTS, bits_cells, bits_rows
-from benchmarks.probe_round25 import make as base_call
+from benchmarks.probe_round25 import make as make25
 from benchmarks.tile_sweep import _graphed as graphed
 from invariance.bench import CudaTimer, build_batch
 
@@ -55,7 +62,10 @@ SWITCH = {"pf": ("KT_PREFETCH", "94d3f2b"), "late": ("KT_LATE_SUM", "d6eea7c"),
           "pairs": ("KT_PAIRS", "5f94496")}
 WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
              "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k"]
+#: GQA 4 and 16 at page 16, GQA 4 at page 64.
+BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 3, 5)]
 BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "chunk:5/1000x2"]
+WARM_CELLS = {"now": ("auto", None), "control": ("heuristic", None)}
 PF_CELLS = {"now": ("auto", None), "prefetch": ("auto+pf", None),
             "control": ("heuristic", None)}
 PF_BIT_CELLS = {"pf-vs-now": (("auto", None), ("auto+pf", None)),
@@ -83,7 +93,7 @@ def make(batch, cell: str, tuning):
     """``cell``: a plan or ``heuristic`` (the control), with ``+pf``, ``+late`` or ``+pairs``
     a switch."""
     base, _, switch = cell.partition("+")
-    fn = base_call(batch, base, tuning)  # round 25's cells without a switch
+    fn = make25(batch, base, tuning)  # round 25's cells without a switch
     if switch in ("pf", "late", "pairs"):
         fn = patched(fn, kg, SWITCH[switch][0], True)
     elif switch:
@@ -95,13 +105,12 @@ def warm(out_dir: str, specs: list[str]) -> None:
     """``auto`` and the control, flushed and L2-warm, interleaved (module docstring)."""
     cold = CudaTimer(iters=20, warmup=2)
     hot = CudaTimer(iters=20, warmup=2)
-    hot._flush = torch.empty(16, dtype=torch.uint8, device="cuda")  # a no-op "flush"
+    hot._flush = torch.empty(16, dtype=torch.uint8, device="cuda")  # 16 bytes: no flush
     rows: list[dict] = []
     for spec in specs or WORKLOADS:
         batch = build_batch(_workload(spec), dtype=torch.bfloat16)
         row: dict = dict(dtype="bfloat16", workload=spec)
-        graphs = {c: graphed(make(batch, *cell)) for c, cell in
-                  (("now", ("auto", None)), ("control", ("heuristic", None)))}
+        graphs = {c: graphed(make(batch, *cell)) for c, cell in WARM_CELLS.items()}
         for _ in range(REPEATS):
             for c, g in graphs.items():
                 for tag, timer in (("flushed", cold), ("warm", hot)):
@@ -131,7 +140,7 @@ def main() -> None:
         cells = {"pfbits": PF_BIT_CELLS, "latebits": LATE_BIT_CELLS,
                  "pairsbits": PAIRS_BIT_CELLS}[step]
         bits_rows(out_dir, f"{step}.jsonl", specs or BITS_WORKLOADS,
-                  [LAYOUTS[i] for i in (0, 3, 5)],
+                  BITS_LAYOUTS,
                   lambda batch: dict(bits_differing=bits_cells(
                       cells, lambda side: make(batch, side[0], side[1])())))
 

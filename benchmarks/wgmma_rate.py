@@ -19,10 +19,9 @@ each with two warpgroups per program (128 rows, as the tile) and, ``-1wg``, with
 - ``kt-s``: its score group ``s^T = k @ q^T``, m64n8k16 x 16 (128 keys on M, K = 128), K and q
   from shared memory (``kt-s16``: n16, blocks of 16 rows);
 - ``kt-pv2``: its ``p @ v`` group with 2 V column blocks, m64n8k16 x 8 (64 V columns on M, K =
-  128 keys), both operands in shared memory (V not transposed here; the tile reads V^T);
+  128 keys), both operands in shared memory (V not transposed here; the tile reads V^T).
 
-The
-loop adds each result into a register sum so no group is dead. Reports tensor throughput
+The loop adds each result into a register sum so no group is dead. Reports tensor throughput
 (TFLOP/s) and cycles per group per warpgroup at the SM clock nvidia-smi reads meanwhile.
 Needs Triton 3.6's Gluon and a Hopper GPU.
 """
@@ -75,7 +74,7 @@ def _rate_kernel(a_ptr, b_ptr, out_ptr, iters, M: gl.constexpr, N: gl.constexpr,
     gl.store(out_ptr + gl.program_id(0) * M * N + o_mo[:, None] * N + o_no[None, :], total)
 
 
-#: name -> (rows per program, N, K, A in registers, warps)
+#: name -> (M: rows of a per program, N, K, A in registers, warps)
 CELLS = {
     "s64-ss": (128, 64, 128, False, 8),
     "s128-ss": (128, 128, 128, False, 8),

@@ -1096,14 +1096,18 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     """benchmarks/probe_round26.py (reports/h100-round26/): an unknown step exits naming the
     steps; each experiment step exits here naming its switch and commit (the switches live at
     experiment commits only) and a switched cell fails loudly instead of timing the default;
-    ``warm`` times ``auto`` and the batch-dependent control; the bit cells compare against
-    the 128-row split tile, and the pair and late cells force the tile they claim."""
+    ``warm`` times ``auto`` and the batch-dependent control; every bit comparison but the
+    control has the switch on one side only, on the same tile, or compares against the
+    128-row split tile, and the pair and late cells force the tile they claim."""
     import kernels
 
     probe = _probe("probe_round26", "warm|pf|pfbits|late|latebits|pairs|pairsbits")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for step, (name, commit) in (("pfbits", probe.SWITCH["pf"]), ("late", probe.SWITCH["late"]),
-                                 ("pairs", probe.SWITCH["pairs"])):
+    assert probe.SWITCH == {"pf": ("KT_PREFETCH", "94d3f2b"), "late": ("KT_LATE_SUM", "d6eea7c"),
+                            "pairs": ("KT_PAIRS", "5f94496")}
+    for step, (name, commit) in (("pfbits", ("KT_PREFETCH", "94d3f2b")),
+                                 ("late", ("KT_LATE_SUM", "d6eea7c")),
+                                 ("pairs", ("KT_PAIRS", "5f94496"))):
         proc = subprocess.run([sys.executable, "benchmarks/probe_round26.py", str(tmp_path),
                                step], capture_output=True, text=True, cwd=ROOT, env=env,
                               timeout=120)
@@ -1114,8 +1118,9 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         return lambda: seen.append((plan, tuning, split_size))
 
     monkeypatch.setattr(sys.modules["benchmarks.probe_round25"], "call", fake_call)
-    probe.make(None, "auto", None)()
-    probe.make(None, "heuristic", None)()
+    assert probe.WARM_CELLS == {"now": ("auto", None), "control": ("heuristic", None)}
+    for plan, tuning in probe.WARM_CELLS.values():
+        probe.make(None, plan, tuning)()
     assert seen == [("auto", None, kernels.DEFAULT_SPLIT_SIZE), ("auto", None, None)]
     for cell in ("auto+pf", "split+late", "split+pairs"):
         with pytest.raises(AttributeError, match=r"KT_PREFETCH|KT_LATE_SUM|KT_PAIRS"):
@@ -1124,12 +1129,17 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         probe.make(None, "auto+faster", None)
     with pytest.raises(ValueError, match="cell"):
         probe.make(None, "fastest", None)
-    for cells in (probe.PF_BIT_CELLS, probe.LATE_BIT_CELLS, probe.PAIRS_BIT_CELLS):
+    for switch, cells in (("pf", probe.PF_BIT_CELLS), ("late", probe.LATE_BIT_CELLS),
+                          ("pairs", probe.PAIRS_BIT_CELLS)):
         for name, (ref, side) in cells.items():
             if name.startswith("control"):
-                assert side[1].block_n == 64
-            elif name.endswith("vs-split"):
+                assert side[1].block_n == 64 and "+" not in ref[0] + side[0]
+                continue
+            assert side[0].endswith("+" + switch) and "+" not in ref[0], name
+            if name.endswith("vs-split"):
                 assert ref == ("split", kernels.Tuning(keys_rows=False))
+            else:  # the same tile with and without the switch
+                assert ref[1] == side[1] and ref[0] == side[0].partition("+")[0], name
     assert probe.AHEAD.scores_ahead and probe.AHEAD.value_blocks == 2
     assert (probe.SERIAL1.value_blocks, probe.SERIAL2.value_blocks) == (1, 2)
     assert not probe.SERIAL1.scores_ahead and not probe.SERIAL2.scores_ahead
