@@ -3,8 +3,8 @@ bit-neutral experiments on it: an L2 prefetch of the split's later tiles, the ro
 next issue, two tiles per step (reports/h100-round26/; the profile is
 ``benchmarks/gpu_round26.sh ncu``).
 
-    python benchmarks/probe_round26.py OUT_DIR warm|pf|pfbits|late|latebits|pairs|pairsbits
-        [WORKLOAD ...]
+    python benchmarks/probe_round26.py OUT_DIR
+        warm|pf|pfbits|late|latebits|pairs|pairsbits|diag [WORKLOAD ...]
 
 ``warm``: at bf16, CUDA-graph replays (medians of 20), interleaved in ``REPEATS`` repeats:
 ``auto`` and the control (``split_size=None``), each with L2 flushed before every replay (the
@@ -21,6 +21,11 @@ once across the programs of a split), and the control. Into ``pf.jsonl``. ``pfbi
 LSE with the prefetch against ``auto`` without it and against the 128-row split tile, in
 differing bits, at bf16 and fp16 (GQA 4 and 16 at page 16, GQA 4 at page 64); the 64-key
 contract (``Tuning(block_n=64)``) must differ (the control). Into ``pfbits.jsonl``.
+
+``diag`` (diagnostic switch ``KT_DIAG``, experiment commit DIAG_COMMIT; wrong results, times
+only): as ``pf``, ``auto`` against the same with the loop's weights computed without the tile
+max (``m`` held, ``alpha`` 1), without the row sum, and without either: what each costs the
+step, an upper bound on what a cheaper form of it could gain. Into ``diag.jsonl``.
 
 ``late`` and ``latebits``: the tile with the scores ahead computing each tile's row sum after
 the next MMAs are issued (the same l chain in tile order). Times as ``pf`` under ``auto``, plus
@@ -56,10 +61,10 @@ from invariance.bench import CudaTimer, build_batch
 
 T = kernels.Tuning
 REPEATS = 3
-STEPS = "warm|pf|pfbits|late|latebits|pairs|pairsbits"
+STEPS = "warm|pf|pfbits|late|latebits|pairs|pairsbits|diag"
 #: Each switched cell's experiment switch of ``kernels._gluon`` and the commit that has it.
 SWITCH = {"pf": ("KT_PREFETCH", "94d3f2b"), "late": ("KT_LATE_SUM", "d6eea7c"),
-          "pairs": ("KT_PAIRS", "5f94496")}
+          "pairs": ("KT_PAIRS", "5f94496"), "diag": ("KT_DIAG", "DIAG_COMMIT")}
 WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
              "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k"]
 #: GQA 4 and 16 at page 16, GQA 4 at page 64.
@@ -84,6 +89,10 @@ SERIAL2 = T(keys_rows=True, value_blocks=2, scores_ahead=False)
 PAIRS_CELLS = {"now": ("auto", None), "pairs": ("auto+pairs", None),
                "control": ("heuristic", None), "vb1": ("split", SERIAL1),
                "vb1-pairs": ("split+pairs", SERIAL1), "vb2-pairs": ("split+pairs", SERIAL2)}
+DIAG_WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2"]
+DIAG_CELLS = {"now": ("auto", None), "no-max": ("auto+diag1", None),
+              "no-row-sum": ("auto+diag2", None), "neither": ("auto+diag3", None),
+              "control": ("heuristic", None)}
 PAIRS_BIT_CELLS = {"pairs-vb1-vs-split": (("split", T(keys_rows=False)), ("split+pairs", SERIAL1)),
                    "pairs-vb2-vs-split": (("split", T(keys_rows=False)), ("split+pairs", SERIAL2)),
                    "control-64-keys": (("auto", None), ("auto", T(block_n=64)))}
@@ -96,8 +105,10 @@ def make(batch, cell: str, tuning):
     fn = make25(batch, base, tuning)  # round 25's cells without a switch
     if switch in ("pf", "late", "pairs"):
         fn = patched(fn, kg, SWITCH[switch][0], True)
+    elif switch in ("diag1", "diag2", "diag3"):
+        fn = patched(fn, kg, SWITCH["diag"][0], int(switch[-1]))
     elif switch:
-        raise ValueError(f"cell {cell!r}: expected the switch +pf, +late or +pairs")
+        raise ValueError(f"cell {cell!r}: expected the switch +pf, +late, +pairs or +diagN")
     return fn
 
 
@@ -132,6 +143,9 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
     if step == "warm":
         warm(out_dir, specs)
+    elif step == "diag":
+        times(out_dir, specs, cells=DIAG_CELLS, base="now", defaults=DIAG_WORKLOADS,
+              repeats=REPEATS, make=make, name="diag.jsonl")
     elif step in ("pf", "late", "pairs"):
         cells = {"pf": PF_CELLS, "late": LATE_CELLS, "pairs": PAIRS_CELLS}[step]
         times(out_dir, specs, cells=cells, base="now", defaults=WORKLOADS, repeats=REPEATS,
