@@ -1,7 +1,7 @@
-"""Round-26 probe (H100): the keys-as-rows tile at batch 1 with its KV cache in L2, and three
-bit-neutral experiments on it: an L2 prefetch of the split's later tiles, the row sum after the
-next issue, two tiles per step (reports/h100-round26/; the profile is
-``benchmarks/gpu_round26.sh ncu``).
+"""Round-26 probe (H100): the keys-as-rows tile at batch 1 with its KV cache in L2, three
+bit-neutral experiments on it (an L2 prefetch of the split's later tiles, the row sum after the
+next issue, two tiles per step) and a diagnostic without its max and row sum
+(reports/h100-round26/; the profile is ``benchmarks/gpu_round26.sh ncu``).
 
     python benchmarks/probe_round26.py OUT_DIR
         warm|pf|pfbits|late|latebits|pairs|pairsbits|diag [WORKLOAD ...]
@@ -13,7 +13,8 @@ gains from L2-resident K and V bounds what any prefetch could give. Into ``warm.
 
 The other steps need an experiment switch of ``kernels._gluon`` that exists at one experiment
 commit only (elsewhere they exit): ``pf`` and ``pfbits`` ``KT_PREFETCH`` (94d3f2b), ``late`` and
-``latebits`` ``KT_LATE_SUM`` (d6eea7c), ``pairs`` and ``pairsbits`` ``KT_PAIRS`` (5f94496).
+``latebits`` ``KT_LATE_SUM`` (d6eea7c), ``pairs`` and ``pairsbits`` ``KT_PAIRS`` (5f94496),
+``diag`` ``KT_DIAG`` (31d4c92).
 
 ``pf``: as ``warm`` with L2 flushed, ``auto`` with and without the loader first asking the
 split's later tiles into L2 (``cp.async.bulk.prefetch.L2``, every KV head's rows of each page
@@ -22,10 +23,11 @@ LSE with the prefetch against ``auto`` without it and against the 128-row split 
 differing bits, at bf16 and fp16 (GQA 4 and 16 at page 16, GQA 4 at page 64); the 64-key
 contract (``Tuning(block_n=64)``) must differ (the control). Into ``pfbits.jsonl``.
 
-``diag`` (diagnostic switch ``KT_DIAG``, experiment commit DIAG_COMMIT; wrong results, times
-only): as ``pf``, ``auto`` against the same with the loop's weights computed without the tile
-max (``m`` held, ``alpha`` 1), without the row sum, and without either: what each costs the
-step, an upper bound on what a cheaper form of it could gain. Into ``diag.jsonl``.
+``diag`` (a diagnostic: wrong results, times only): as ``pf`` on the decodes where ``auto``
+issues the scores ahead (the switch acts there only), ``auto`` against the same with the
+loop's weights computed without the tile max (``m`` held, ``alpha`` 1), without the row
+sum, and without either: what each costs the step, an upper bound on what a cheaper form of it
+could gain. Into ``diag.jsonl``.
 
 ``late`` and ``latebits``: the tile with the scores ahead computing each tile's row sum after
 the next MMAs are issued (the same l chain in tile order). Times as ``pf`` under ``auto``, plus
@@ -64,7 +66,7 @@ REPEATS = 3
 STEPS = "warm|pf|pfbits|late|latebits|pairs|pairsbits|diag"
 #: Each switched cell's experiment switch of ``kernels._gluon`` and the commit that has it.
 SWITCH = {"pf": ("KT_PREFETCH", "94d3f2b"), "late": ("KT_LATE_SUM", "d6eea7c"),
-          "pairs": ("KT_PAIRS", "5f94496"), "diag": ("KT_DIAG", "DIAG_COMMIT")}
+          "pairs": ("KT_PAIRS", "5f94496"), "diag": ("KT_DIAG", "31d4c92")}
 WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
              "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k"]
 #: GQA 4 and 16 at page 16, GQA 4 at page 64.

@@ -1101,13 +1101,14 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     128-row split tile, and the pair and late cells force the tile they claim."""
     import kernels
 
-    probe = _probe("probe_round26", "warm|pf|pfbits|late|latebits|pairs|pairsbits")
+    probe = _probe("probe_round26", "warm|pf|pfbits|late|latebits|pairs|pairsbits|diag")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert probe.SWITCH == {"pf": ("KT_PREFETCH", "94d3f2b"), "late": ("KT_LATE_SUM", "d6eea7c"),
-                            "pairs": ("KT_PAIRS", "5f94496")}
+                            "pairs": ("KT_PAIRS", "5f94496"), "diag": ("KT_DIAG", "31d4c92")}
     for step, (name, commit) in (("pfbits", ("KT_PREFETCH", "94d3f2b")),
                                  ("late", ("KT_LATE_SUM", "d6eea7c")),
-                                 ("pairs", ("KT_PAIRS", "5f94496"))):
+                                 ("pairs", ("KT_PAIRS", "5f94496")),
+                                 ("diag", ("KT_DIAG", "31d4c92"))):
         proc = subprocess.run([sys.executable, "benchmarks/probe_round26.py", str(tmp_path),
                                step], capture_output=True, text=True, cwd=ROOT, env=env,
                               timeout=120)
@@ -1122,9 +1123,12 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     for plan, tuning in probe.WARM_CELLS.values():
         probe.make(None, plan, tuning)()
     assert seen == [("auto", None, kernels.DEFAULT_SPLIT_SIZE), ("auto", None, None)]
-    for cell in ("auto+pf", "split+late", "split+pairs"):
-        with pytest.raises(AttributeError, match=r"KT_PREFETCH|KT_LATE_SUM|KT_PAIRS"):
+    for cell in ("auto+pf", "split+late", "split+pairs", "auto+diag3"):
+        with pytest.raises(AttributeError, match=r"KT_PREFETCH|KT_LATE_SUM|KT_PAIRS|KT_DIAG"):
             probe.make(None, cell, None)()
+    # diag: auto with each diagnostic value against auto and the control.
+    assert {cell for _, cell in (c[0].partition("+")[::2] for c in probe.DIAG_CELLS.values())} \
+        == {"", "diag1", "diag2", "diag3"}
     with pytest.raises(ValueError, match="switch"):
         probe.make(None, "auto+faster", None)
     with pytest.raises(ValueError, match="cell"):

@@ -158,9 +158,6 @@ RING_SLOTS_KT = 3
 #: K/V slots of that ring when its V slots hold half the columns (48 KB each), for blocks of
 #: at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
 RING_SLOTS_KT_BLOCKED = 4
-#: Diagnostic (round 26, wrong results): with the scores ahead, the loop's weights without the
-#: tile max (1), without the row sum (2) or without either (3); 0 is the kernel.
-KT_DIAG = 0
 
 
 def kt_rows(group: int) -> int:
@@ -231,4 +228,4 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
         STAGES=slots, IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
-        **(dict(DIAG=KT_DIAG) if KT_DIAG and scores_ahead else {}), num_warps=4)
+        num_warps=4)

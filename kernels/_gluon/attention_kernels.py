@@ -557,7 +557,6 @@ def _split_kernel(
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    DIAG: gl.constexpr = 0,  # diagnostic (round 26): 1 no max, 2 no row sum, 3 neither
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the first consumer
     warpgroup; the second and the loader warp are workers): the split plan's first phase.
@@ -679,8 +678,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
              q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid, i_split,
              num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr,
-             DIAG: gl.constexpr):
+             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
     weights (``_kt_weights``), ``acc^T * alpha``, p^T through shared memory, ``acc^T += v^T @
@@ -720,23 +718,8 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
             acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)),
                                     p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=[s_tok])
-            if DIAG == 0:
-                m_new, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j_lo + t + 1, j_mid, pos,
-                                                       qk_scale, ROWS, BLOCK_N, ST_L, COL_S)
-            else:  # diagnostic (round 26, wrong results): 1 no max, 2 no row sum, 3 neither
-                if DIAG % 2 == 1:
-                    m_new = m_i
-                    alpha = gl.full([ROWS], 1.0, gl.float32, layout=COL_S)
-                    p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_i[None, :]))
-                else:
-                    m_new = gl.maximum(m_i, gl.max(s_t, 0) * qk_scale)
-                    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
-                    p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_safe[None, :]))
-                if DIAG >= 2:
-                    r_sum = gl.full([ROWS], 1.0, gl.float32, layout=COL_S)
-                else:
-                    r_sum = _row_sum_t(p_t, ROWS, BLOCK_N, COL_S)
+            m_new, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j_lo + t + 1, j_mid, pos,
+                                                   qk_scale, ROWS, BLOCK_N, ST_L, COL_S)
             p_s.index((t + 1) % 2).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
             fence_async_shared()
             gl.thread_barrier()
@@ -828,7 +811,6 @@ def _split_kt_kernel(
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
     AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    DIAG: gl.constexpr = 0,  # diagnostic (round 26): 1 no max, 2 no row sum, 3 neither
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
     the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
@@ -884,7 +866,7 @@ def _split_kt_kernel(
         (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
                     j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N,
-                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD, DIAG)),
+                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
         [24])
