@@ -12,7 +12,7 @@
 #          sections, the SASS source page and its stall summary (benchmarks/ncu_stalls.py --order)
 #   rate:  benchmarks/wgmma_rate.py (with the keys-as-rows tile's groups; 120 s at most) into
 #          rate.jsonl, then memcheck at fp16 (benchmarks/gpu_sanitize.py, $SAN_S s, 400 by
-#          default: rounds 23-25 ran it at bf16 only)
+#          default; round 25 ran it at bf16 only)
 #   init:  initcheck at bf16 on the valid cases (gpu_sanitize.py --valid-only; $SAN_S s, 500)
 # Call 1 ran "probe" (PARTS="warm pf") and "ncu" in one device call: they can take up to
 # 2 x 260 + 200 s, so run them in two calls unless the parts are short.
