@@ -1,0 +1,79 @@
+"""Round-27 probe (H100): the keys-as-rows tile on two consumer warpgroups that take a split's
+tiles by parity (``kernels._gluon.KT_TWO_GROUPS``, ``_split_kt2_kernel``; reports/h100-round27/).
+
+    python benchmarks/probe_round27.py OUT_DIR bits|times [WORKLOAD ...]
+
+``bits``: out and LSE of the tile with the switch on (forced, ``Tuning(keys_rows=True)``, so
+every workload runs it) against the 128-row split tile (``Tuning(keys_rows=False)``) and
+against today's keys-as-rows tile, in differing bits, at bf16 and fp16 under four head layouts
+(GQA 4, 1 and 16 at page 16, GQA 4 at page 64); the workloads give splits of an even and an
+odd number of tiles, a one-tile split (1100 keys), masked tiles (chunks) and rows ending inside
+a tile. The 64-key contract (``Tuning(block_n=64)``) must differ (the control: the comparison
+can fail). Into ``bits.jsonl``.
+
+``times``: at bf16, CUDA-graph replays with L2 flushed (medians of 20), interleaved in
+``REPEATS`` repeats, each cell against ``now`` (``plan="auto"``, switch off): ``auto`` with the
+switch, the control (``split_size=None``) without and with it. Into ``times.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import kernels
+import kernels._gluon as kg
+from benchmarks.probe_round4 import patched
+from benchmarks.probe_round20 import times
+from benchmarks.probe_round23 import LAYOUTS, bits_cells, bits_rows
+from benchmarks.probe_round25 import make as make25
+
+T = kernels.Tuning
+KT = T(keys_rows=True)
+NO_KT = T(keys_rows=False)
+REPEATS = 3
+STEPS = "bits|times"
+SWITCH = "KT_TWO_GROUPS"
+BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
+BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:1100x1",
+                  "decode:300x2", "decode:100x3", "chunk:5/1000x2"]
+BIT_CELLS = {"two-vs-split": (("split", NO_KT), ("split+two", KT)),
+             "two-vs-kt": (("split", KT), ("split+two", KT)),
+             "control-64-keys": (("split", KT), ("auto", T(block_n=64)))}
+TIME_WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
+                  "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k",
+                  "decode-b8-ctx8k", "decode-b64-ctx8k", "decode-prod64"]
+TIME_CELLS = {"now": ("auto", None), "two": ("auto+two", None), "control": ("heuristic", None),
+              "control-two": ("heuristic+two", None)}
+
+
+def make(batch, cell: str, tuning):
+    """``cell``: a plan or ``heuristic`` (the control), with ``+two`` the switch on."""
+    base, _, switch = cell.partition("+")
+    fn = make25(batch, base, tuning)
+    if switch == "two":
+        fn = patched(fn, kg, SWITCH, True)
+    elif switch:
+        raise ValueError(f"cell {cell!r}: expected the switch +two")
+    return fn
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) < 2 or args[1] not in STEPS.split("|"):
+        sys.exit(f"usage: python benchmarks/probe_round27.py OUT_DIR {STEPS} [WORKLOAD ...]")
+    if not hasattr(kg, SWITCH):
+        sys.exit(f"{args[1]}: needs kernels._gluon.{SWITCH} (the round-27 experiment commit)")
+    out_dir, step, specs = args[0], args[1], args[2:]
+    os.makedirs(out_dir, exist_ok=True)
+    if step == "bits":
+        bits_rows(out_dir, "bits.jsonl", specs or BITS_WORKLOADS, BITS_LAYOUTS,
+                  lambda batch: dict(bits_differing=bits_cells(
+                      BIT_CELLS, lambda side: make(batch, side[0], side[1])())))
+    else:
+        times(out_dir, specs, cells=TIME_CELLS, base="now", defaults=TIME_WORKLOADS,
+              repeats=REPEATS, make=make, name="times.jsonl")
+
+
+if __name__ == "__main__":
+    main()
