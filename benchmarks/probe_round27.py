@@ -1,7 +1,10 @@
-"""Round-27 probe (H100): the keys-as-rows tile on two consumer warpgroups that take a split's
-tiles by parity (``kernels._gluon.KT_TWO_GROUPS``, ``_split_kt2_kernel``; reports/h100-round27/).
+"""Round-27 probe (H100): two schedules of the keys-as-rows tile (reports/h100-round27/), each
+an experiment switch of ``kernels._gluon``: ``KT_TWO_GROUPS`` (``_split_kt2_kernel``: two
+consumer warpgroups that take a split's tiles by parity) and ``KT_PHASED``
+(``_split_ktp_kernel``: four tiles' scores issued together, their weights in straight-line code,
+then the acc chain; K and V in rings of their own).
 
-    python benchmarks/probe_round27.py OUT_DIR bits|times [WORKLOAD ...]
+    python benchmarks/probe_round27.py OUT_DIR bits|times|pbits|ptimes [WORKLOAD ...]
 
 ``bits``: out and LSE of the tile with the switch on (forced, ``Tuning(keys_rows=True)``, so
 every workload runs it) against the 128-row split tile (``Tuning(keys_rows=False)``) and
@@ -14,6 +17,10 @@ can fail). Into ``bits.jsonl``.
 ``times``: at bf16, CUDA-graph replays with L2 flushed (medians of 20), interleaved in
 ``REPEATS`` repeats, each cell against ``now`` (``plan="auto"``, switch off): ``auto`` with the
 switch, the control (``split_size=None``) without and with it. Into ``times.jsonl``.
+
+``pbits`` and ``ptimes``: as ``bits`` and ``times`` for ``KT_PHASED``, the tile forced with 2 V
+column blocks (the schedule runs there only) in ``pbits``; into ``pbits.jsonl`` and
+``ptimes.jsonl``.
 """
 
 from __future__ import annotations
@@ -32,8 +39,8 @@ T = kernels.Tuning
 KT = T(keys_rows=True)
 NO_KT = T(keys_rows=False)
 REPEATS = 3
-STEPS = "bits|times"
-SWITCH = "KT_TWO_GROUPS"
+STEPS = "bits|times|pbits|ptimes"
+KT2 = T(keys_rows=True, value_blocks=2)
 BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
 BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:1100x1",
                   "decode:300x2", "decode:100x3", "chunk:5/1000x2"]
@@ -43,18 +50,30 @@ BIT_CELLS = {"two-vs-split": (("split", NO_KT), ("split+two", KT)),
 TIME_WORKLOADS = ["decode:1kx1", "decode:2kx1", "decode:1kx2", "decode:4kx1", "decode:2kx2",
                   "decode:1kx4", "decode:8kx1", "decode:32kx1", "decode-b8-ctx1k",
                   "decode-b8-ctx8k", "decode-b64-ctx8k", "decode-prod64"]
+P_BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 3, 5)]
+P_BITS_WORKLOADS = ["decode:1kx1", "decode:777x3,3001x2", "decode:1100x1", "decode:300x2",
+                    "chunk:5/1000x2"]
+P_BIT_CELLS = {"phased-vs-split": (("split", NO_KT), ("split+phased", KT2)),
+               "phased-vs-kt": (("split", KT2), ("split+phased", KT2)),
+               "control-64-keys": (("split", KT), ("auto", T(block_n=64)))}
+P_TIME_CELLS = {"now": ("auto", None), "phased": ("auto+phased", None),
+                "control": ("heuristic", None)}
 TIME_CELLS = {"now": ("auto", None), "two": ("auto+two", None), "control": ("heuristic", None),
               "control-two": ("heuristic+two", None)}
 
 
+SWITCHES = {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED"}
+
+
 def make(batch, cell: str, tuning):
-    """``cell``: a plan or ``heuristic`` (the control), with ``+two`` the switch on."""
+    """``cell``: a plan or ``heuristic`` (the control), with ``+two`` or ``+phased`` a switch
+    on."""
     base, _, switch = cell.partition("+")
     fn = make25(batch, base, tuning)
-    if switch == "two":
-        fn = patched(fn, kg, SWITCH, True)
+    if switch in SWITCHES:
+        fn = patched(fn, kg, SWITCHES[switch], True)
     elif switch:
-        raise ValueError(f"cell {cell!r}: expected the switch +two")
+        raise ValueError(f"cell {cell!r}: expected the switch +two or +phased")
     return fn
 
 
@@ -62,17 +81,20 @@ def main() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round27.py OUT_DIR {STEPS} [WORKLOAD ...]")
-    if not hasattr(kg, SWITCH):
-        sys.exit(f"{args[1]}: needs kernels._gluon.{SWITCH} (the round-27 experiment commit)")
+    switch = SWITCHES["phased" if args[1].startswith("p") else "two"]
+    if not hasattr(kg, switch):
+        sys.exit(f"{args[1]}: needs kernels._gluon.{switch} (the round-27 experiment commits)")
     out_dir, step, specs = args[0], args[1], args[2:]
     os.makedirs(out_dir, exist_ok=True)
-    if step == "bits":
-        bits_rows(out_dir, "bits.jsonl", specs or BITS_WORKLOADS, BITS_LAYOUTS,
+    if step in ("bits", "pbits"):
+        cells, layouts, defaults = ((BIT_CELLS, BITS_LAYOUTS, BITS_WORKLOADS) if step == "bits"
+                                    else (P_BIT_CELLS, P_BITS_LAYOUTS, P_BITS_WORKLOADS))
+        bits_rows(out_dir, f"{step}.jsonl", specs or defaults, layouts,
                   lambda batch: dict(bits_differing=bits_cells(
-                      BIT_CELLS, lambda side: make(batch, side[0], side[1])())))
+                      cells, lambda side: make(batch, side[0], side[1])())))
     else:
-        times(out_dir, specs, cells=TIME_CELLS, base="now", defaults=TIME_WORKLOADS,
-              repeats=REPEATS, make=make, name="times.jsonl")
+        times(out_dir, specs, cells=TIME_CELLS if step == "times" else P_TIME_CELLS, base="now",
+              defaults=TIME_WORKLOADS, repeats=REPEATS, make=make, name=f"{step}.jsonl")
 
 
 if __name__ == "__main__":

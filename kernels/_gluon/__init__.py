@@ -163,6 +163,10 @@ RING_SLOTS_KT_BLOCKED = 4
 #: the V column blocks and the issue order where it is on (blocks of at most 16 rows, head dim
 #: 128).
 KT_TWO_GROUPS = False
+#: Experiment (round 27): the keys-as-rows tile in phases of four tiles (``_split_ktp_kernel``:
+#: four tiles' scores issued together, their weights in straight-line code, then the acc
+#: chain), where it runs 2 V column blocks and a split has at most 8 tiles.
+KT_PHASED = False
 
 
 def kt_rows(group: int) -> int:
@@ -236,6 +240,15 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             IS_PDL=dependent_merge and not direct, num_warps=4)
         return
     descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)
+    if KT_PHASED and value_blocks == 2 and split_tiles <= 8 and rows <= 16:
+        ak._split_ktp_kernel[(num_slots, Hkv * value_blocks, num_splits)](
+            q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
+            split_tiles, block_table.shape[0], T, Hq, num_pages,
+            block_table.shape[1] * page_size, num_splits, q.stride(0), q.stride(1),
+            block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows,
+            BLOCK_Q=block_q, BLOCK_N=128, BOX=box, IS_DIRECT=direct,
+            VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)
+        return
     ak._split_kt_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,

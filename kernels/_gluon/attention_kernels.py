@@ -1170,3 +1170,223 @@ def _split_kt2_kernel(
                      BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, NB)),
         (_loader2, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                     i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [168, 24])
+
+
+# ------------------------------------------------------------------------------------------------
+# Experiment (round 27): the keys-as-rows tile in phases, four tiles at a time. The scores of
+# four tiles are issued together (K in a ring of its own, released once scored), their maxes
+# found in one cross-warp exchange, then the four tiles' running max, rescales, exponentials
+# and row sums in tile order (straight-line code: the four tiles' independent work can
+# overlap), p of all four through shared memory, then the acc chain (V in a ring of its own).
+# Per row the same operations in the same order as ``_kt_rows``: the same bits.
+# ------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _ktp_loader(desc, ring, ready, empty, col, j_lo, n_tiles, p_bt, kv_len, num_pages,
+                PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
+                SLOTS: gl.constexpr, COLS: gl.constexpr):
+    """One warp: tile t's rows of one cache (``COLS`` columns from ``col``) by TMA into
+    ``ring[t % SLOTS]`` once the consumer released that slot's previous tile (``_loader``'s page
+    ids)."""
+    for t in range(0, n_tiles):
+        s = t % SLOTS
+        mbarrier.wait(empty.index(s), ((t // SLOTS) & 1) ^ 1, pred=t >= SLOTS)
+        mbarrier.expect(ready.index(s), BLOCK_N * COLS * desc.dtype.primitive_bitwidth // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = (j_lo + t) * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(desc, [row, col], ready.index(s),
+                                            ring.index(s).slice(i * BOX, BOX))
+
+
+@gluon.jit
+def _ktp_rows(q_s, k_s, v_s, p_s, k_ready, k_empty, v_ready, v_empty, ws_o_ptr, ws_ml_ptr,
+              out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n,
+              n_tiles, j_mid, i_split, num_splits, qk_scale, G: gl.constexpr,
+              HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_Q: gl.constexpr,
+              BLOCK_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr,
+              IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, MAXT: gl.constexpr):
+    """The consumer warpgroup of ``_split_ktp_kernel``: the split's ``n <= MAXT`` tiles in
+    chunks of 4. A chunk's tiles past ``n`` score the last tile's K again and are masked to
+    ``-inf`` (their max, p and row sum leave ``m`` and ``l`` as they are: selected out), and
+    run no ``p @ v``."""
+    CH: gl.constexpr = 4
+    ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, ROWS, 16])
+    COL_S: gl.constexpr = gl.SliceLayout(0, ST_L)
+    o_r = gl.arange(0, ROWS, layout=COL_S)
+    _, _, _, pos = _block_row_ids_g(o_r, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    zero_s = gl.full([BLOCK_N, ROWS], 0.0, gl.float32, layout=ST_L)
+    acc = gl.full([BLOCK_DV, ROWS], 0.0, gl.float32, layout=ST_L)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
+    l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
+    q_t = q_s.permute((1, 0))
+    for c in gl.static_range(MAXT // CH):
+        t0 = c * CH
+        if t0 < n:
+            # The chunk's scores, issued together; each K slot released once scored.
+            toks = ()
+            for u in gl.static_range(CH):
+                jt = gl.minimum(t0 + u, n - 1)
+                mbarrier.wait(k_ready.index(jt % KS), (jt // KS) & 1)
+                toks = toks + (warpgroup_mma(k_s.index(jt % KS), q_t, zero_s, is_async=True),)
+            ss = warpgroup_mma_wait(0, deps=toks)
+            for u in gl.static_range(CH):
+                mbarrier.arrive(k_empty.index((t0 + u) % KS), pred=t0 + u < n)
+            # Masked scores (-inf past n), their maxes in one exchange.
+            ms = ()
+            for u in gl.static_range(CH):
+                t = t0 + u
+                s_t = ss[u]
+                j = j_lo + t
+                if j >= j_mid:
+                    o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
+                    s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
+                s_t = gl.where(t < n, s_t, float("-inf"))
+                ms = ms + (s_t,)
+            mx01, mx23 = gl.split(gl.max(gl.join(gl.join(ms[0], ms[1]), gl.join(ms[2], ms[3])),
+                                         0))
+            mx0, mx1 = gl.split(mx01)
+            mx2, mx3 = gl.split(mx23)
+            mxs = (mx0, mx1, mx2, mx3)
+            # Running max, rescale, p and row sum per tile, in tile order.
+            alphas = ()
+            for u in gl.static_range(CH):
+                m_new, m_safe, alpha = _kt2_max(m_i, gl.convert_layout(mxs[u], COL_S)
+                                                * qk_scale)
+                p_t = gl.exp2(gl.fma(ms[u], qk_scale, -m_safe[None, :]))
+                l_i = gl.where(t0 + u < n, gl.fma(l_i, alpha, _row_sum_t(p_t, ROWS, BLOCK_N,
+                                                                          COL_S)), l_i)
+                m_i = gl.where(t0 + u < n, m_new, m_i)
+                p_s.index(u).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+                alphas = alphas + (alpha,)
+            fence_async_shared()
+            gl.thread_barrier()
+            # The acc chain.
+            for u in gl.static_range(CH):
+                t = t0 + u
+                if t < n:
+                    j = j_lo + t
+                    mbarrier.wait(v_ready.index(t % VS), (t // VS) & 1)
+                    if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+                        _zero_v_tail(v_s.index(t % VS), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+                    acc = acc * alphas[u][None, :]
+                    acc_tok = warpgroup_mma(v_s.index(t % VS).permute((1, 0)),
+                                            p_s.index(u).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+                    mbarrier.arrive(v_empty.index(t % VS))
+    OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BLOCK_DV // 32],
+                                           threads_per_warp=[1, 32], warps_per_cta=[4, 1],
+                                           order=[1, 0])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
+    b_acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT_L)
+    b_m = gl.convert_layout(m_i, ROW_O)
+    b_l = gl.convert_layout(l_i, ROW_O)
+    o_m = gl.arange(0, ROWS, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    if BLOCK_DV == HEAD_DIM:
+        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row
+    else:
+        o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row & (i_vb == 0)
+    _store_split(b_acc, b_l, b_m, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row,
+                 m_ml, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+def _split_ktp_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
+    v_desc,  # likewise for v_cache, box [BOX, D // VALUE_BLOCKS]
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32: raw acc per split
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32: (m in log2 units, l) per split
+    out_ptr,  # [T, Hq, D] contiguous (IS_DIRECT only)
+    lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split, <= MAXT
+    B,
+    T,
+    Hq,
+    num_pages,
+    max_kv_len,  # KV tokens the block table covers
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    G: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    ROWS: gl.constexpr,  # rows per block (the MMA's N): 8 or 16, >= G
+    BLOCK_Q: gl.constexpr,  # ROWS // G
+    BLOCK_N: gl.constexpr,  # 128
+    BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
+    IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
+    VALUE_BLOCKS: gl.constexpr = 2,  # V column blocks per (slot, KV head, split)
+    IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+    MAXT: gl.constexpr = 8,  # the most tiles a split has (a multiple of 4)
+):
+    """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the consumer warpgroup;
+    a K loader warp and a V loader warp are workers): ``_split_kt_kernel``'s rows, tiles and
+    stores, the tiles in phases of four (``_ktp_rows``). Scheduling only, the same bits."""
+    if IS_PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    KS: gl.constexpr = 4
+    VS: gl.constexpr = 4
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    BLOCK_DV: gl.constexpr = HEAD_DIM // VALUE_BLOCKS
+    i_kvh = gl.program_id(1) // VALUE_BLOCKS
+    i_vb = gl.program_id(1) % VALUE_BLOCKS
+    i_split = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    n_tiles = max_pos // BLOCK_N + 1
+    j_lo = i_split * split_tiles
+    if j_lo >= n_tiles:
+        return
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, HEAD_DIM], SMEM_L, b_q)
+    p_s = gl.allocate_shared_memory(b_q.dtype, [4, ROWS, BLOCK_N], SMEM_L)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [KS, BLOCK_N, HEAD_DIM], SMEM_L)
+    V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_DV * 2),
+                                             element_bitwidth=16, rank=2)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [VS, BLOCK_N, BLOCK_DV], V_L)
+    k_ready = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(KS):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+    for i in gl.static_range(VS):
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
+    fence_async_shared()
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    gl.warp_specialize([
+        (_ktp_rows, (q_s, k_s, v_s, p_s, k_ready, k_empty, v_ready, v_empty, ws_o_ptr, ws_ml_ptr,
+                     out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo,
+                     n, n_tiles, j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS,
+                     BLOCK_Q, BLOCK_N, KS, VS, IS_DIRECT, BLOCK_DV, MAXT)),
+        (_ktp_loader, (k_desc, k_s, k_ready, k_empty, i_kvh * HEAD_DIM, j_lo, n, p_bt, kv_len,
+                       num_pages, PAGE_SIZE, BLOCK_N, BOX, KS, HEAD_DIM)),
+        (_ktp_loader, (v_desc, v_s, v_ready, v_empty, i_kvh * HEAD_DIM + i_vb * BLOCK_DV, j_lo,
+                       n, p_bt, kv_len, num_pages, PAGE_SIZE, BLOCK_N, BOX, VS, BLOCK_DV))],
+        [1, 1], [24, 24])
