@@ -1,8 +1,9 @@
-"""Round-27 probe (H100): two schedules of the keys-as-rows tile (reports/h100-round27/), each
-an experiment switch of ``kernels._gluon``: ``KT_TWO_GROUPS`` (``_split_kt2_kernel``: two
-consumer warpgroups that take a split's tiles by parity) and ``KT_PHASED``
-(``_split_ktp_kernel``: four tiles' scores issued together, their weights in straight-line code,
-then the acc chain; K and V in rings of their own).
+"""Round-27 probe (Hopper): two schedules of the keys-as-rows tile (reports/h100-round27/), each
+an experiment switch of ``kernels._gluon`` that exists at experiment commit af90826 only
+(elsewhere the steps exit): ``KT_TWO_GROUPS`` (``_split_kt2_kernel``: two consumer warpgroups
+that take a split's tiles by parity; also at e492a3c) and ``KT_PHASED`` (``_split_ktp_kernel``:
+four tiles' scores issued together, their weights in straight-line code, then the acc chain; K
+and V in rings of their own).
 
     python benchmarks/probe_round27.py OUT_DIR bits|times|pbits|ptimes [WORKLOAD ...]
 
@@ -63,6 +64,8 @@ TIME_CELLS = {"now": ("auto", None), "two": ("auto+two", None), "control": ("heu
 
 
 SWITCHES = {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED"}
+#: The experiment commit that has both switches.
+COMMIT = "af90826"
 
 
 def make(batch, cell: str, tuning):
@@ -83,7 +86,7 @@ def main() -> None:
         sys.exit(f"usage: python benchmarks/probe_round27.py OUT_DIR {STEPS} [WORKLOAD ...]")
     switch = SWITCHES["phased" if args[1].startswith("p") else "two"]
     if not hasattr(kg, switch):
-        sys.exit(f"{args[1]}: needs kernels._gluon.{switch} (the round-27 experiment commits)")
+        sys.exit(f"{args[1]}: needs kernels._gluon.{switch} (experiment commit {COMMIT})")
     out_dir, step, specs = args[0], args[1], args[2:]
     os.makedirs(out_dir, exist_ok=True)
     if step in ("bits", "pbits"):

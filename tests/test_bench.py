@@ -1147,3 +1147,49 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert probe.AHEAD.scores_ahead and probe.AHEAD.value_blocks == 2
     assert (probe.SERIAL1.value_blocks, probe.SERIAL2.value_blocks) == (1, 2)
     assert not probe.SERIAL1.scores_ahead and not probe.SERIAL2.scores_ahead
+
+
+def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """benchmarks/probe_round27.py (reports/h100-round27/): an unknown step exits naming the
+    steps; each step exits here naming its switch and the experiment commit (the switches live
+    there only), and a switched cell fails loudly instead of timing the default; the timed
+    control is the batch-dependent one; every bit comparison but the control has the switch on
+    one side only, on the same tile or against the 128-row split tile, and the phased cells
+    force 2 V column blocks (where that schedule runs)."""
+    import kernels
+
+    probe = _probe("probe_round27", "bits|times|pbits|ptimes")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    assert probe.SWITCHES == {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED"}
+    for step, name in (("bits", "KT_TWO_GROUPS"), ("ptimes", "KT_PHASED")):
+        proc = subprocess.run([sys.executable, "benchmarks/probe_round27.py", str(tmp_path), step],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+        assert proc.returncode == 1 and name in proc.stderr and "af90826" in proc.stderr, \
+            proc.stderr
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        return lambda: seen.append((plan, tuning, split_size))
+
+    monkeypatch.setattr(sys.modules["benchmarks.probe_round25"], "call", fake_call)
+    for cells in (probe.TIME_CELLS, probe.P_TIME_CELLS):
+        assert cells["now"] == ("auto", None) and cells["control"] == ("heuristic", None)
+    probe.make(None, "heuristic", None)()
+    assert seen == [("auto", None, None)]
+    for cell in ("auto+two", "split+phased"):
+        with pytest.raises(AttributeError, match=r"KT_TWO_GROUPS|KT_PHASED"):
+            probe.make(None, cell, None)()
+    for switch, cells in (("two", probe.BIT_CELLS), ("phased", probe.P_BIT_CELLS)):
+        for name, (ref, side) in cells.items():
+            if name.startswith("control"):
+                assert side[1].block_n == 64 and "+" not in ref[0] + side[0]
+                continue
+            assert side[0] == "split+" + switch and "+" not in ref[0], name
+            if name.endswith("vs-split"):
+                assert ref == ("split", kernels.Tuning(keys_rows=False))
+            else:  # the same tile with and without the switch
+                assert ref[1] == side[1] and ref[0] == "split", name
+            if switch == "phased":
+                assert side[1].keys_rows and side[1].value_blocks == 2
+    with pytest.raises(ValueError, match="switch"):
+        probe.make(None, "auto+faster", None)
