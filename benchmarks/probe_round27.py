@@ -40,7 +40,7 @@ T = kernels.Tuning
 KT = T(keys_rows=True)
 NO_KT = T(keys_rows=False)
 REPEATS = 3
-STEPS = "bits|times|pbits|ptimes"
+STEPS = "bits|times|pbits|ptimes|abits|atimes"
 KT2 = T(keys_rows=True, value_blocks=2)
 BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
 BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:1100x1",
@@ -57,13 +57,19 @@ P_BITS_WORKLOADS = ["decode:1kx1", "decode:777x3,3001x2", "decode:1100x1", "deco
 P_BIT_CELLS = {"phased-vs-split": (("split", NO_KT), ("split+phased", KT2)),
                "phased-vs-kt": (("split", KT2), ("split+phased", KT2)),
                "control-64-keys": (("split", KT), ("auto", T(block_n=64)))}
+A_BITS_WORKLOADS = ["decode:1kx1", "decode:777x3,3001x2", "decode:1100x1", "chunk:5/1000x2"]
+A_BIT_CELLS = {"a2-vs-split": (("split", NO_KT), ("split+a2", KT)),
+               "a2-vb1-vs-split": (("split", NO_KT), ("split+a2", T(keys_rows=True,
+                                                                     value_blocks=1))),
+               "control-64-keys": (("split", KT), ("auto", T(block_n=64)))}
+A_TIME_CELLS = {"now": ("auto", None), "a2": ("auto+a2", None), "control": ("heuristic", None)}
 P_TIME_CELLS = {"now": ("auto", None), "phased": ("auto+phased", None),
                 "control": ("heuristic", None)}
 TIME_CELLS = {"now": ("auto", None), "two": ("auto+two", None), "control": ("heuristic", None),
               "control-two": ("heuristic+two", None)}
 
 
-SWITCHES = {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED"}
+SWITCHES = {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED", "a2": "KT_AHEAD2_RINGS"}
 #: The experiment commit that has both switches.
 COMMIT = "af90826"
 
@@ -84,19 +90,22 @@ def main() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round27.py OUT_DIR {STEPS} [WORKLOAD ...]")
-    switch = SWITCHES["phased" if args[1].startswith("p") else "two"]
+    switch = SWITCHES[{"p": "phased", "a": "a2"}.get(args[1][0], "two")]
     if not hasattr(kg, switch):
         sys.exit(f"{args[1]}: needs kernels._gluon.{switch} (experiment commit {COMMIT})")
     out_dir, step, specs = args[0], args[1], args[2:]
     os.makedirs(out_dir, exist_ok=True)
-    if step in ("bits", "pbits"):
-        cells, layouts, defaults = ((BIT_CELLS, BITS_LAYOUTS, BITS_WORKLOADS) if step == "bits"
-                                    else (P_BIT_CELLS, P_BITS_LAYOUTS, P_BITS_WORKLOADS))
+    if step in ("bits", "pbits", "abits"):
+        cells, layouts, defaults = {
+            "bits": (BIT_CELLS, BITS_LAYOUTS, BITS_WORKLOADS),
+            "pbits": (P_BIT_CELLS, P_BITS_LAYOUTS, P_BITS_WORKLOADS),
+            "abits": (A_BIT_CELLS, P_BITS_LAYOUTS, A_BITS_WORKLOADS)}[step]
         bits_rows(out_dir, f"{step}.jsonl", specs or defaults, layouts,
                   lambda batch: dict(bits_differing=bits_cells(
                       cells, lambda side: make(batch, side[0], side[1])())))
     else:
-        times(out_dir, specs, cells=TIME_CELLS if step == "times" else P_TIME_CELLS, base="now",
+        cells = {"times": TIME_CELLS, "ptimes": P_TIME_CELLS, "atimes": A_TIME_CELLS}[step]
+        times(out_dir, specs, cells=cells, base="now",
               defaults=TIME_WORKLOADS, repeats=REPEATS, make=make, name=f"{step}.jsonl")
 
 

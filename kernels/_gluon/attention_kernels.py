@@ -870,3 +870,636 @@ def _split_kt_kernel(
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
         [24])
+
+
+# ------------------------------------------------------------------------------------------------
+# Experiment (round 27): the keys-as-rows tile on two consumer warpgroups that take a split's
+# tiles by parity. Each tile's scores, max, exponentials and row sum are computed once, by the
+# warpgroup that owns it (tile t: warpgroup t % 2), and handed to the other through shared
+# memory (the tile max early, then p and the row sum); each warpgroup keeps the running max and
+# denominator of every tile (the same operations on the same values: the same bits on both) and
+# the acc chain of its half of V's columns, every tile in order. The same per-row operations as
+# ``_kt_rows`` (the same bits); what changes is which warpgroup issues them.
+# ------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _kt2_scores(q_t, k_slot, zero_s, j, j_mid, pos, qk_scale, BLOCK_N: gl.constexpr,
+                ST_L: gl.constexpr):
+    """Tile ``j``'s transposed raw scores (waited; masked as ``_kt_weights`` masks them) and
+    their scaled tile max ``gl.max(s_t, 0) * qk_scale`` (the operand ``_kt_weights`` takes the
+    running max with)."""
+    s_tok = warpgroup_mma(k_slot, q_t, zero_s, is_async=True)
+    s_t = warpgroup_mma_wait(0, deps=[s_tok])
+    if j >= j_mid:
+        o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
+        s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
+    return s_t, gl.max(s_t, 0) * qk_scale
+
+
+@gluon.jit
+def _kt2_max(m_i, mu):
+    """``_kt_weights``' running max and rescale from the tile max ``mu``: ``(m_new, m_safe,
+    alpha)``."""
+    m_new = gl.maximum(m_i, mu)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.where(m_new == m_i, 1.0, gl.exp2(m_i - m_safe))
+    return m_new, m_safe, alpha
+
+
+@gluon.jit
+def _kt2_publish(s_t, mu, m_i, qk_scale, p_buf, rs_buf, mu_buf, p_bar_b,
+                 STORE_MU: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                 COL_S: gl.constexpr):
+    """The owner's weights of a tile (``_kt_weights``' operations): p into ``p_buf`` (the
+    ``p @ v`` operand of both warpgroups), the row sum (and with ``STORE_MU`` the tile max) for
+    the other warpgroup, then ``p_bar_b`` arrived. Returns ``(m_new, alpha, row sum)``."""
+    m_new, m_safe, alpha = _kt2_max(m_i, mu)
+    p_t = gl.exp2(gl.fma(s_t, qk_scale, -m_safe[None, :]))
+    r_sum = _row_sum_t(p_t, ROWS, BLOCK_N, COL_S)
+    p_buf.store(gl.permute(p_t.to(p_buf.dtype), (1, 0)))
+    rs_buf.store(r_sum)
+    if STORE_MU:
+        mu_buf.store(mu)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(p_bar_b)
+    return m_new, alpha, r_sum
+
+
+@gluon.jit
+def _kt2_pv(acc, alpha, v_slot, p_buf, empty_b, j, n_tiles, kv_len, BLOCK_N: gl.constexpr,
+            BLOCK_DV: gl.constexpr):
+    """``acc * alpha`` then ``acc += v^T @ p^T`` for tile ``j`` (its V tail zeroed first where
+    the row ends inside it), waited; the slot released."""
+    if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+        _zero_v_tail(v_slot, kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+    acc = acc * alpha[None, :]
+    acc_tok = warpgroup_mma(v_slot.permute((1, 0)), p_buf.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+    mbarrier.arrive(empty_b)
+    return acc
+
+
+@gluon.jit
+def _kt2_rows(H: gl.constexpr, q_s, k_s, v_s, p_s, mu_s, rs_s, ready, empty, mu_bar, p_bar,
+              ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq,
+              i_kvh, j_lo, n, n_tiles, j_mid, i_split, num_splits, qk_scale, G: gl.constexpr,
+              HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_Q: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_DIRECT: gl.constexpr,
+              NB: gl.constexpr):
+    """Warpgroup ``H`` of ``_split_kt2_kernel``: the split's tiles in pairs ``(a, b) = (2r,
+    2r + 1)``; warpgroup 0 owns a, warpgroup 1 owns b (a lone last tile: warpgroup 0).
+
+    Warpgroup 0: a's scores, its tile max published (``mu_bar``), a's weights published
+    (``p_bar``), a's ``p @ v`` issued; then b's tile max and row sum read once warpgroup 1
+    published b, and b's ``p @ v``. Warpgroup 1: b's scores, a's tile max read, b's weights
+    (running max through a) published; a's row sum read once warpgroup 0 published a; a's then
+    b's ``p @ v``. Each keeps ``m`` and ``l`` over every tile in order and ``acc`` over V's
+    columns ``[H * D / 2, (H + 1) * D / 2)``. Buffers of tile t at ``t % NB`` (NB >= 4: a
+    warpgroup writes tile t's only after the other has passed tile t - 2's pair)."""
+    BLOCK_DV: gl.constexpr = HEAD_DIM // 2
+    ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, ROWS, 16])
+    COL_S: gl.constexpr = gl.SliceLayout(0, ST_L)
+    o_r = gl.arange(0, ROWS, layout=COL_S)
+    _, _, _, pos = _block_row_ids_g(o_r, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    zero_s = gl.full([BLOCK_N, ROWS], 0.0, gl.float32, layout=ST_L)
+    acc = gl.full([BLOCK_DV, ROWS], 0.0, gl.float32, layout=ST_L)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
+    l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
+    q_t = q_s.permute((1, 0))
+    for r in range(0, n // 2):
+        a = 2 * r
+        b = a + 1
+        sa = a % STAGES
+        sb = b % STAGES
+        if H == 0:
+            mbarrier.wait(ready.index(sa), (a // STAGES) & 1)
+            s_t, mu = _kt2_scores(q_t, k_s.index(sa), zero_s, j_lo + a, j_mid, pos, qk_scale,
+                                  BLOCK_N, ST_L)
+            mu_s.index(a % NB).store(mu)
+            gl.thread_barrier()
+            mbarrier.arrive(mu_bar.index(a % NB))
+            m_a, alpha_a, rs_a = _kt2_publish(s_t, mu, m_i, qk_scale, p_s.index(a % NB),
+                                              rs_s.index(a % NB), mu_s.index(a % NB),
+                                              p_bar.index(a % NB), False, ROWS, BLOCK_N, COL_S)
+            l_i = gl.fma(l_i, alpha_a, rs_a)
+            acc = acc * alpha_a[None, :]
+            acc_tok = warpgroup_mma(v_s.index(2 * sa).permute((1, 0)),
+                                    p_s.index(a % NB).permute((1, 0)), acc, is_async=True)
+            mbarrier.wait(p_bar.index(b % NB), (b // NB) & 1)
+            mu_b = mu_s.index(b % NB).load(COL_S)
+            rs_b = rs_s.index(b % NB).load(COL_S)
+            m_b, m_sb, alpha_b = _kt2_max(m_a, mu_b)
+            l_i = gl.fma(l_i, alpha_b, rs_b)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(sa))
+        else:
+            mbarrier.wait(ready.index(sb), (b // STAGES) & 1)
+            s_t, mu = _kt2_scores(q_t, k_s.index(sb), zero_s, j_lo + b, j_mid, pos, qk_scale,
+                                  BLOCK_N, ST_L)
+            mbarrier.wait(mu_bar.index(a % NB), (a // NB) & 1)
+            mu_a = mu_s.index(a % NB).load(COL_S)
+            m_a, m_sa, alpha_a = _kt2_max(m_i, mu_a)
+            m_b, alpha_b, rs_b = _kt2_publish(s_t, mu, m_a, qk_scale, p_s.index(b % NB),
+                                              rs_s.index(b % NB), mu_s.index(b % NB),
+                                              p_bar.index(b % NB), True, ROWS, BLOCK_N, COL_S)
+            mbarrier.wait(p_bar.index(a % NB), (a // NB) & 1)
+            rs_a = rs_s.index(a % NB).load(COL_S)
+            l_i = gl.fma(l_i, alpha_a, rs_a)
+            acc = acc * alpha_a[None, :]
+            acc_tok = warpgroup_mma(v_s.index(2 * sa + 1).permute((1, 0)),
+                                    p_s.index(a % NB).permute((1, 0)), acc, is_async=True)
+            l_i = gl.fma(l_i, alpha_b, rs_b)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
+            mbarrier.arrive(empty.index(sa))
+        acc = _kt2_pv(acc, alpha_b, v_s.index(2 * sb + H), p_s.index(b % NB), empty.index(sb),
+                      j_lo + b, n_tiles, kv_len, BLOCK_N, BLOCK_DV)
+        m_i = m_b
+    if n % 2 == 1:  # a lone last tile, warpgroup 0's
+        a = n - 1
+        sa = a % STAGES
+        if H == 0:
+            mbarrier.wait(ready.index(sa), (a // STAGES) & 1)
+            s_t, mu = _kt2_scores(q_t, k_s.index(sa), zero_s, j_lo + a, j_mid, pos, qk_scale,
+                                  BLOCK_N, ST_L)
+            m_a, alpha_a, rs_a = _kt2_publish(s_t, mu, m_i, qk_scale, p_s.index(a % NB),
+                                              rs_s.index(a % NB), mu_s.index(a % NB),
+                                              p_bar.index(a % NB), True, ROWS, BLOCK_N, COL_S)
+        else:
+            mbarrier.wait(p_bar.index(a % NB), (a // NB) & 1)
+            mu_a = mu_s.index(a % NB).load(COL_S)
+            rs_a = rs_s.index(a % NB).load(COL_S)
+            m_a, m_sa, alpha_a = _kt2_max(m_i, mu_a)
+        l_i = gl.fma(l_i, alpha_a, rs_a)
+        acc = _kt2_pv(acc, alpha_a, v_s.index(2 * sa + H), p_s.index(a % NB), empty.index(sa),
+                      j_lo + a, n_tiles, kv_len, BLOCK_N, BLOCK_DV)
+        m_i = m_a
+    OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BLOCK_DV // 32],
+                                           threads_per_warp=[1, 32], warps_per_cta=[4, 1],
+                                           order=[1, 0])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
+    b_acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT_L)
+    b_m = gl.convert_layout(m_i, ROW_O)
+    b_l = gl.convert_layout(l_i, ROW_O)
+    o_m = gl.arange(0, ROWS, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    o_d = H * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, OUT_L))
+    _store_split(b_acc, b_l, b_m, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row,
+                 m_row & (H == 0), o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
+
+
+@gluon.jit
+def _loader2(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len, num_pages,
+             i_kvh, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+             BOX: gl.constexpr, STAGES: gl.constexpr):
+    """``_loader`` for ``_split_kt2_kernel``: tile t's K into ``k_s[t % STAGES]`` and V's two
+    column halves into ``v_s[2 (t % STAGES)]`` and ``v_s[2 (t % STAGES) + 1]`` (``v_desc``'s box
+    is half of V's columns), once both warpgroups released the slot."""
+    DV: gl.constexpr = HEAD_DIM // 2
+    for t in range(0, n_tiles):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(ready.index(s), BLOCK_N * 2 * HEAD_DIM
+                        * k_desc.dtype.primitive_bitwidth // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = (j_lo + t) * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(k_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            k_s.index(s).slice(i * BOX, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM], ready.index(s),
+                                            v_s.index(2 * s).slice(i * BOX, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, i_kvh * HEAD_DIM + DV], ready.index(s),
+                                            v_s.index(2 * s + 1).slice(i * BOX, BOX))
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+def _split_kt2_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
+    v_desc,  # likewise for v_cache, box [BOX, D // 2]
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32: raw acc per split
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32: (m in log2 units, l) per split
+    out_ptr,  # [T, Hq, D] contiguous (IS_DIRECT only)
+    lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split
+    B,
+    T,
+    Hq,
+    num_pages,
+    max_kv_len,  # KV tokens the block table covers
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    G: gl.constexpr,
+    HEAD_DIM: gl.constexpr,  # 128
+    PAGE_SIZE: gl.constexpr,
+    ROWS: gl.constexpr,  # rows per block (the MMA's N): 8 or 16, >= G
+    BLOCK_Q: gl.constexpr,  # ROWS // G
+    BLOCK_N: gl.constexpr,  # 128
+    BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
+    STAGES: gl.constexpr,  # K/V slots of the ring (3)
+    IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
+    IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+):
+    """Grid ``(slots, Hkv, splits)``, ``num_warps=4`` (consumer warpgroup 0; warpgroup 1 and
+    the loader warp are workers): ``_split_kt_kernel``'s rows, tiles and stores with the tiles
+    shared out by parity between two warpgroups (``_kt2_rows``), each the ``p @ v`` of half of
+    V's columns. Scheduling only, the same bits."""
+    if IS_PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    NB: gl.constexpr = 4
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    i_kvh = gl.program_id(1)
+    i_split = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    n_tiles = max_pos // BLOCK_N + 1
+    j_lo = i_split * split_tiles
+    if j_lo >= n_tiles:
+        return
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, HEAD_DIM], SMEM_L, b_q)
+    p_s = gl.allocate_shared_memory(b_q.dtype, [NB, ROWS, BLOCK_N], SMEM_L)
+    V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, HEAD_DIM),
+                                             element_bitwidth=16, rank=2)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [STAGES, BLOCK_N, HEAD_DIM], SMEM_L)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [2 * STAGES, BLOCK_N, HEAD_DIM // 2], V_L)
+    VEC_L: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    mu_s = gl.allocate_shared_memory(gl.float32, [NB, ROWS], VEC_L)
+    rs_s = gl.allocate_shared_memory(gl.float32, [NB, ROWS], VEC_L)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mu_bar = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    p_bar = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(NB):
+        mbarrier.init(mu_bar.index(i), count=1)
+        mbarrier.init(p_bar.index(i), count=1)
+    fence_async_shared()
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    gl.warp_specialize([
+        (_kt2_rows, (0, q_s, k_s, v_s, p_s, mu_s, rs_s, ready, empty, mu_bar, p_bar, ws_o_ptr,
+                     ws_ml_ptr, out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh,
+                     j_lo, n, n_tiles, j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS,
+                     BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, NB)),
+        (_kt2_rows, (1, q_s, k_s, v_s, p_s, mu_s, rs_s, ready, empty, mu_bar, p_bar, ws_o_ptr,
+                     ws_ml_ptr, out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh,
+                     j_lo, n, n_tiles, j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS,
+                     BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, NB)),
+        (_loader2, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
+                    i_kvh, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES))], [4, 1], [168, 24])
+
+
+# ------------------------------------------------------------------------------------------------
+# Experiment (round 27): the keys-as-rows tile in phases, four tiles at a time. The scores of
+# four tiles are issued together (K in a ring of its own, released once scored), their maxes
+# found in one cross-warp exchange, then the four tiles' running max, rescales, exponentials
+# and row sums in tile order (straight-line code: the four tiles' independent work can
+# overlap), p of all four through shared memory, then the acc chain (V in a ring of its own).
+# Per row the same operations in the same order as ``_kt_rows``: the same bits.
+# ------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _ktp_loader(desc, ring, ready, empty, col, j_lo, n_tiles, p_bt, kv_len, num_pages,
+                PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
+                SLOTS: gl.constexpr, COLS: gl.constexpr):
+    """One warp: tile t's rows of one cache (``COLS`` columns from ``col``) by TMA into
+    ``ring[t % SLOTS]`` once the consumer released that slot's previous tile (``_loader``'s page
+    ids)."""
+    for t in range(0, n_tiles):
+        s = t % SLOTS
+        mbarrier.wait(empty.index(s), ((t // SLOTS) & 1) ^ 1, pred=t >= SLOTS)
+        mbarrier.expect(ready.index(s), BLOCK_N * COLS * desc.dtype.primitive_bitwidth // 8)
+        for i in gl.static_range(BLOCK_N // BOX):
+            key = (j_lo + t) * BLOCK_N + i * BOX
+            page = gl.load(p_bt + key // PAGE_SIZE, mask=key < kv_len, other=0)
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(desc, [row, col], ready.index(s),
+                                            ring.index(s).slice(i * BOX, BOX))
+
+
+@gluon.jit
+def _ktp_rows(q_s, k_s, v_s, p_s, k_ready, k_empty, v_ready, v_empty, ws_o_ptr, ws_ml_ptr,
+              out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n,
+              n_tiles, j_mid, i_split, num_splits, qk_scale, G: gl.constexpr,
+              HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_Q: gl.constexpr,
+              BLOCK_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr,
+              IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, MAXT: gl.constexpr):
+    """The consumer warpgroup of ``_split_ktp_kernel``: the split's ``n <= MAXT`` tiles in
+    chunks of 4. A chunk's tiles past ``n`` score the last tile's K again and are masked to
+    ``-inf`` (their max, p and row sum leave ``m`` and ``l`` as they are: selected out), and
+    run no ``p @ v``."""
+    CH: gl.constexpr = 4
+    ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, ROWS, 16])
+    COL_S: gl.constexpr = gl.SliceLayout(0, ST_L)
+    o_r = gl.arange(0, ROWS, layout=COL_S)
+    _, _, _, pos = _block_row_ids_g(o_r, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    zero_s = gl.full([BLOCK_N, ROWS], 0.0, gl.float32, layout=ST_L)
+    acc = gl.full([BLOCK_DV, ROWS], 0.0, gl.float32, layout=ST_L)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
+    l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
+    q_t = q_s.permute((1, 0))
+    for c in gl.static_range(MAXT // CH):
+        t0 = c * CH
+        if t0 < n:
+            # The chunk's scores, issued together; each K slot released once scored.
+            toks = ()
+            for u in gl.static_range(CH):
+                jt = gl.minimum(t0 + u, n - 1)
+                mbarrier.wait(k_ready.index(jt % KS), (jt // KS) & 1)
+                toks = toks + (warpgroup_mma(k_s.index(jt % KS), q_t, zero_s, is_async=True),)
+            ss = warpgroup_mma_wait(0, deps=toks)
+            for u in gl.static_range(CH):
+                mbarrier.arrive(k_empty.index((t0 + u) % KS), pred=t0 + u < n)
+            # Masked scores (-inf past n), their maxes in one exchange.
+            ms = ()
+            for u in gl.static_range(CH):
+                t = t0 + u
+                s_t = ss[u]
+                j = j_lo + t
+                if j >= j_mid:
+                    o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
+                    s_t = gl.where(o_k[:, None] <= pos[None, :], s_t, float("-inf"))
+                s_t = gl.where(t < n, s_t, float("-inf"))
+                ms = ms + (s_t,)
+            mx01, mx23 = gl.split(gl.max(gl.join(gl.join(ms[0], ms[1]), gl.join(ms[2], ms[3])),
+                                         0))
+            mx0, mx1 = gl.split(mx01)
+            mx2, mx3 = gl.split(mx23)
+            mxs = (mx0, mx1, mx2, mx3)
+            # Running max, rescale, p and row sum per tile, in tile order.
+            alphas = ()
+            for u in gl.static_range(CH):
+                m_new, m_safe, alpha = _kt2_max(m_i, gl.convert_layout(mxs[u], COL_S)
+                                                * qk_scale)
+                p_t = gl.exp2(gl.fma(ms[u], qk_scale, -m_safe[None, :]))
+                l_i = gl.where(t0 + u < n, gl.fma(l_i, alpha, _row_sum_t(p_t, ROWS, BLOCK_N,
+                                                                          COL_S)), l_i)
+                m_i = gl.where(t0 + u < n, m_new, m_i)
+                p_s.index(u).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+                alphas = alphas + (alpha,)
+            fence_async_shared()
+            gl.thread_barrier()
+            # The acc chain.
+            for u in gl.static_range(CH):
+                t = t0 + u
+                if t < n:
+                    j = j_lo + t
+                    mbarrier.wait(v_ready.index(t % VS), (t // VS) & 1)
+                    if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+                        _zero_v_tail(v_s.index(t % VS), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+                    acc = acc * alphas[u][None, :]
+                    acc_tok = warpgroup_mma(v_s.index(t % VS).permute((1, 0)),
+                                            p_s.index(u).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+                    mbarrier.arrive(v_empty.index(t % VS))
+    OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BLOCK_DV // 32],
+                                           threads_per_warp=[1, 32], warps_per_cta=[4, 1],
+                                           order=[1, 0])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
+    b_acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT_L)
+    b_m = gl.convert_layout(m_i, ROW_O)
+    b_l = gl.convert_layout(l_i, ROW_O)
+    o_m = gl.arange(0, ROWS, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    if BLOCK_DV == HEAD_DIM:
+        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row
+    else:
+        o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row & (i_vb == 0)
+    _store_split(b_acc, b_l, b_m, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row,
+                 m_ml, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
+
+
+@gluon.jit
+def _kta2_rows(q_s, k_s, v_s, p_s, k_ready, k_empty, v_ready, v_empty, ws_o_ptr, ws_ml_ptr,
+               out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n,
+               n_tiles, j_mid, i_split, num_splits, qk_scale, G: gl.constexpr,
+               HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_Q: gl.constexpr,
+               BLOCK_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr,
+               IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr):
+    """The consumer of ``_split_ktp_kernel`` with ``ORDER=1``: round 25's scores two tiles
+    ahead (experiment bbba804) on split rings. Step t issues tile t + 2's scores and tile t's
+    ``p @ v``, computes tile t + 1's weights while both run, then waits for both; a K slot is
+    released once scored, so the K and V rings each keep ``KS - 1`` and ``VS - 1`` tiles of
+    loads ahead. ``_kt_weights`` per tile, in tile order: the same bits."""
+    ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, ROWS, 16])
+    COL_S: gl.constexpr = gl.SliceLayout(0, ST_L)
+    o_r = gl.arange(0, ROWS, layout=COL_S)
+    _, _, _, pos = _block_row_ids_g(o_r, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    zero_s = gl.full([BLOCK_N, ROWS], 0.0, gl.float32, layout=ST_L)
+    acc = gl.full([BLOCK_DV, ROWS], 0.0, gl.float32, layout=ST_L)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
+    l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
+    q_t = q_s.permute((1, 0))
+    # Tiles 0 and 1 scored (tile 1: tile 0 again where n == 1, never used); tile 0's weights.
+    mbarrier.wait(k_ready.index(0), 0)
+    tok0 = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
+    t1 = gl.minimum(n - 1, 1)
+    mbarrier.wait(k_ready.index(t1 % KS), (t1 // KS) & 1)
+    tok1 = warpgroup_mma(k_s.index(t1 % KS), q_t, zero_s, is_async=True)
+    s_t, s_nxt = warpgroup_mma_wait(0, deps=[tok0, tok1])
+    mbarrier.arrive(k_empty.index(0))
+    mbarrier.arrive(k_empty.index(1 % KS), pred=n > 1)
+    m_i, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j_lo, j_mid, pos, qk_scale, ROWS, BLOCK_N,
+                                         ST_L, COL_S)
+    l_i = gl.fma(l_i, alpha, r_sum)
+    acc = acc * alpha[None, :]
+    p_s.index(0).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+    fence_async_shared()
+    gl.thread_barrier()
+    for t in range(0, n - 2):  # tile t + 2's scores, tile t's p @ v, tile t + 1's weights
+        t2 = t + 2
+        mbarrier.wait(k_ready.index(t2 % KS), (t2 // KS) & 1)
+        s_tok = warpgroup_mma(k_s.index(t2 % KS), q_t, zero_s, is_async=True)
+        mbarrier.wait(v_ready.index(t % VS), (t // VS) & 1)
+        acc_tok = warpgroup_mma(v_s.index(t % VS).permute((1, 0)),
+                                p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
+        m_new, alpha, p_t, r_sum = _kt_weights(s_nxt, m_i, j_lo + t + 1, j_mid, pos, qk_scale,
+                                               ROWS, BLOCK_N, ST_L, COL_S)
+        p_s.index((t + 1) % 2).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc, s_nxt = warpgroup_mma_wait(0, deps=[acc_tok, s_tok])
+        mbarrier.arrive(k_empty.index(t2 % KS))
+        mbarrier.arrive(v_empty.index(t % VS))
+        m_i = m_new
+        l_i = gl.fma(l_i, alpha, r_sum)
+        acc = acc * alpha[None, :]
+    if n >= 2:  # tile n - 2's p @ v with the last tile's weights
+        t = n - 2
+        mbarrier.wait(v_ready.index(t % VS), (t // VS) & 1)
+        acc_tok = warpgroup_mma(v_s.index(t % VS).permute((1, 0)),
+                                p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
+        m_new, alpha, p_t, r_sum = _kt_weights(s_nxt, m_i, j_lo + t + 1, j_mid, pos, qk_scale,
+                                               ROWS, BLOCK_N, ST_L, COL_S)
+        p_s.index((t + 1) % 2).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        mbarrier.arrive(v_empty.index(t % VS))
+        m_i = m_new
+        l_i = gl.fma(l_i, alpha, r_sum)
+        acc = acc * alpha[None, :]
+    # The last tile's p @ v (its V tail zeroed first where the row ends inside it).
+    t = n - 1
+    j = j_lo + t
+    mbarrier.wait(v_ready.index(t % VS), (t // VS) & 1)
+    if (j + 1 == n_tiles) & (kv_len - j * BLOCK_N < BLOCK_N):
+        _zero_v_tail(v_s.index(t % VS), kv_len - j * BLOCK_N, BLOCK_N, BLOCK_DV)
+    acc_tok = warpgroup_mma(v_s.index(t % VS).permute((1, 0)), p_s.index(t % 2).permute((1, 0)),
+                            acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+    mbarrier.arrive(v_empty.index(t % VS))
+    OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BLOCK_DV // 32],
+                                           threads_per_warp=[1, 32], warps_per_cta=[4, 1],
+                                           order=[1, 0])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, OUT_L)
+    b_acc = gl.convert_layout(gl.permute(acc, (1, 0)), OUT_L)
+    b_m = gl.convert_layout(m_i, ROW_O)
+    b_l = gl.convert_layout(l_i, ROW_O)
+    o_m = gl.arange(0, ROWS, layout=ROW_O)
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    if BLOCK_DV == HEAD_DIM:
+        o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row
+    else:
+        o_d = i_vb * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, OUT_L))
+        m_ml = m_row & (i_vb == 0)
+    _store_split(b_acc, b_l, b_m, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, tok, g, m_row,
+                 m_ml, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
+
+
+@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+def _split_ktp_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
+    v_desc,  # likewise for v_cache, box [BOX, D // VALUE_BLOCKS]
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    kv_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_pages] int32
+    ws_o_ptr,  # [T, Hq, num_splits, D] fp32: raw acc per split
+    ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32: (m in log2 units, l) per split
+    out_ptr,  # [T, Hq, D] contiguous (IS_DIRECT only)
+    lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
+    qk_scale,  # sm_scale * log2(e), > 0
+    split_tiles,  # KV tiles per split, <= MAXT
+    B,
+    T,
+    Hq,
+    num_pages,
+    max_kv_len,  # KV tokens the block table covers
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    G: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    ROWS: gl.constexpr,  # rows per block (the MMA's N): 8 or 16, >= G
+    BLOCK_Q: gl.constexpr,  # ROWS // G
+    BLOCK_N: gl.constexpr,  # 128
+    BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
+    IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
+    VALUE_BLOCKS: gl.constexpr = 2,  # V column blocks per (slot, KV head, split)
+    IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+    MAXT: gl.constexpr = 8,  # the most tiles a split has (a multiple of 4)
+    ORDER: gl.constexpr = 0,  # 0: phases of four tiles (_ktp_rows); 1: two ahead (_kta2_rows)
+):
+    """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (the consumer warpgroup;
+    a K loader warp and a V loader warp are workers): ``_split_kt_kernel``'s rows, tiles and
+    stores, the tiles in phases of four (``_ktp_rows``). Scheduling only, the same bits."""
+    if IS_PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    KS: gl.constexpr = 4 if VALUE_BLOCKS == 2 else 3
+    VS: gl.constexpr = 4 if VALUE_BLOCKS == 2 else 3
+    i_qb = gl.num_programs(0) - 1 - gl.program_id(0)
+    BLOCK_DV: gl.constexpr = HEAD_DIM // VALUE_BLOCKS
+    i_kvh = gl.program_id(1) // VALUE_BLOCKS
+    i_vb = gl.program_id(1) % VALUE_BLOCKS
+    i_split = gl.program_id(2)
+    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
+                                                           max_kv_len, BLOCK_Q)
+    if i_qblk * BLOCK_Q >= q_len:
+        return
+    min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
+    n_tiles = max_pos // BLOCK_N + 1
+    j_lo = i_split * split_tiles
+    if j_lo >= n_tiles:
+        return
+    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                          warps_per_cta=[4, 1], order=[1, 0])
+    o_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD_L))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))
+    tok, g, m_row, _ = _block_row_ids_g(o_m, i_qblk, q_start, q_len, kv_len, T, G, BLOCK_Q)
+    b_q = _load_q_cols_g(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d, G)
+    q_s = gl.allocate_shared_memory(b_q.dtype, [ROWS, HEAD_DIM], SMEM_L, b_q)
+    p_s = gl.allocate_shared_memory(b_q.dtype, [4, ROWS, BLOCK_N], SMEM_L)
+    k_s = gl.allocate_shared_memory(b_q.dtype, [KS, BLOCK_N, HEAD_DIM], SMEM_L)
+    V_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_DV * 2),
+                                             element_bitwidth=16, rank=2)
+    v_s = gl.allocate_shared_memory(b_q.dtype, [VS, BLOCK_N, BLOCK_DV], V_L)
+    k_ready = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(KS):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+    for i in gl.static_range(VS):
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
+    fence_async_shared()
+    j_mid = (min_pos + 1) // BLOCK_N
+    p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
+    if ORDER == 1:
+        gl.warp_specialize([
+            (_kta2_rows, (q_s, k_s, v_s, p_s, k_ready, k_empty, v_ready, v_empty, ws_o_ptr, ws_ml_ptr,
+                     out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo,
+                     n, n_tiles, j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS,
+                     BLOCK_Q, BLOCK_N, KS, VS, IS_DIRECT, BLOCK_DV)),
+            (_ktp_loader, (k_desc, k_s, k_ready, k_empty, i_kvh * HEAD_DIM, j_lo, n, p_bt, kv_len,
+                           num_pages, PAGE_SIZE, BLOCK_N, BOX, KS, HEAD_DIM)),
+            (_ktp_loader, (v_desc, v_s, v_ready, v_empty, i_kvh * HEAD_DIM + i_vb * BLOCK_DV, j_lo,
+                           n, p_bt, kv_len, num_pages, PAGE_SIZE, BLOCK_N, BOX, VS, BLOCK_DV))],
+            [1, 1], [24, 24])
+    else:
+        gl.warp_specialize([
+            (_ktp_rows, (q_s, k_s, v_s, p_s, k_ready, k_empty, v_ready, v_empty, ws_o_ptr, ws_ml_ptr,
+                     out_ptr, lse_ptr, i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo,
+                     n, n_tiles, j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS,
+                     BLOCK_Q, BLOCK_N, KS, VS, IS_DIRECT, BLOCK_DV, MAXT)),
+            (_ktp_loader, (k_desc, k_s, k_ready, k_empty, i_kvh * HEAD_DIM, j_lo, n, p_bt, kv_len,
+                           num_pages, PAGE_SIZE, BLOCK_N, BOX, KS, HEAD_DIM)),
+            (_ktp_loader, (v_desc, v_s, v_ready, v_empty, i_kvh * HEAD_DIM + i_vb * BLOCK_DV, j_lo,
+                           n, p_bt, kv_len, num_pages, PAGE_SIZE, BLOCK_N, BOX, VS, BLOCK_DV))],
+            [1, 1], [24, 24])
