@@ -3,7 +3,8 @@
 # 10 minutes): sh benchmarks/gpu_round27.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
 # carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
 # folder into $OUT/STEP.tgz.
-#   probe: the parts of benchmarks/probe_round27.py named in $PARTS ("bits times" by default),
+#   probe: the parts of benchmarks/probe_round27.py named in $PARTS ("bits times" by default;
+#          "pbits ptimes" and "abits atimes" for the other two switches),
 #          each into PART.txt and its jsonl (260 s each)
 #   ktests, tests, final, check, bench, san: the steps shared with rounds 21-26
 #          (gpu_steps_21.sh)

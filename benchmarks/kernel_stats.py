@@ -272,8 +272,7 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
         gluon_jit: dict[str, Any] = {}
         if getattr(lp, "gluon", False):  # the Gluon kernels (Triton 3.6 only)
             from kernels._gluon import attention_kernels as gluon
-            for n in ("_fused_prefill_kernel", "_split_kernel", "_split_kt_kernel",
-                      "_split_kt2_kernel", "_split_ktp_kernel"):
+            for n in ("_fused_prefill_kernel", "_split_kernel", "_split_kt_kernel"):
                 if hasattr(gluon, n):  # older kernels lack the split ones
                     gluon_jit[n] = getattr(gluon, n)
                     setattr(gluon, n, _Recorder(n, gluon_jit[n], compiled))

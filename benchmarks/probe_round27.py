@@ -1,14 +1,20 @@
-"""Round-27 probe (Hopper): two schedules of the keys-as-rows tile (reports/h100-round27/), each
-an experiment switch of ``kernels._gluon`` that exists at experiment commit af90826 only
-(elsewhere the steps exit): ``KT_TWO_GROUPS`` (``_split_kt2_kernel``: two consumer warpgroups
-that take a split's tiles by parity; also at e492a3c) and ``KT_PHASED`` (``_split_ktp_kernel``:
-four tiles' scores issued together, their weights in straight-line code, then the acc chain; K
-and V in rings of their own).
+"""Round-27 probe (Hopper): three schedules of the keys-as-rows tile (reports/h100-round27/),
+each an experiment switch of ``kernels._gluon`` that exists at experiment commits only
+(elsewhere the steps exit, naming the commit):
 
-    python benchmarks/probe_round27.py OUT_DIR bits|times|pbits|ptimes [WORKLOAD ...]
+- ``KT_TWO_GROUPS`` (e492a3c): ``_split_kt2_kernel``, two consumer warpgroups that take a
+  split's tiles by parity and hand each other the tile max, p and the row sum;
+- ``KT_PHASED`` (af90826): ``_split_ktp_kernel``, four tiles' scores issued together, their
+  weights in straight-line code, then the acc chain; K and V in rings of their own;
+- ``KT_AHEAD2_RINGS`` (3160395): ``_split_ktp_kernel`` with ``ORDER=1``, round 25's scores two
+  tiles ahead (experiment bbba804) on those split rings (a K slot released once scored).
 
-``bits``: out and LSE of the tile with the switch on (forced, ``Tuning(keys_rows=True)``, so
-every workload runs it) against the 128-row split tile (``Tuning(keys_rows=False)``) and
+3160395 holds all three switches.
+
+    python benchmarks/probe_round27.py OUT_DIR bits|times|pbits|ptimes|abits|atimes [WORKLOAD ...]
+
+``bits``: out and LSE of the tile with ``KT_TWO_GROUPS`` on (forced, ``Tuning(keys_rows=True)``,
+so every workload runs it) against the 128-row split tile (``Tuning(keys_rows=False)``) and
 against today's keys-as-rows tile, in differing bits, at bf16 and fp16 under four head layouts
 (GQA 4, 1 and 16 at page 16, GQA 4 at page 64); the workloads give splits of an even and an
 odd number of tiles, a one-tile split (1100 keys), masked tiles (chunks) and rows ending inside
@@ -19,9 +25,10 @@ can fail). Into ``bits.jsonl``.
 ``REPEATS`` repeats, each cell against ``now`` (``plan="auto"``, switch off): ``auto`` with the
 switch, the control (``split_size=None``) without and with it. Into ``times.jsonl``.
 
-``pbits`` and ``ptimes``: as ``bits`` and ``times`` for ``KT_PHASED``, the tile forced with 2 V
-column blocks (the schedule runs there only) in ``pbits``; into ``pbits.jsonl`` and
-``ptimes.jsonl``.
+``pbits`` / ``ptimes`` (``KT_PHASED``, the tile forced with 2 V column blocks in ``pbits``: the
+schedule runs there only) and ``abits`` / ``atimes`` (``KT_AHEAD2_RINGS``, the tile forced with
+the rule's V blocks and with 1 block): as ``bits`` / ``times`` against the 128-row split tile,
+into ``STEP.jsonl``.
 """
 
 from __future__ import annotations
@@ -70,19 +77,19 @@ TIME_CELLS = {"now": ("auto", None), "two": ("auto+two", None), "control": ("heu
 
 
 SWITCHES = {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED", "a2": "KT_AHEAD2_RINGS"}
-#: The experiment commit that has both switches.
-COMMIT = "af90826"
+#: The experiment commit each switch was measured at (3160395 holds all three).
+COMMITS = {"two": "e492a3c", "phased": "af90826", "a2": "3160395"}
 
 
 def make(batch, cell: str, tuning):
-    """``cell``: a plan or ``heuristic`` (the control), with ``+two`` or ``+phased`` a switch
-    on."""
+    """``cell``: a plan or ``heuristic`` (the control), with ``+two``, ``+phased`` or ``+a2`` a
+    switch on."""
     base, _, switch = cell.partition("+")
     fn = make25(batch, base, tuning)
     if switch in SWITCHES:
         fn = patched(fn, kg, SWITCHES[switch], True)
     elif switch:
-        raise ValueError(f"cell {cell!r}: expected the switch +two or +phased")
+        raise ValueError(f"cell {cell!r}: expected the switch +two, +phased or +a2")
     return fn
 
 
@@ -90,9 +97,10 @@ def main() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round27.py OUT_DIR {STEPS} [WORKLOAD ...]")
-    switch = SWITCHES[{"p": "phased", "a": "a2"}.get(args[1][0], "two")]
-    if not hasattr(kg, switch):
-        sys.exit(f"{args[1]}: needs kernels._gluon.{switch} (experiment commit {COMMIT})")
+    cell = {"p": "phased", "a": "a2"}.get(args[1][0], "two")
+    if not hasattr(kg, SWITCHES[cell]):
+        sys.exit(f"{args[1]}: needs kernels._gluon.{SWITCHES[cell]} (experiment commit "
+                 f"{COMMITS[cell]})")
     out_dir, step, specs = args[0], args[1], args[2:]
     os.makedirs(out_dir, exist_ok=True)
     if step in ("bits", "pbits", "abits"):

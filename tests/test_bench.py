@@ -1151,20 +1151,24 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """benchmarks/probe_round27.py (reports/h100-round27/): an unknown step exits naming the
-    steps; each step exits here naming its switch and the experiment commit (the switches live
+    steps; each step exits here naming its switch and its experiment commit (the switches live
     there only), and a switched cell fails loudly instead of timing the default; the timed
     control is the batch-dependent one; every bit comparison but the control has the switch on
     one side only, on the same tile or against the 128-row split tile, and the phased cells
     force 2 V column blocks (where that schedule runs)."""
     import kernels
 
-    probe = _probe("probe_round27", "bits|times|pbits|ptimes")
+    probe = _probe("probe_round27", "bits|times|pbits|ptimes|abits|atimes")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    assert probe.SWITCHES == {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED"}
-    for step, name in (("bits", "KT_TWO_GROUPS"), ("ptimes", "KT_PHASED")):
+    assert probe.SWITCHES == {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED",
+                              "a2": "KT_AHEAD2_RINGS"}
+    assert probe.COMMITS == {"two": "e492a3c", "phased": "af90826", "a2": "3160395"}
+    for step, name, commit in (("bits", "KT_TWO_GROUPS", "e492a3c"),
+                               ("ptimes", "KT_PHASED", "af90826"),
+                               ("abits", "KT_AHEAD2_RINGS", "3160395")):
         proc = subprocess.run([sys.executable, "benchmarks/probe_round27.py", str(tmp_path), step],
                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-        assert proc.returncode == 1 and name in proc.stderr and "af90826" in proc.stderr, \
+        assert proc.returncode == 1 and name in proc.stderr and commit in proc.stderr, \
             proc.stderr
     seen: list[tuple] = []
 
@@ -1172,14 +1176,15 @@ def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         return lambda: seen.append((plan, tuning, split_size))
 
     monkeypatch.setattr(sys.modules["benchmarks.probe_round25"], "call", fake_call)
-    for cells in (probe.TIME_CELLS, probe.P_TIME_CELLS):
+    for cells in (probe.TIME_CELLS, probe.P_TIME_CELLS, probe.A_TIME_CELLS):
         assert cells["now"] == ("auto", None) and cells["control"] == ("heuristic", None)
     probe.make(None, "heuristic", None)()
     assert seen == [("auto", None, None)]
-    for cell in ("auto+two", "split+phased"):
-        with pytest.raises(AttributeError, match=r"KT_TWO_GROUPS|KT_PHASED"):
+    for cell in ("auto+two", "split+phased", "auto+a2"):
+        with pytest.raises(AttributeError, match=r"KT_TWO_GROUPS|KT_PHASED|KT_AHEAD2_RINGS"):
             probe.make(None, cell, None)()
-    for switch, cells in (("two", probe.BIT_CELLS), ("phased", probe.P_BIT_CELLS)):
+    for switch, cells in (("two", probe.BIT_CELLS), ("phased", probe.P_BIT_CELLS),
+                          ("a2", probe.A_BIT_CELLS)):
         for name, (ref, side) in cells.items():
             if name.startswith("control"):
                 assert side[1].block_n == 64 and "+" not in ref[0] + side[0]
@@ -1189,7 +1194,8 @@ def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
                 assert ref == ("split", kernels.Tuning(keys_rows=False))
             else:  # the same tile with and without the switch
                 assert ref[1] == side[1] and ref[0] == "split", name
+            assert side[1].keys_rows
             if switch == "phased":
-                assert side[1].keys_rows and side[1].value_blocks == 2
+                assert side[1].value_blocks == 2
     with pytest.raises(ValueError, match="switch"):
         probe.make(None, "auto+faster", None)

@@ -158,19 +158,6 @@ RING_SLOTS_KT = 3
 #: K/V slots of that ring when its V slots hold half the columns (48 KB each), for blocks of
 #: at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
 RING_SLOTS_KT_BLOCKED = 4
-#: Experiment (round 27): the keys-as-rows tile on two consumer warpgroups that take the split's
-#: tiles by parity (``_split_kt2_kernel``), each the ``p @ v`` of half of V's columns; replaces
-#: the V column blocks and the issue order where it is on (blocks of at most 16 rows, head dim
-#: 128).
-KT_TWO_GROUPS = False
-#: Experiment (round 27): the keys-as-rows tile in phases of four tiles (``_split_ktp_kernel``:
-#: four tiles' scores issued together, their weights in straight-line code, then the acc
-#: chain), where it runs 2 V column blocks and a split has at most 8 tiles.
-KT_PHASED = False
-#: Experiment (round 27): round 25's scores two tiles ahead (bbba804) on split K and V rings
-#: (``_split_ktp_kernel`` with ``ORDER=1``; a K slot released once scored), blocks of at most
-#: 16 rows.
-KT_AHEAD2_RINGS = False
 
 
 def kt_rows(group: int) -> int:
@@ -233,36 +220,7 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"launch_split_kt: expected {misfit}")
     from kernels._gluon import attention_kernels as ak
 
-    if KT_TWO_GROUPS and rows <= 16 and D == 128:
-        descs, box = _descriptors(q, k_cache, v_cache, 128, 2)
-        ak._split_kt2_kernel[(num_slots, Hkv, num_splits)](
-            q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
-            split_tiles, block_table.shape[0], T, Hq, num_pages,
-            block_table.shape[1] * page_size, num_splits, q.stride(0), q.stride(1),
-            block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows,
-            BLOCK_Q=block_q, BLOCK_N=128, BOX=box, STAGES=RING_SLOTS_KT, IS_DIRECT=direct,
-            IS_PDL=dependent_merge and not direct, num_warps=4)
-        return
     descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)
-    if KT_AHEAD2_RINGS and rows <= 16:
-        ak._split_ktp_kernel[(num_slots, Hkv * value_blocks, num_splits)](
-            q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
-            split_tiles, block_table.shape[0], T, Hq, num_pages,
-            block_table.shape[1] * page_size, num_splits, q.stride(0), q.stride(1),
-            block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows,
-            BLOCK_Q=block_q, BLOCK_N=128, BOX=box, IS_DIRECT=direct,
-            VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, ORDER=1,
-            num_warps=4)
-        return
-    if KT_PHASED and value_blocks == 2 and split_tiles <= 8 and rows <= 16:
-        ak._split_ktp_kernel[(num_slots, Hkv * value_blocks, num_splits)](
-            q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
-            split_tiles, block_table.shape[0], T, Hq, num_pages,
-            block_table.shape[1] * page_size, num_splits, q.stride(0), q.stride(1),
-            block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows,
-            BLOCK_Q=block_q, BLOCK_N=128, BOX=box, IS_DIRECT=direct,
-            VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)
-        return
     ak._split_kt_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,
