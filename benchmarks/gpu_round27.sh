@@ -1,5 +1,5 @@
 #!/bin/sh
-# The round-27 GPU runs (reports/h100-round27/README.md; both calls got an H200), one step per device call (each under
+# The round-27 GPU runs (reports/h100-round27/README.md; all three calls got an H200), one step per device call (each under
 # 10 minutes): sh benchmarks/gpu_round27.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
 # carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
 # folder into $OUT/STEP.tgz.
