@@ -1092,6 +1092,24 @@ def test_probe_round25_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         probe.make(None, "fastest", None)
 
 
+def _assert_switch_cells(cells: dict, switch: str) -> None:
+    """A probe's bit cells ``name: (ref, side)`` for an experiment switch: the control
+    (``control-*``) compares the 64-key contract with no switch on either side; every other
+    cell has ``+switch`` on its side only, against the 128-row split tile (``*vs-split``) or
+    the same tile and plan without the switch."""
+    import kernels
+
+    for name, (ref, side) in cells.items():
+        if name.startswith("control"):
+            assert side[1].block_n == 64 and "+" not in ref[0] + side[0], name
+            continue
+        assert side[0].endswith("+" + switch) and "+" not in ref[0], name
+        if name.endswith("vs-split"):
+            assert ref == ("split", kernels.Tuning(keys_rows=False)), name
+        else:  # the same tile with and without the switch
+            assert ref[1] == side[1] and ref[0] == side[0].partition("+")[0], name
+
+
 def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """benchmarks/probe_round26.py (reports/h100-round26/): an unknown step exits naming the
     steps; each experiment step exits here naming its switch and commit (the switches live at
@@ -1135,15 +1153,7 @@ def test_probe_round26_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         probe.make(None, "fastest", None)
     for switch, cells in (("pf", probe.PF_BIT_CELLS), ("late", probe.LATE_BIT_CELLS),
                           ("pairs", probe.PAIRS_BIT_CELLS)):
-        for name, (ref, side) in cells.items():
-            if name.startswith("control"):
-                assert side[1].block_n == 64 and "+" not in ref[0] + side[0]
-                continue
-            assert side[0].endswith("+" + switch) and "+" not in ref[0], name
-            if name.endswith("vs-split"):
-                assert ref == ("split", kernels.Tuning(keys_rows=False))
-            else:  # the same tile with and without the switch
-                assert ref[1] == side[1] and ref[0] == side[0].partition("+")[0], name
+        _assert_switch_cells(cells, switch)
     assert probe.AHEAD.scores_ahead and probe.AHEAD.value_blocks == 2
     assert (probe.SERIAL1.value_blocks, probe.SERIAL2.value_blocks) == (1, 2)
     assert not probe.SERIAL1.scores_ahead and not probe.SERIAL2.scores_ahead
@@ -1185,17 +1195,10 @@ def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
             probe.make(None, cell, None)()
     for switch, cells in (("two", probe.BIT_CELLS), ("phased", probe.P_BIT_CELLS),
                           ("a2", probe.A_BIT_CELLS)):
-        for name, (ref, side) in cells.items():
-            if name.startswith("control"):
-                assert side[1].block_n == 64 and "+" not in ref[0] + side[0]
-                continue
-            assert side[0] == "split+" + switch and "+" not in ref[0], name
-            if name.endswith("vs-split"):
-                assert ref == ("split", kernels.Tuning(keys_rows=False))
-            else:  # the same tile with and without the switch
-                assert ref[1] == side[1] and ref[0] == "split", name
-            assert side[1].keys_rows
-            if switch == "phased":
-                assert side[1].value_blocks == 2
+        _assert_switch_cells(cells, switch)
+        for name, (_, side) in cells.items():
+            if not name.startswith("control"):
+                assert side[0] == "split+" + switch and side[1].keys_rows, name
+                assert switch != "phased" or side[1].value_blocks == 2, name
     with pytest.raises(ValueError, match="switch"):
         probe.make(None, "auto+faster", None)
