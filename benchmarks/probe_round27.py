@@ -25,10 +25,12 @@ can fail). Into ``bits.jsonl``.
 ``REPEATS`` repeats, each cell against ``now`` (``plan="auto"``, switch off): ``auto`` with the
 switch, the control (``split_size=None``) without and with it. Into ``times.jsonl``.
 
-``pbits`` / ``ptimes`` (``KT_PHASED``, the tile forced with 2 V column blocks in ``pbits``: the
-schedule runs there only) and ``abits`` / ``atimes`` (``KT_AHEAD2_RINGS``, the tile forced with
-the rule's V blocks and with 1 block): as ``bits`` / ``times`` against the 128-row split tile,
-into ``STEP.jsonl``.
+``pbits`` (``KT_PHASED``): as ``bits``, the tile forced with 2 V column blocks (the schedule runs
+there only), against the 128-row split tile and the landed tile with the same settings.
+``abits`` (``KT_AHEAD2_RINGS``): as ``bits``, the tile forced with the rule's V blocks and with
+one block, each against the 128-row split tile. ``ptimes`` and ``atimes``: as ``times`` (each
+cell against ``now``), ``auto`` with the switch and the control, without a control with the
+switch. Each into ``STEP.jsonl``.
 """
 
 from __future__ import annotations

@@ -1174,8 +1174,11 @@ def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
                               "a2": "KT_AHEAD2_RINGS"}
     assert probe.COMMITS == {"two": "e492a3c", "phased": "af90826", "a2": "3160395"}
     for step, name, commit in (("bits", "KT_TWO_GROUPS", "e492a3c"),
+                               ("times", "KT_TWO_GROUPS", "e492a3c"),
+                               ("pbits", "KT_PHASED", "af90826"),
                                ("ptimes", "KT_PHASED", "af90826"),
-                               ("abits", "KT_AHEAD2_RINGS", "3160395")):
+                               ("abits", "KT_AHEAD2_RINGS", "3160395"),
+                               ("atimes", "KT_AHEAD2_RINGS", "3160395")):
         proc = subprocess.run([sys.executable, "benchmarks/probe_round27.py", str(tmp_path), step],
                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
         assert proc.returncode == 1 and name in proc.stderr and commit in proc.stderr, \
@@ -1186,13 +1189,16 @@ def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         return lambda: seen.append((plan, tuning, split_size))
 
     monkeypatch.setattr(sys.modules["benchmarks.probe_round25"], "call", fake_call)
-    for cells in (probe.TIME_CELLS, probe.P_TIME_CELLS, probe.A_TIME_CELLS):
+    for cells, switch in ((probe.TIME_CELLS, "two"), (probe.P_TIME_CELLS, "phased"),
+                          (probe.A_TIME_CELLS, "a2")):
         assert cells["now"] == ("auto", None) and cells["control"] == ("heuristic", None)
+        assert cells[switch] == ("auto+" + switch, None)
+    assert probe.TIME_CELLS["control-two"] == ("heuristic+two", None)
     probe.make(None, "heuristic", None)()
     assert seen == [("auto", None, None)]
-    for cell in ("auto+two", "split+phased", "auto+a2"):
-        with pytest.raises(AttributeError, match=r"KT_TWO_GROUPS|KT_PHASED|KT_AHEAD2_RINGS"):
-            probe.make(None, cell, None)()
+    for switch, name in probe.SWITCHES.items():  # each cell patches its own switch
+        with pytest.raises(AttributeError, match=name):
+            probe.make(None, "auto+" + switch, None)()
     for switch, cells in (("two", probe.BIT_CELLS), ("phased", probe.P_BIT_CELLS),
                           ("a2", probe.A_BIT_CELLS)):
         _assert_switch_cells(cells, switch)
