@@ -1,8 +1,8 @@
 #!/bin/sh
-# The round-27 GPU runs (reports/h100-round27/README.md; all three calls got an H200), one step per device call (each under
-# 10 minutes): sh benchmarks/gpu_round27.sh STEP, with $OUT the output folder, gpu_site/ (pytest)
-# carried for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its
-# folder into $OUT/STEP.tgz.
+# The round-27 GPU runs (reports/h100-round27/README.md; all three calls got an H200), one step
+# per device call (each under 10 minutes): sh benchmarks/gpu_round27.sh STEP, with $OUT the output
+# folder, gpu_site/ (pytest) carried for the tests and .whl/ (the FlashInfer wheels) for the bench.
+# Each step packs its folder into $OUT/STEP.tgz.
 #   probe: the parts of benchmarks/probe_round27.py named in $PARTS ("bits times" by default;
 #          "pbits ptimes" and "abits atimes" for the other two switches),
 #          each into PART.txt and its jsonl (260 s each)

@@ -49,7 +49,6 @@ T = kernels.Tuning
 KT = T(keys_rows=True)
 NO_KT = T(keys_rows=False)
 REPEATS = 3
-STEPS = "bits|times|pbits|ptimes|abits|atimes"
 KT2 = T(keys_rows=True, value_blocks=2)
 BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 2, 3, 5)]
 BITS_WORKLOADS = ["decode:1kx1", "decode:8kx1", "decode:777x3,3001x2", "decode:1100x1",
@@ -81,6 +80,16 @@ TIME_CELLS = {"now": ("auto", None), "two": ("auto+two", None), "control": ("heu
 SWITCHES = {"two": "KT_TWO_GROUPS", "phased": "KT_PHASED", "a2": "KT_AHEAD2_RINGS"}
 #: The experiment commit each switch was measured at (3160395 holds all three).
 COMMITS = {"two": "e492a3c", "phased": "af90826", "a2": "3160395"}
+#: Each step: its switch, its cells and, for the bit steps, the layouts (None for times) and
+#: the default workloads.
+STEP_TABLE = {
+    "bits": ("two", BIT_CELLS, BITS_LAYOUTS, BITS_WORKLOADS),
+    "times": ("two", TIME_CELLS, None, TIME_WORKLOADS),
+    "pbits": ("phased", P_BIT_CELLS, P_BITS_LAYOUTS, P_BITS_WORKLOADS),
+    "ptimes": ("phased", P_TIME_CELLS, None, TIME_WORKLOADS),
+    "abits": ("a2", A_BIT_CELLS, P_BITS_LAYOUTS, A_BITS_WORKLOADS),
+    "atimes": ("a2", A_TIME_CELLS, None, TIME_WORKLOADS)}
+STEPS = "|".join(STEP_TABLE)
 
 
 def make(batch, cell: str, tuning):
@@ -99,24 +108,19 @@ def main() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[1] not in STEPS.split("|"):
         sys.exit(f"usage: python benchmarks/probe_round27.py OUT_DIR {STEPS} [WORKLOAD ...]")
-    cell = {"p": "phased", "a": "a2"}.get(args[1][0], "two")
-    if not hasattr(kg, SWITCHES[cell]):
-        sys.exit(f"{args[1]}: needs kernels._gluon.{SWITCHES[cell]} (experiment commit "
-                 f"{COMMITS[cell]})")
     out_dir, step, specs = args[0], args[1], args[2:]
+    switch, cells, layouts, defaults = STEP_TABLE[step]
+    if not hasattr(kg, SWITCHES[switch]):
+        sys.exit(f"{step}: needs kernels._gluon.{SWITCHES[switch]} (experiment commit "
+                 f"{COMMITS[switch]})")
     os.makedirs(out_dir, exist_ok=True)
-    if step in ("bits", "pbits", "abits"):
-        cells, layouts, defaults = {
-            "bits": (BIT_CELLS, BITS_LAYOUTS, BITS_WORKLOADS),
-            "pbits": (P_BIT_CELLS, P_BITS_LAYOUTS, P_BITS_WORKLOADS),
-            "abits": (A_BIT_CELLS, P_BITS_LAYOUTS, A_BITS_WORKLOADS)}[step]
+    if layouts is not None:
         bits_rows(out_dir, f"{step}.jsonl", specs or defaults, layouts,
                   lambda batch: dict(bits_differing=bits_cells(
                       cells, lambda side: make(batch, side[0], side[1])())))
     else:
-        cells = {"times": TIME_CELLS, "ptimes": P_TIME_CELLS, "atimes": A_TIME_CELLS}[step]
-        times(out_dir, specs, cells=cells, base="now",
-              defaults=TIME_WORKLOADS, repeats=REPEATS, make=make, name=f"{step}.jsonl")
+        times(out_dir, specs, cells=cells, base="now", defaults=defaults, repeats=REPEATS,
+              make=make, name=f"{step}.jsonl")
 
 
 if __name__ == "__main__":

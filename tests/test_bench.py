@@ -1194,6 +1194,13 @@ def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
         assert cells["now"] == ("auto", None) and cells["control"] == ("heuristic", None)
         assert cells[switch] == ("auto+" + switch, None)
     assert probe.TIME_CELLS["control-two"] == ("heuristic+two", None)
+    # each step runs its own switch's cells (times steps: no layouts)
+    assert {step: (sw, cells) for step, (sw, cells, _, _) in probe.STEP_TABLE.items()} == {
+        "bits": ("two", probe.BIT_CELLS), "times": ("two", probe.TIME_CELLS),
+        "pbits": ("phased", probe.P_BIT_CELLS), "ptimes": ("phased", probe.P_TIME_CELLS),
+        "abits": ("a2", probe.A_BIT_CELLS), "atimes": ("a2", probe.A_TIME_CELLS)}
+    assert all((layouts is None) == step.endswith("times")
+               for step, (_, _, layouts, _) in probe.STEP_TABLE.items())
     probe.make(None, "heuristic", None)()
     assert seen == [("auto", None, None)]
     for switch, name in probe.SWITCHES.items():  # each cell patches its own switch
