@@ -2,7 +2,8 @@
 
 Public API: :func:`unified_attention` (with its launch :class:`Tuning` overrides),
 :func:`plan_attention` (the :class:`LaunchPlan` a call would run, with its :class:`HostStats`),
-:func:`merge_states`, :data:`DEFAULT_SPLIT_SIZE`, :data:`PLANS`, :func:`tile_config` (with
+:func:`merge_states`, :data:`DEFAULT_SPLIT_SIZE`, :data:`DEFAULT_LEAD_SPLIT_SIZE`, :data:`PLANS`,
+:func:`tile_config` (with
 :class:`TileConfig`). The plain-torch float64 reference is
 :func:`kernels.reference.reference_attention`. kernels/README.md has the math and the contract.
 This package never imports ``invariance``.
@@ -16,10 +17,11 @@ from kernels.attention import (
     plan_attention,
     unified_attention,
 )
-from kernels.config import DEFAULT_SPLIT_SIZE, TileConfig, tile_config
+from kernels.config import DEFAULT_LEAD_SPLIT_SIZE, DEFAULT_SPLIT_SIZE, TileConfig, tile_config
 from kernels.merge import merge_states
 
 __all__ = [
+    "DEFAULT_LEAD_SPLIT_SIZE",
     "DEFAULT_SPLIT_SIZE",
     "PLANS",
     "HostStats",

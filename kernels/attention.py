@@ -9,8 +9,9 @@ Three layers (kernels/README.md, "Layers"):
 3. ``_launch_fused``, ``_launch_split`` and ``_launch_merge`` turn a plan into grids and kernel
    arguments.
 
-Units: ``split_tokens`` counts KV tokens, ``split_tiles`` counts KV tiles of ``block_n`` tokens
-(``split_tokens = split_tiles * block_n``). The public argument ``split_size`` is in tokens.
+Units: ``split_tokens`` and ``lead_tokens`` count KV tokens, ``split_tiles`` and ``lead_tiles``
+count KV tiles of ``block_n`` tokens (``split_tokens = split_tiles * block_n``). The public
+arguments ``split_size`` and ``lead_split_size`` are in tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kernels._triton.attention_kernels import (
     _unified_attention_split_kernel,
 )
 from kernels.config import (
+    DEFAULT_LEAD_SPLIT_SIZE,
     DEFAULT_SPLIT_SIZE,
     NOMINAL_NUM_SMS,
     SUPPORTED_DTYPES,
@@ -43,6 +45,7 @@ from kernels.config import (
     batch_tuning,
     choose_plan,
     control_num_splits,
+    count_splits,
     decode_stages,
     fused_loop,
     gluon_prefill,
@@ -265,8 +268,9 @@ class LaunchPlan:
     """How one :func:`unified_attention` call runs. Computed by :func:`plan_attention`.
 
     Bit-defining (fixed per dtype, head_dim and deployment, kernels/README.md): ``block_n``,
-    ``split_tokens``. Everything else only changes speed, except in the control mode
-    (``is_control``), where ``split_tokens`` comes from the batch.
+    ``split_tokens``, ``lead_tokens``. Everything else only changes speed, except in the control
+    mode (``is_control``), where ``split_tokens`` comes from the batch (and ``lead_tokens``
+    equals it).
     """
 
     plan: str  # "fused" or "split"
@@ -277,6 +281,8 @@ class LaunchPlan:
     num_stages: int  # pipeline stages; on the Gluon kernels their TMA ring's K/V slots
     split_tokens: int  # KV tokens per split (a multiple of block_n)
     split_tiles: int  # KV tiles per split: split_tokens // block_n
+    lead_tokens: int  # KV tokens per lead split (the first split_tokens of every row), divides it
+    lead_tiles: int  # KV tiles per lead split: lead_tokens // block_n
     num_splits: int  # splits of the longest KV length (or its bound): the workspace depth
     num_slots: int  # query-block slots, grid dim 0: T // block_q + B (an upper bound)
     value_blocks: int  # split plan: V column blocks per (slot, KV head, split); fused: 1
@@ -401,16 +407,27 @@ def _check_sm_scale(sm_scale: object) -> float | None:
     return value
 
 
-def _check_options(split_size: object, plan: object, validate: object, block_n: int,
-                   q: torch.Tensor) -> None:
+def _check_options(split_size: object, lead_split_size: object, plan: object, validate: object,
+                   block_n: int, q: torch.Tensor) -> None:
+    tile = (f"BLOCK_N={block_n} KV tokens (dtype {q.dtype}, head_dim {q.shape[2]} on "
+            f"{q.device}: kernels.tile_config; 128 for half precision at head dim 128 on Hopper "
+            f"with Triton 3.6)")
     if split_size is not None and not (
             isinstance(split_size, int) and not isinstance(split_size, bool)
             and split_size > 0 and split_size % block_n == 0):
         raise ValueError(
-            f"split_size: expected a positive multiple of BLOCK_N={block_n} KV tokens "
-            f"(dtype {q.dtype}, head_dim {q.shape[2]} on {q.device}: kernels.tile_config; "
-            f"128 for half precision at head dim 128 on Hopper with Triton 3.6) or None, got "
-            f"{split_size!r}")
+            f"split_size: expected a positive multiple of {tile} or None, got {split_size!r}")
+    if lead_split_size is not None and not (
+            isinstance(lead_split_size, int) and not isinstance(lead_split_size, bool)
+            and lead_split_size > 0 and lead_split_size % block_n == 0):
+        raise ValueError(
+            f"lead_split_size: expected a positive multiple of {tile} or None, got "
+            f"{lead_split_size!r}")
+    if (isinstance(split_size, int) and lead_split_size is not None
+            and lead_split_size < split_size and split_size % lead_split_size != 0):
+        raise ValueError(
+            f"lead_split_size: expected a divisor of split_size={split_size}, or at least it "
+            f"(one split size), got {lead_split_size!r}")
     if not isinstance(plan, str) or plan not in PLANS:
         raise ValueError(f"plan: expected one of {PLANS}, got {plan!r}")
     if not isinstance(validate, bool):
@@ -531,6 +548,21 @@ def _split_tokens(split_size: int | None, block_n: int, max_kv: int, num_program
     return _cdiv(_cdiv(max(max_kv, 1), n_splits), block_n) * block_n
 
 
+def _lead_tokens(split_size: int | None, lead_split_size: int | None, split_tokens: int,
+                 block_n: int) -> int:
+    """KV tokens per lead split (checked by ``_check_options``): ``lead_split_size`` where it is
+    below the split size, else the split size (one size); ``None`` takes
+    ``DEFAULT_LEAD_SPLIT_SIZE`` where it is a multiple of ``block_n`` that divides a larger split
+    size. The control mode has one size."""
+    if split_size is None:
+        return split_tokens
+    if lead_split_size is None:
+        lead = DEFAULT_LEAD_SPLIT_SIZE
+        usable = lead % block_n == 0 and split_tokens % lead == 0
+        return lead if usable and lead < split_tokens else split_tokens
+    return min(int(lead_split_size), split_tokens)
+
+
 def plan_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -540,6 +572,7 @@ def plan_attention(
     block_table: torch.Tensor,
     *,
     split_size: int | None = DEFAULT_SPLIT_SIZE,
+    lead_split_size: int | None = None,
     plan: str = "auto",
     validate: bool = True,
     tuning: Tuning | None = None,
@@ -566,7 +599,7 @@ def plan_attention(
     contract = tile_config(q.dtype, D, sm_major, _gluon_installed(q.dtype, D, sm_major))
     cfg = batch_tuning(q.dtype, D, G, T, B, sm_major, tuning.block_n or contract.block_n)
     block_n = cfg.block_n
-    _check_options(split_size, plan, validate, block_n, q)
+    _check_options(split_size, lead_split_size, plan, validate, block_n, q)
     # The 128-key contract (kernels/README.md): the Gluon tile in both plans where it can run,
     # else the Triton kernels with tile_config's fixed launch.
     wide = wide_tile(q.dtype, D, block_n, sm_major)
@@ -605,7 +638,8 @@ def plan_attention(
     # shapes, never from host_lens.
     split_tokens = _split_tokens(split_size, block_n, max_kv if trusted else bound,
                                  (num_q_blocks if trusted else T // block_q + B) * Hkv, num_sms)
-    num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
+    lead_tokens = _lead_tokens(split_size, lead_split_size, split_tokens, block_n)
+    num_splits = max(1, count_splits(max_kv if trusted else bound, split_tokens, lead_tokens))
     # Why the split plan could not run the keys-as-rows tile (None: it could), asked once: for
     # the split plan use_gluon below equals wide_gluon.
     kt_misfit = (None if tuning.keys_rows is False
@@ -619,7 +653,7 @@ def plan_attention(
             decode=not prefill_like(T, G, B), gluon=wide_gluon,
             # Whether the split plan would run the keys-as-rows tile (speed only).
             keys_rows=tuning.keys_rows is not False and kt_misfit is None,
-            num_splits=num_splits)
+            num_splits=num_splits, lead_tokens=lead_tokens)
     num_warps = tuning.num_warps or launch.num_warps
     v_blocks, step, split_programs = 1, 1, 0
     if plan == "split":
@@ -629,10 +663,11 @@ def plan_attention(
         # bounds the lengths, so a wide table keeps the defaults. Speed only.
         # Splits per row by the longest length known (checked, or the caller's host_lens), else
         # by the table's bound.
-        row_splits = _cdiv(max_kv, split_tokens)
+        row_splits = count_splits(max_kv, split_tokens, lead_tokens)
         live = num_q_blocks * row_splits
         if stats is not None:
-            live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
+            live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens)
+                       + num_q_blocks * (split_tokens // lead_tokens))
         split_programs = live * Hkv
         if wide_gluon:  # the Gluon split kernel's rules (kernels.config)
             v_blocks = tuning.value_blocks or gluon_value_blocks(live * Hkv, num_sms)
@@ -724,6 +759,7 @@ def plan_attention(
         num_warps=num_warps,
         num_stages=num_stages,
         split_tokens=split_tokens, split_tiles=split_tokens // block_n,
+        lead_tokens=lead_tokens, lead_tiles=lead_tokens // block_n,
         # The workspace depth: from checked lengths or the table's bound, never from host_lens.
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
@@ -857,7 +893,8 @@ def _attention_args(lp: LaunchPlan, q: torch.Tensor, k_cache: torch.Tensor,
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
     return dict(
-        qk_scale=qk_scale, split_tiles=lp.split_tiles, B=block_table.shape[0], T=T, Hq=Hq,
+        qk_scale=qk_scale, split_tiles=lp.split_tiles, lead_tiles=lp.lead_tiles,
+        B=block_table.shape[0], T=T, Hq=Hq,
         num_pages=num_pages, max_kv_len=block_table.shape[1] * page_size,
         stride_qt=q.stride(0), stride_qh=q.stride(1),
         stride_kp=k_cache.stride(0), stride_ks=k_cache.stride(1), stride_kh=k_cache.stride(2),
@@ -899,7 +936,7 @@ def _launch_fused(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
         launch_fused_prefill(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, order, out,
                              lse, qk_scale, num_slots=lp.num_slots, split_tiles=lp.split_tiles,
                              block_m=lp.block_m, block_q=lp.block_q, block_n=lp.block_n,
-                             is_slot_order=lp.slot_order)
+                             is_slot_order=lp.slot_order, lead_tiles=lp.lead_tiles)
         return
     _unified_attention_fused_kernel[(lp.num_slots, Hkv)](
         q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table, order, out, lse,
@@ -931,7 +968,8 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                         out, lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
                         split_tiles=lp.split_tiles, block_q=lp.block_q, direct=direct,
                         value_blocks=lp.value_blocks, stages=lp.num_stages,
-                        scores_ahead=lp.scores_ahead, dependent_merge=lp.dependent_merge)
+                        scores_ahead=lp.scores_ahead, dependent_merge=lp.dependent_merge,
+                        lead_tiles=lp.lead_tiles)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
         return
@@ -942,7 +980,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                      lse, qk_scale, num_slots=lp.num_slots, num_splits=lp.num_splits,
                      split_tiles=lp.split_tiles, block_m=lp.block_m, block_q=lp.block_q,
                      block_n=lp.block_n, direct=direct, value_blocks=lp.value_blocks,
-                     dependent_merge=lp.dependent_merge)
+                     dependent_merge=lp.dependent_merge, lead_tiles=lp.lead_tiles)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
         return
@@ -968,7 +1006,8 @@ def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
     assert D % block_d == 0, (D, block_d)  # internal: every column belongs to one program
     _merge_splits_kernel[(T, Hkv, D // block_d)](
         ws_o, ws_ml, cu_seqlens_q, kv_lens, out, lse,
-        split_tokens=lp.split_tokens, B=kv_lens.shape[0], Hq=Hq, num_splits=lp.num_splits,
+        split_tokens=lp.split_tokens, lead_tokens=lp.lead_tokens, B=kv_lens.shape[0], Hq=Hq,
+        num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
         G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
         CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, num_warps=_MERGE_NUM_WARPS,
@@ -989,6 +1028,7 @@ def unified_attention(
     *,
     sm_scale: float | None = None,
     split_size: int | None = DEFAULT_SPLIT_SIZE,
+    lead_split_size: int | None = None,
     plan: str = "auto",
     validate: bool = True,
     tuning: Tuning | None = None,
@@ -1016,6 +1056,14 @@ def unified_attention(
             every row reduces over tiles and splits at absolute positions).
             ``None`` is the CONTROL mode: the split count comes from the batch (FA2 heuristic),
             deliberately not batch-invariant.
+        lead_split_size: KV tokens per lead split: the first ``split_size`` tokens of every row
+            are cut into splits of this size (bit-defining, absolute positions like the rest;
+            kernels/README.md, "Lead splits"), so that a short row runs as several programs and
+            a merge. A positive multiple of BLOCK_N that divides ``split_size``; a size of at
+            least ``split_size`` keeps one split size. ``None``:
+            :data:`~kernels.config.DEFAULT_LEAD_SPLIT_SIZE` (128) where it is a multiple of
+            BLOCK_N that divides a larger ``split_size``, else one split size. Ignored in the
+            control mode.
         plan: ``"fused"``, ``"split"`` or ``"auto"``. All plans give identical bits for a given
             split size; ``"auto"`` picks the faster one for the batch (see ``plan_attention``).
         validate: read ``cu_seqlens_q``, ``kv_lens`` and ``block_table`` back to the host (one
@@ -1039,8 +1087,8 @@ def unified_attention(
     """
     scale = _check_sm_scale(sm_scale)
     lp = plan_attention(q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table,
-                        split_size=split_size, plan=plan, validate=validate, tuning=tuning,
-                        host_lens=host_lens)
+                        split_size=split_size, lead_split_size=lead_split_size, plan=plan,
+                        validate=validate, tuning=tuning, host_lens=host_lens)
     T, Hq, D = q.shape
     if scale is None:
         scale = 1.0 / math.sqrt(D)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 __all__ = [
+    "DEFAULT_LEAD_SPLIT_SIZE",
     "DEFAULT_SPLIT_SIZE",
     "NOMINAL_NUM_SMS",
     "SUPPORTED_DTYPES",
@@ -23,6 +24,7 @@ __all__ = [
     "TileConfig",
     "batch_tuning",
     "control_num_splits",
+    "count_splits",
     "decode_stages",
     "fused_loop",
     "gluon_tile",
@@ -46,6 +48,12 @@ __all__ = [
 # 6.45 vs 6.57 vs 6.81 ms, b1-1k 20.3 vs 17.2 vs 16.0 us, b8-1k 28.1 vs 28.2 vs 30.9 us (no
 # longer faster at smaller splits); 1024 stays.
 DEFAULT_SPLIT_SIZE: int = 1024
+
+# KV tokens per lead split: the first DEFAULT_SPLIT_SIZE tokens of every row are cut into splits
+# of this size, at absolute positions (kernels/README.md, "Lead splits"). Bit-defining. A row of
+# at most 1024 keys then runs as 8 programs per KV head and a merge, as the control does at
+# batch 1, instead of one chain of 8 tiles (reports/h100-round28/README.md).
+DEFAULT_LEAD_SPLIT_SIZE: int = 128
 
 # SM count used when the tensors are not on a CUDA device (the interpreter); the H100 SXM value.
 NOMINAL_NUM_SMS: int = 132
@@ -432,6 +440,17 @@ def rows_per_block(block_m: int, group_size: int) -> tuple[int, int]:
     return m, m // group_size
 
 
+def count_splits(kv_len: int, split_tokens: int, lead_tokens: int) -> int:
+    """Splits of a row that sees ``kv_len`` keys: ``ceil(kv_len / lead_tokens)`` within the first
+    ``split_tokens`` keys, then one per ``split_tokens`` (``lead_tokens`` divides
+    ``split_tokens``; equal: one split size). 0 for ``kv_len <= 0``."""
+    if kv_len <= 0:
+        return 0
+    if kv_len <= split_tokens:
+        return -(-kv_len // lead_tokens)
+    return split_tokens // lead_tokens + -(-(kv_len - split_tokens) // split_tokens)
+
+
 def control_num_splits(
     batch_nheads_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int = 128
 ) -> int:
@@ -471,6 +490,7 @@ def choose_plan(
     gluon: bool = False,
     keys_rows: bool = False,
     num_splits: int | None = None,
+    lead_tokens: int | None = None,
 ) -> str:
     """The ``plan="auto"`` rule: "split" or "fused". Never changes bits, only speed.
 
@@ -504,7 +524,9 @@ def choose_plan(
     """
     if gluon and num_programs * 4 <= num_sms:
         return "split"
-    if keys_rows and (num_splits == 1 if num_splits is not None
+    # Rows within the lead splits: at most split_tokens // lead_tokens splits each.
+    lead_splits = split_tokens // lead_tokens if lead_tokens else 1
+    if keys_rows and (num_splits <= lead_splits if num_splits is not None
                       else max_kv_len <= split_tokens):
         return "split"
     balanced = 3 if keys_rows else 4  # the longest program, in halves of the average

@@ -98,9 +98,11 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor,
                          block_table: torch.Tensor, slot_order: torch.Tensor, out: torch.Tensor,
                          lse: torch.Tensor, qk_scale: float, *, num_slots: int, split_tiles: int,
-                         block_m: int, block_q: int, block_n: int, is_slot_order: bool) -> None:
+                         block_m: int, block_q: int, block_n: int, is_slot_order: bool,
+                         lead_tiles: int | None = None) -> None:
     """The fused plan's grid ``(num_slots, Hkv)`` on the Gluon kernel (``block_m`` 128,
-    ``block_n`` 64 or 128).
+    ``block_n`` 64 or 128). ``split_tiles`` and ``lead_tiles`` (default ``split_tiles``: no
+    lead splits) are the contract's splits in KV tiles (kernels/README.md, "Lead splits").
 
     Shapes: q ``[T, Hq, D]``; k_cache, v_cache ``[P, PS, Hkv, D]`` contiguous; cu_seqlens_q
     ``[B + 1]``, kv_lens ``[B]``, block_table ``[B, max_pages]`` int32; slot_order
@@ -113,7 +115,7 @@ def launch_fused_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     descs, box = _descriptors(q, k_cache, v_cache, block_n)
     ak._fused_prefill_kernel[(num_slots, Hkv)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, slot_order, out, lse,
-        qk_scale, split_tiles, block_table.shape[0], T, Hq, num_pages,
+        qk_scale, split_tiles, lead_tiles or split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_N=block_n, BOX=box, IS_SLOT_ORDER=is_slot_order, STAGES=ring_slots(block_n),
@@ -125,14 +127,15 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  ws_o: torch.Tensor, ws_ml: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  qk_scale: float, *, num_slots: int, num_splits: int, split_tiles: int,
                  block_m: int, block_q: int, block_n: int, direct: bool, value_blocks: int = 1,
-                 dependent_merge: bool = False) -> None:
+                 dependent_merge: bool = False, lead_tiles: int | None = None) -> None:
     """The split plan's first phase, grid ``(num_slots, Hkv * value_blocks, num_splits)``, on
     the Gluon kernel (``block_m`` 128, ``block_n`` 128): each split's raw state where the Triton
     split kernel writes it, for the package's merge; with ``direct`` (``num_splits == 1``) the
     result itself into out and lse, as the Triton split kernel's ``IS_DIRECT``. Scheduling only
     (``_split_kernel``): ``value_blocks`` (1, 2 or 4) V column blocks per (slot, KV head,
     split); ``dependent_merge``: the merge that follows is a programmatic dependent launch,
-    which every program lets start at once.
+    which every program lets start at once. ``split_tiles`` and ``lead_tiles`` as
+    :func:`launch_fused_prefill`'s.
 
     Shapes: as :func:`launch_fused_prefill`; ws_o ``[T, Hq, num_splits, D]`` and ws_ml
     ``[T, Hq, num_splits, 2]`` fp32, contiguous (not read with ``direct``)."""
@@ -145,7 +148,7 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     descs, box = _descriptors(q, k_cache, v_cache, block_n, value_blocks)
     ak._split_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
-        split_tiles,
+        split_tiles, lead_tiles or split_tiles,
         block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size, num_splits,
         q.stride(0), q.stride(1), block_table.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q,
@@ -199,7 +202,7 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     lse: torch.Tensor, qk_scale: float, *, num_slots: int, num_splits: int,
                     split_tiles: int, block_q: int, direct: bool, value_blocks: int = 1,
                     stages: int | None = None, scores_ahead: bool = False,
-                    dependent_merge: bool = False) -> None:
+                    dependent_merge: bool = False, lead_tiles: int | None = None) -> None:
     """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
     tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
     ``(num_slots, Hkv * value_blocks, num_splits)`` with ``num_slots = T // block_q + B``;
@@ -223,9 +226,9 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)
     ak._split_kt_kernel[(num_slots, Hkv * value_blocks, num_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
-        split_tiles, block_table.shape[0], T, Hq, num_pages, block_table.shape[1] * page_size,
-        num_splits, q.stride(0), q.stride(1), block_table.stride(0),
-        G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
+        split_tiles, lead_tiles or split_tiles, block_table.shape[0], T, Hq, num_pages,
+        block_table.shape[1] * page_size, num_splits, q.stride(0), q.stride(1),
+        block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
         STAGES=slots, IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
         num_warps=4)

@@ -68,7 +68,10 @@ from kernels._triton.attention_kernels import (
     _block_row_ids,
     _block_scalars,
     _load_q_cols,
+    _ends_split,
     _program_slot,
+    _split_len,
+    _split_lo,
     _store_rows,
     _tile_sum,
     _tile_weights,
@@ -86,6 +89,9 @@ _fold = gluon.jit(state_fold.fn)
 _normalize = gluon.jit(state_normalize.fn)
 _load_q_cols_g = gluon.jit(_load_q_cols.fn)
 _store_rows_g = gluon.jit(_store_rows.fn)
+_split_lo_g = gluon.jit(_split_lo.fn)
+_split_len_g = gluon.jit(_split_len.fn)
+_ends_split_g = gluon.jit(_ends_split.fn)
 
 #: One consumer warpgroup's layouts (64 rows on 4 warps), as Triton 3.6 lays out each
 #: warpgroup's half of the 128-row tile: scores and p on m64n64 ``wgmma``, acc on m64n128.
@@ -198,7 +204,7 @@ def _store_split(acc, l_i, m_i, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, q_start, 
 
 @gluon.jit
 def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
-                 kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+                 kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, lead_tiles, qk_scale,
                  G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The 128-key tile's rows of one warpgroup in the serial order: tile j's ``p @ v``
@@ -233,7 +239,7 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
             acc_tok = warpgroup_mma(p, v_s.index(j % STAGES), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(j % STAGES))
-            new_split = (j + 1) % split_tiles == 0
+            new_split = _ends_split_g(j + 1, split_tiles, lead_tiles)
             if new_split | (j + 1 == n_tiles):
                 # The split ends with tile j: fold it, start a fresh state.
                 f_m, f_l, f_acc = _fold(f_m, f_l, f_acc, gl.convert_layout(m_i, ROW_O),
@@ -253,7 +259,7 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
 
 @gluon.jit
 def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start, q_len,
-              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale,
+              kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, lead_tiles, qk_scale,
               G: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: rows ``[half * 64, half * 64 + 64)`` of the block, every tile
@@ -265,8 +271,8 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
             _release(ready, empty, n_tiles, STAGES)
         else:
             _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_start,
-                         q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G,
-                         HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)
+                         q_len, kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, lead_tiles,
+                         qk_scale, G, HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)
     else:
         S_L: gl.constexpr = WG_S_L
         O_L: gl.constexpr = WG_O_L
@@ -312,7 +318,7 @@ def _consumer(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_sta
                 if jn >= j_mid:
                     b_s = _masked(b_s, jn, pos, BLOCK_N, S_L)
                 # Tile j + 1's weights while this tile's p @ v runs; a new split starts fresh.
-                new_split = (j + 1) % split_tiles == 0
+                new_split = _ends_split_g(j + 1, split_tiles, lead_tiles)
                 m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
                 m_new, alpha, b_p_n = _weights(m_base, b_s, qk_scale)
                 acc = warpgroup_mma_wait(0, deps=[acc_tok])
@@ -359,7 +365,7 @@ def _loader(k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n_tiles, p_bt, kv_len,
                                             v_s.index(s).slice(i * BOX, BOX))
 
 
-@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len"])
+@gluon.jit(do_not_specialize=["split_tiles", "lead_tiles", "B", "T", "num_pages", "max_kv_len"])
 def _fused_prefill_kernel(
     q_ptr,  # [T, Hq, D]
     k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
@@ -372,6 +378,7 @@ def _fused_prefill_kernel(
     lse_ptr,  # [T, Hq] fp32 contiguous
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split
+    lead_tiles,  # KV tiles per lead split, a divisor of split_tiles (_split_lo)
     B,
     T,
     Hq,
@@ -423,11 +430,11 @@ def _fused_prefill_kernel(
     p_bt = block_table_ptr + i_b.to(gl.int64) * stride_bt
     gl.warp_specialize([
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 0, i_qblk, q_start, q_len,
-                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, lead_tiles, qk_scale, G,
+                     HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_consumer, (q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, 1, i_qblk, q_start, q_len,
-                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, qk_scale, G, HEAD_DIM,
-                     BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
+                     kv_len, T, Hq, i_kvh, n_tiles, j_mid, split_tiles, lead_tiles, qk_scale, G,
+                     HEAD_DIM, BLOCK_M, BLOCK_Q, BLOCK_N, STAGES)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, 0, n_tiles, p_bt, kv_len, num_pages,
                    i_kvh, 0, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, HEAD_DIM))], [4, 1],
         [232, 24])
@@ -523,7 +530,8 @@ def _split_rows(q_s, k_s, v_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_p
                  i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
 
 
-@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+@gluon.jit(do_not_specialize=["split_tiles", "lead_tiles", "B", "T", "num_pages", "max_kv_len",
+                               "num_splits"])
 def _split_kernel(
     q_ptr,  # [T, Hq, D]
     k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
@@ -537,6 +545,7 @@ def _split_kernel(
     lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split
+    lead_tiles,  # KV tiles per lead split, a divisor of split_tiles (_split_lo)
     B,
     T,
     Hq,
@@ -589,10 +598,10 @@ def _split_kernel(
         return
     min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
     n_tiles = max_pos // BLOCK_N + 1
-    j_lo = i_split * split_tiles
+    j_lo = _split_lo_g(i_split, split_tiles, lead_tiles)
     if j_lo >= n_tiles:
         return
-    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    n = gl.minimum(j_lo + _split_len_g(i_split, split_tiles, lead_tiles), n_tiles) - j_lo
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                           warps_per_cta=[4, 1], order=[1, 0])
     o_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_L))
@@ -776,7 +785,8 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
                  m_ml, o_d, i_kvh, Hq, i_split, num_splits, G, HEAD_DIM, IS_DIRECT)
 
 
-@gluon.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len", "num_splits"])
+@gluon.jit(do_not_specialize=["split_tiles", "lead_tiles", "B", "T", "num_pages", "max_kv_len",
+                               "num_splits"])
 def _split_kt_kernel(
     q_ptr,  # [T, Hq, D]
     k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
@@ -790,6 +800,7 @@ def _split_kt_kernel(
     lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split
+    lead_tiles,  # KV tiles per lead split, a divisor of split_tiles (_split_lo)
     B,
     T,
     Hq,
@@ -835,10 +846,10 @@ def _split_kt_kernel(
         return
     min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
     n_tiles = max_pos // BLOCK_N + 1
-    j_lo = i_split * split_tiles
+    j_lo = _split_lo_g(i_split, split_tiles, lead_tiles)
     if j_lo >= n_tiles:
         return
-    n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    n = gl.minimum(j_lo + _split_len_g(i_split, split_tiles, lead_tiles), n_tiles) - j_lo
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                           warps_per_cta=[4, 1], order=[1, 0])
     o_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD_L))

@@ -331,6 +331,39 @@ def _attend_tile_pair(
 
 
 @triton.jit
+def _split_lo(i_split, split_tiles, lead_tiles):
+    """First KV tile of split ``i_split``. The contract's splits (kernels/README.md, "Lead
+    splits"): the first ``split_tiles`` tiles of every row in splits of ``lead_tiles`` (a
+    divisor of ``split_tiles``), then splits of ``split_tiles``, all at absolute positions."""
+    n_lead = split_tiles // lead_tiles
+    return tl.where(i_split < n_lead, i_split * lead_tiles, (i_split - n_lead + 1) * split_tiles)
+
+
+@triton.jit
+def _split_len(i_split, split_tiles, lead_tiles):
+    """KV tiles of split ``i_split`` (:func:`_split_lo`)."""
+    return tl.where(i_split < split_tiles // lead_tiles, lead_tiles, split_tiles)
+
+
+@triton.jit
+def _split_count(n_tiles, split_tiles, lead_tiles):
+    """Splits that hold tiles ``0 .. n_tiles - 1`` (0 for ``n_tiles <= 0``): the split of the
+    last tile, plus one. NOTE: no ``n_tiles + split_tiles - 1``, which wraps in int32 for a split
+    size near 2**31 tiles."""
+    last = tl.maximum(n_tiles - 1, 0)
+    i_last = tl.where(last < split_tiles, last // lead_tiles,
+                      last // split_tiles + split_tiles // lead_tiles - 1)
+    return tl.where(n_tiles > 0, i_last + 1, 0)
+
+
+@triton.jit
+def _ends_split(n_done, split_tiles, lead_tiles):
+    """Whether a split ends after the first ``n_done`` tiles (``n_done >= 1``): at every
+    ``lead_tiles`` up to ``split_tiles``, then at every ``split_tiles``."""
+    return n_done % tl.where(n_done <= split_tiles, lead_tiles, split_tiles) == 0
+
+
+@triton.jit
 def _attend_split(
     b_q,  # [BM, D] q tile
     pos,  # [BM] int32 absolute position of each row, -1 for padding rows
@@ -339,6 +372,7 @@ def _attend_split(
     kv_len,
     i_split,
     split_tiles,  # tiles per split (S // BLOCK_N)
+    lead_tiles,  # tiles per lead split, a divisor of split_tiles (_split_lo)
     i_kvh,
     k_ptr,  # [P, PS, Hkv, D]
     v_ptr,  # [P, PS, Hkv, D]
@@ -372,9 +406,10 @@ def _attend_split(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    j_lo = i_split * split_tiles
+    j_lo = _split_lo(i_split, split_tiles, lead_tiles)
     # Tiles past the block's last position are masked for every row: skip them.
-    j_hi = tl.minimum(j_lo + split_tiles, max_pos // BLOCK_N + 1)
+    j_hi = tl.minimum(j_lo + _split_len(i_split, split_tiles, lead_tiles),
+                      max_pos // BLOCK_N + 1)
     # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
     j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
     kv_off_h = i_kvh.to(tl.int64)
@@ -475,7 +510,7 @@ def _program_slot(slot_order_ptr, IS_SLOT_ORDER: tl.constexpr):
 # NOTE: per-batch integers are not specialised (Triton would compile a variant per "== 1" /
 # "divisible by 16" combination of B, T, page count and lengths: ~20 compiles per dtype in one
 # check). Strides stay specialised: their alignment enables vector loads.
-@triton.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len"])
+@triton.jit(do_not_specialize=["split_tiles", "lead_tiles", "B", "T", "num_pages", "max_kv_len"])
 def _unified_attention_fused_kernel(
     # Inputs
     q_ptr,  # [T, Hq, D]
@@ -491,6 +526,7 @@ def _unified_attention_fused_kernel(
     # Scalars
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
+    lead_tiles,  # KV tiles per lead split, a divisor of split_tiles (_split_lo)
     B,  # requests
     T,  # query tokens
     Hq,  # query heads
@@ -550,12 +586,11 @@ def _unified_attention_fused_kernel(
         # time, then the masked ones), its fold after it: per row the same operations in the same
         # order as the flat loop below; only register allocation and the schedule change
         # (kernels/README.md, "The fused plan's nested loop").
-        # NOTE: ceil(j_end / split_tiles) without j_end + split_tiles - 1, which wraps in int32
-        # for a split_size near 2**31 tiles (then no split would be walked).
-        n_splits = tl.where(j_end > 0, (j_end - 1) // split_tiles + 1, 0)
+        n_splits = _split_count(j_end, split_tiles, lead_tiles)
         for i_split in range(0, n_splits):
             m_i, l_i, acc = _attend_split(
-                b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr,
+                b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, lead_tiles, i_kvh,
+                k_ptr, v_ptr,
                 p_bt, num_pages, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
                 stride_vh, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
                 IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, 0, HEAD_DIM, TILES_PER_STEP)
@@ -576,7 +611,7 @@ def _unified_attention_fused_kernel(
                 qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
                 IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if (j + 1) % split_tiles == 0:
+            if _ends_split(j + 1, split_tiles, lead_tiles):
                 f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                               BLOCK_M, HEAD_DIM)
         for j in range(j_mid, j_end):
@@ -585,11 +620,11 @@ def _unified_attention_fused_kernel(
                 qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
                 IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
-            if (j + 1) % split_tiles == 0:
+            if _ends_split(j + 1, split_tiles, lead_tiles):
                 f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                               BLOCK_M, HEAD_DIM)
-        if j_end % split_tiles != 0:
-            # The last split ends inside the block's range.
+        if j_end % tl.where(j_end <= split_tiles, lead_tiles, split_tiles) != 0:
+            # The last split ends inside the block's range (not after tile j_end - 1).
             f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                           BLOCK_M, HEAD_DIM)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
@@ -650,8 +685,8 @@ def _slot_rank_kernel(
     tl.store(order_ptr + rank, i)
 
 
-@triton.jit(do_not_specialize=["split_tiles", "B", "T", "num_pages", "max_kv_len",
-                               "num_splits"])
+@triton.jit(do_not_specialize=["split_tiles", "lead_tiles", "B", "T", "num_pages",
+                               "max_kv_len", "num_splits"])
 def _unified_attention_split_kernel(
     # Inputs
     q_ptr,  # [T, Hq, D]
@@ -668,6 +703,7 @@ def _unified_attention_split_kernel(
     # Scalars
     qk_scale,  # sm_scale * log2(e), > 0
     split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
+    lead_tiles,  # KV tiles per lead split, a divisor of split_tiles (_split_lo)
     B,  # requests
     T,  # query tokens
     Hq,  # query heads
@@ -732,13 +768,13 @@ def _unified_attention_split_kernel(
     # only for malformed lengths with validate=False): its rows get the empty state (0, -inf),
     # as under the fused plan, never unwritten memory.
     if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
-        if i_split * split_tiles * BLOCK_N > max_pos:
+        if _split_lo(i_split, split_tiles, lead_tiles) * BLOCK_N > max_pos:
             return
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     s_m, s_l, s_acc = _attend_split(
-        b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, i_kvh, k_ptr, v_ptr, p_bt,
-        num_pages, qk_scale,
+        b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, lead_tiles, i_kvh, k_ptr,
+        v_ptr, p_bt, num_pages, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
         IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV, TILES_PER_STEP)
@@ -755,7 +791,7 @@ def _unified_attention_split_kernel(
         tl.store(ws_ml_ptr + 2 * i_ws + 1, s_l, mask=m_ml)
 
 
-@triton.jit(do_not_specialize=["split_tokens", "B", "num_splits", "max_kv_len"])
+@triton.jit(do_not_specialize=["split_tokens", "lead_tokens", "B", "num_splits", "max_kv_len"])
 def _merge_splits_kernel(
     # Inputs
     ws_o_ptr,  # [T, Hq, num_splits, D] fp32 raw acc
@@ -767,6 +803,7 @@ def _merge_splits_kernel(
     lse_ptr,  # [T, Hq] fp32
     # Scalars
     split_tokens,  # KV tokens per split
+    lead_tokens,  # KV tokens per lead split, a divisor of split_tokens (_split_lo)
     B,  # requests
     Hq,  # query heads
     num_splits,  # workspace splits per row
@@ -803,7 +840,7 @@ def _merge_splits_kernel(
     pos = kv_len - q_len + (i_t - q_start)
     # NOTE: the clamp to num_splits is a no-op for valid input (pos < max kv_len, which sized the
     # workspace); it keeps malformed lengths (validate=False) inside the workspace.
-    n_splits = tl.minimum(pos // split_tokens + 1, num_splits)
+    n_splits = tl.minimum(_split_count(pos + 1, split_tokens, lead_tokens), num_splits)
     o_g = tl.arange(0, BLOCK_G)
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
     m_g = o_g < G
