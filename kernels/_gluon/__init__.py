@@ -228,7 +228,7 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles, lead_tiles or split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, num_splits, q.stride(0), q.stride(1),
-        block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q, BLOCK_N=128, BOX=box,
-        STAGES=slots, IS_DIRECT=direct,
+        block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q,
+        BLOCK_N=128, BOX=box, STAGES=slots, IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
         num_warps=4)
