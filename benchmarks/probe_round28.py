@@ -66,14 +66,14 @@ def make(batch, cell: str, tuning):
     if base not in kernels.PLANS:
         raise ValueError(f"cell {cell!r}: expected a plan {kernels.PLANS} or 'heuristic'")
     fn = call(batch, base, tuning)
+    lens = (batch.q_lens(), batch.kv_lens.tolist())  # on the host, before any capture
 
     def run():
         # call() passes the default lead; the lead size goes through the public argument.
         return kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, plan=base, tuning=tuning,
-            validate=False, host_lens=(batch.q_lens(), batch.kv_lens.tolist()),
-            lead_split_size=lead_size)
+            validate=False, host_lens=lens, lead_split_size=lead_size)
     return fn if lead_size is None else run
 
 
