@@ -53,6 +53,7 @@ from kernels.config import (
     gluon_value_blocks,
     kt_scores_ahead,
     kt_value_blocks,
+    kt_walk_lead,
     prefill_like,
     rows_per_block,
     slot_order,
@@ -213,6 +214,11 @@ class Tuning:
       Scheduling only, no bit. ``None``: :func:`~kernels.config.kt_scores_ahead` with 2 V
       blocks; ``True`` where the tile does not run, or with one V block at 32 rows (its second
       p buffer would overflow shared memory), raises a ``ValueError``.
+    - ``walk_lead`` (bool; the keys-as-rows tile only): one program per split of ``split_size``
+      that folds the lead splits in it, as the fused plan does (``True``), or one program per
+      lead split and the merge folds them (``False``). Scheduling only, no bit. ``None``:
+      :func:`~kernels.config.kt_walk_lead`; ``True`` where the tile does not run raises a
+      ``ValueError``.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid: another contract. For experiments (tile sweeps, the 64-key contract on Hopper with
       ``block_n=64``); ``split_size`` must be a multiple of it.
@@ -230,6 +236,7 @@ class Tuning:
     gluon: bool | None = None
     keys_rows: bool | None = None
     scores_ahead: bool | None = None
+    walk_lead: bool | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -246,7 +253,7 @@ class Tuning:
                                           and ok(value)):
                 raise ValueError(f"Tuning.{name}: expected {expected} or None, got {value!r}")
         for name in ("dependent_merge", "slot_order", "nested_loop", "gluon", "keys_rows",
-                     "scores_ahead"):
+                     "scores_ahead", "walk_lead"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"Tuning.{name}: expected a bool or None, got {value!r}")
@@ -293,6 +300,9 @@ class LaunchPlan:
     gluon: bool  # the Gluon kernels (kernels/_gluon) instead of Triton's
     keys_rows: bool  # split plan: the keys-as-rows decode tile (block_m: its rows, <= 32)
     scores_ahead: bool  # keys-as-rows tile: next tile's scores issued before this p @ v
+    # keys-as-rows tile: a program per split of split_tokens, lead splits folded in it (the
+    # workspace and the merge then count splits of split_tokens), not one per lead split
+    walk_lead: bool
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     # From the lengths read back (validate=True) or from host_lens; counted in blocks of the
@@ -665,10 +675,15 @@ def plan_attention(
         # by the table's bound.
         row_splits = count_splits(max_kv, split_tokens, lead_tokens)
         live = num_q_blocks * row_splits
+        # The keys-as-rows rules count programs in splits of split_tokens (one program per lead
+        # split adds short programs, not chains).
+        live_one = num_q_blocks * _cdiv(max_kv, split_tokens)
         if stats is not None:
             live = min(live, _cdiv(stats.total_tiles * block_n, split_tokens)
                        + num_q_blocks * (split_tokens // lead_tokens))
-        split_programs = live * Hkv
+            live_one = min(live_one,
+                           _cdiv(stats.total_tiles * block_n, split_tokens) + num_q_blocks)
+        split_programs = live_one * Hkv
         if wide_gluon:  # the Gluon split kernel's rules (kernels.config)
             v_blocks = tuning.value_blocks or gluon_value_blocks(live * Hkv, num_sms)
         elif wide:  # the 64-key rules do not apply (kernels.config.wide_tile)
@@ -723,7 +738,7 @@ def plan_attention(
         from kernels import _gluon  # light: imports no Triton
 
         num_stages = _gluon.ring_slots(block_n, v_blocks)
-    keys_rows = ahead = False
+    keys_rows = ahead = walk = False
     if tuning.keys_rows is not False:
         misfit = (kt_misfit if plan == "split"
                   else _keys_rows_misfit(plan, use_gluon, G, T, B, tuning))
@@ -738,10 +753,20 @@ def plan_attention(
             ahead = (v_blocks == 2 and kt_scores_ahead(split_programs, num_sms)
                      if tuning.scores_ahead is None else tuning.scores_ahead)
             num_warps, num_stages = 4, _gluon.kt_ring_slots(v_blocks, block_m)
+            lead_splits = split_tokens // lead_tokens
+            walk = lead_splits > 1 and (
+                kt_walk_lead(split_programs, lead_splits, num_sms)
+                if tuning.walk_lead is None else tuning.walk_lead)
+            if walk:  # the workspace and the merge count splits of split_tokens
+                num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
+                dependent = dependent and num_splits > 1
         elif tuning.keys_rows:
             chosen = (" (plan='auto' chose another plan; pass plan='split')"
                       if auto and plan != "split" else "")
             raise ValueError(f"tuning: keys_rows=True needs {misfit}{chosen}")
+    if tuning.walk_lead and not keys_rows:
+        raise ValueError("tuning: walk_lead=True needs the keys-as-rows tile "
+                         "(LaunchPlan.keys_rows; Tuning(keys_rows=True) names why it is off)")
     if tuning.scores_ahead and not keys_rows:
         raise ValueError("tuning: scores_ahead=True needs the keys-as-rows tile "
                          "(LaunchPlan.keys_rows; Tuning(keys_rows=True) names why it is off)")
@@ -764,7 +789,7 @@ def plan_attention(
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
         dependent_merge=dependent, slot_order=ordered, nested_loop=nested, gluon=use_gluon,
-        keys_rows=keys_rows, scores_ahead=ahead,
+        keys_rows=keys_rows, scores_ahead=ahead, walk_lead=walk,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -969,7 +994,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                         split_tiles=lp.split_tiles, block_q=lp.block_q, direct=direct,
                         value_blocks=lp.value_blocks, stages=lp.num_stages,
                         scores_ahead=lp.scores_ahead, dependent_merge=lp.dependent_merge,
-                        lead_tiles=lp.lead_tiles)
+                        lead_tiles=lp.lead_tiles, walk=lp.walk_lead)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
         return
@@ -1006,8 +1031,10 @@ def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
     assert D % block_d == 0, (D, block_d)  # internal: every column belongs to one program
     _merge_splits_kernel[(T, Hkv, D // block_d)](
         ws_o, ws_ml, cu_seqlens_q, kv_lens, out, lse,
-        split_tokens=lp.split_tokens, lead_tokens=lp.lead_tokens, B=kv_lens.shape[0], Hq=Hq,
-        num_splits=lp.num_splits,
+        split_tokens=lp.split_tokens,
+        # A walking keys-as-rows program stores one state per split of split_tokens.
+        lead_tokens=lp.split_tokens if lp.walk_lead else lp.lead_tokens, B=kv_lens.shape[0],
+        Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
         G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
         CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, num_warps=_MERGE_NUM_WARPS,

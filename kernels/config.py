@@ -31,6 +31,7 @@ __all__ = [
     "gluon_value_blocks",
     "kt_scores_ahead",
     "kt_value_blocks",
+    "kt_walk_lead",
     "slot_order",
     "tile_config",
     "tiles_per_step",
@@ -367,6 +368,19 @@ def kt_scores_ahead(num_programs: int, num_sms: int) -> bool:
     slower on 8-32 programs (it waits for the next tile before this tile's ``p @ v`` frees a
     slot: inferred, not profiled)."""
     return num_programs * 8 <= num_sms
+
+
+def kt_walk_lead(num_programs: int, lead_splits: int, num_sms: int) -> bool:
+    """Whether each program of the keys-as-rows tile walks a whole split of ``split_size`` and
+    folds the lead splits in it (``Tuning.walk_lead``), instead of one program per lead split:
+    where one program per lead split would not fit the SMs once (``num_programs * lead_splits >
+    num_sms``, ``num_programs`` the split grid's working programs counted in splits of
+    ``split_size``, as :func:`kt_value_blocks` counts them). Shapes only (no sync); scheduling
+    only, no bit (kernels/README.md, "Lead splits"). Measured on an H200 (bf16, round 28, call
+    2; lead splits of 128): one program per lead split took batch 1 with 1k keys from 14.2 to
+    11.7 us and 1k x 2 from 14.4 to 13.8 (8 and 16 programs), and lost from 1k x 4 on (15.8 ->
+    19.5 us), up to 2x on 64 decodes of 1k (83.6 -> 163.6 us)."""
+    return num_programs * lead_splits > num_sms
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

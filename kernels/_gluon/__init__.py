@@ -202,13 +202,17 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     lse: torch.Tensor, qk_scale: float, *, num_slots: int, num_splits: int,
                     split_tiles: int, block_q: int, direct: bool, value_blocks: int = 1,
                     stages: int | None = None, scores_ahead: bool = False,
-                    dependent_merge: bool = False, lead_tiles: int | None = None) -> None:
+                    dependent_merge: bool = False, lead_tiles: int | None = None,
+                    walk: bool = False) -> None:
     """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
     tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
     ``(num_slots, Hkv * value_blocks, num_splits)`` with ``num_slots = T // block_q + B``;
     ``value_blocks`` 1 or 2 (V column blocks), ``stages`` the ring's slots (default
     :func:`kt_ring_slots`), ``scores_ahead`` the issue order (the next tile's scores before this
     tile's ``p @ v``): scheduling only, no bit. Same shapes and stores as :func:`launch_split`.
+    ``walk``: program ``i`` walks the tiles of split ``i`` of ``split_tiles`` and folds the lead
+    splits in them (``_split_kt_kernel``'s ``WALK``): ``num_splits`` and ``direct`` count splits
+    of ``split_tiles``, as the merge must (scheduling only, no bit).
     The settings are checked before the kernel module is imported."""
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
@@ -231,4 +235,4 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q,
         BLOCK_N=128, BOX=box, STAGES=slots, IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
-        num_warps=4)
+        WALK=walk, num_warps=4)

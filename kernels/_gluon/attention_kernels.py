@@ -683,11 +683,29 @@ def _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS: gl.constexpr, BLOCK_N: 
 
 
 @gluon.jit
+def _fold_t(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    """``state_fold`` on transposed accumulators (``acc_*`` ``[columns, rows]``, ``m_*`` and
+    ``l_*`` along axis 1): the same operations in the same order per element (the weights, then
+    one explicit ``fma`` each for ``l`` and ``acc``), so the same bits."""
+    a_empty = m_a == float("-inf")
+    b_empty = m_b == float("-inf")
+    m = gl.maximum(m_a, m_b)
+    m_safe = gl.where(a_empty & b_empty, 0.0, m)
+    neg_zero = gl.cast(-2147483648, gl.float32, bitcast=True)  # -0.0: see state_fold
+    w_a = gl.where(b_empty, 1.0, gl.where(a_empty, neg_zero, gl.exp2(m_a - m_safe)))
+    w_b = gl.where(b_empty, neg_zero, gl.where(a_empty, 1.0, gl.exp2(m_b - m_safe)))
+    l = gl.fma(l_a, w_a, l_b * w_b)
+    acc = gl.fma(acc_a, w_a[None, :], acc_b * w_b[None, :])
+    return m, l, acc
+
+
+@gluon.jit
 def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk,
              q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles, j_mid, i_split,
-             num_splits, qk_scale, G: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
-             BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr):
+             num_splits, split_tiles, lead_tiles, qk_scale, G: gl.constexpr,
+             HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_Q: gl.constexpr,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_DIRECT: gl.constexpr,
+             BLOCK_DV: gl.constexpr, AHEAD: gl.constexpr, WALK: gl.constexpr):
     """The consumer warpgroup of ``_split_kt_kernel``: ``_split_rows``' operations per row, on
     transposed tiles. Per tile: ``s^T = k @ q^T`` (m64nROWSk16 ``wgmma``, the keys on M), the
     weights (``_kt_weights``), ``acc^T * alpha``, p^T through shared memory, ``acc^T += v^T @
@@ -697,7 +715,14 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     Issue order (no bit: the same operations on the same values): with ``AHEAD`` the next
     tile's scores are issued before this tile's ``p @ v`` and its weights computed while that
     runs (``_split_rows``' order; p in two shared buffers, so the next p is written while this
-    one is read); without, each tile waits for its ``p @ v`` before the next scores."""
+    one is read); without, each tile waits for its ``p @ v`` before the next scores.
+
+    ``WALK``: the program's tiles may hold several splits (the lead splits,
+    kernels/README.md, "Lead splits"); each ends with a fold of its state into the program's
+    running fold (``_fold_t``) and the next starts fresh, as the fused plan walks them
+    (``_serial_rows``); the fold is stored. The same bits as one program per split and the
+    merge: the fold is the merge's, in the same order, and folding into the empty state is
+    exact."""
     ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, ROWS, 16])
     COL_S: gl.constexpr = gl.SliceLayout(0, ST_L)
@@ -708,6 +733,10 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
     l_i = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
     q_t = q_s.permute((1, 0))
+    # WALK: the running fold of the program's finished splits (empty).
+    f_m = gl.full([ROWS], float("-inf"), gl.float32, layout=COL_S)
+    f_l = gl.full([ROWS], 0.0, gl.float32, layout=COL_S)
+    f_acc = gl.full([BLOCK_DV, ROWS], 0.0, gl.float32, layout=ST_L)
     if AHEAD:
         mbarrier.wait(ready.index(0), 0)
         s_tok = warpgroup_mma(k_s.index(0), q_t, zero_s, is_async=True)
@@ -727,13 +756,22 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
             acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)),
                                     p_s.index(t % 2).permute((1, 0)), acc, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=[s_tok])
-            m_new, alpha, p_t, r_sum = _kt_weights(s_t, m_i, j_lo + t + 1, j_mid, pos,
+            m_base = m_i
+            if WALK:  # a split ends with tile t: the next one starts fresh
+                new_split = _ends_split_g(j_lo + t + 1, split_tiles, lead_tiles)
+                m_base = gl.where(new_split, gl.full_like(m_i, float("-inf")), m_i)
+            m_new, alpha, p_t, r_sum = _kt_weights(s_t, m_base, j_lo + t + 1, j_mid, pos,
                                                    qk_scale, ROWS, BLOCK_N, ST_L, COL_S)
             p_s.index((t + 1) % 2).store(gl.permute(p_t.to(p_s.dtype), (1, 0)))
             fence_async_shared()
             gl.thread_barrier()
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(s))
+            if WALK:
+                if new_split:
+                    f_m, f_l, f_acc = _fold_t(f_m, f_l, f_acc, m_i, l_i, acc)
+                    l_i = gl.full_like(l_i, 0.0)
+                    acc = gl.full_like(acc, 0.0)
             m_i = m_new
             l_i = gl.fma(l_i, alpha, r_sum)
             acc = acc * alpha[None, :]
@@ -751,6 +789,13 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
         for t in range(0, n):
             j = j_lo + t
             s = t % STAGES
+            if WALK:
+                if (t > 0) & _ends_split_g(j, split_tiles, lead_tiles):
+                    # A split ended with tile j - 1: fold it, start fresh.
+                    f_m, f_l, f_acc = _fold_t(f_m, f_l, f_acc, m_i, l_i, acc)
+                    m_i = gl.full_like(m_i, float("-inf"))
+                    l_i = gl.full_like(l_i, 0.0)
+                    acc = gl.full_like(acc, 0.0)
             mbarrier.wait(ready.index(s), (t // STAGES) & 1)
             s_tok = warpgroup_mma(k_s.index(s), q_t, zero_s, is_async=True)
             s_t = warpgroup_mma_wait(0, deps=[s_tok])
@@ -766,6 +811,8 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
             acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_t_s, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(s))
+    if WALK:  # the last split's fold
+        m_i, l_i, acc = _fold_t(f_m, f_l, f_acc, m_i, l_i, acc)
     OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BLOCK_DV // 32],
                                            threads_per_warp=[1, 32], warps_per_cta=[4, 1],
                                            order=[1, 0])
@@ -822,12 +869,18 @@ def _split_kt_kernel(
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
     AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
+    WALK: gl.constexpr = False,  # program i walks tiles [i * split_tiles, ...), lead splits folded
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
     the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
     the MMA's rows. Scheduling and operand placement only, the same bits (kernels/README.md,
     "The keys-as-rows decode tile"): ``VALUE_BLOCKS`` as ``_split_kernel``'s (2 at most: the
-    ``p @ v`` MMA's M is V's columns, 64 at least), ``AHEAD`` the issue order (``_kt_rows``)."""
+    ``p @ v`` MMA's M is V's columns, 64 at least), ``AHEAD`` the issue order (``_kt_rows``).
+
+    ``WALK``: program ``i`` of grid dim 2 walks the tiles ``[i * split_tiles, (i + 1) *
+    split_tiles)``, and program 0 folds the lead splits in them (``_kt_rows``): the workspace
+    then has one entry per ``split_tiles`` (the merge counts splits with ``lead_tokens =
+    split_tokens``), and ``IS_DIRECT`` means rows of at most ``split_tiles`` tiles."""
     if IS_PDL:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -846,10 +899,16 @@ def _split_kt_kernel(
         return
     min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
     n_tiles = max_pos // BLOCK_N + 1
-    j_lo = _split_lo_g(i_split, split_tiles, lead_tiles)
-    if j_lo >= n_tiles:
-        return
-    n = gl.minimum(j_lo + _split_len_g(i_split, split_tiles, lead_tiles), n_tiles) - j_lo
+    if WALK:
+        j_lo = i_split * split_tiles
+        if j_lo >= n_tiles:
+            return
+        n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+    else:
+        j_lo = _split_lo_g(i_split, split_tiles, lead_tiles)
+        if j_lo >= n_tiles:
+            return
+        n = gl.minimum(j_lo + _split_len_g(i_split, split_tiles, lead_tiles), n_tiles) - j_lo
     LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                           warps_per_cta=[4, 1], order=[1, 0])
     o_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD_L))
@@ -876,8 +935,8 @@ def _split_kt_kernel(
     gl.warp_specialize([
         (_kt_rows, (q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
                     i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb, j_lo, n, n_tiles,
-                    j_mid, i_split, num_splits, qk_scale, G, HEAD_DIM, ROWS, BLOCK_Q, BLOCK_N,
-                    STAGES, IS_DIRECT, BLOCK_DV, AHEAD)),
+                    j_mid, i_split, num_splits, split_tiles, lead_tiles, qk_scale, G, HEAD_DIM,
+                    ROWS, BLOCK_Q, BLOCK_N, STAGES, IS_DIRECT, BLOCK_DV, AHEAD, WALK)),
         (_loader, (k_desc, v_desc, k_s, v_s, ready, empty, j_lo, n, p_bt, kv_len, num_pages,
                    i_kvh, i_vb, HEAD_DIM, PAGE_SIZE, BLOCK_N, BOX, STAGES, BLOCK_DV))], [1],
         [24])
