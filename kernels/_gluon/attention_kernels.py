@@ -767,7 +767,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
             gl.thread_barrier()
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(s))
-            if WALK:
+            if WALK:  # noqa: SIM102 (a constexpr branch: new_split exists only with WALK)
                 if new_split:
                     f_m, f_l, f_acc = _fold_t(f_m, f_l, f_acc, m_i, l_i, acc)
                     l_i = gl.full_like(l_i, 0.0)
@@ -789,7 +789,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
         for t in range(0, n):
             j = j_lo + t
             s = t % STAGES
-            if WALK:
+            if WALK:  # noqa: SIM102 (a constexpr branch: the test compiles away)
                 if (t > 0) & _ends_split_g(j, split_tiles, lead_tiles):
                     # A split ended with tile j - 1: fold it, start fresh.
                     f_m, f_l, f_acc = _fold_t(f_m, f_l, f_acc, m_i, l_i, acc)
