@@ -748,18 +748,20 @@ def plan_attention(
             keys_rows = True
             block_m = _gluon.kt_rows(G)
             block_q = block_m // G
-            v_blocks = tuning.value_blocks or kt_value_blocks(split_programs, num_sms)
-            # Measured faster only on the 4-slot ring of 2 V blocks (kt_scores_ahead).
-            ahead = (v_blocks == 2 and kt_scores_ahead(split_programs, num_sms)
-                     if tuning.scores_ahead is None else tuning.scores_ahead)
-            num_warps, num_stages = 4, _gluon.kt_ring_slots(v_blocks, block_m)
             lead_splits = split_tokens // lead_tokens
             walk = lead_splits > 1 and (
-                kt_walk_lead(split_programs, lead_splits, num_sms)
+                kt_walk_lead(live * Hkv, max_kv <= split_tokens, num_sms)
                 if tuning.walk_lead is None else tuning.walk_lead)
             if walk:  # the workspace and the merge count splits of split_tokens
                 num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
                 dependent = dependent and num_splits > 1
+            # The schedule rules count the programs launched (one per lead split, or walking).
+            programs = split_programs if walk else live * Hkv
+            v_blocks = tuning.value_blocks or kt_value_blocks(programs, num_sms)
+            # Measured faster only on the 4-slot ring of 2 V blocks (kt_scores_ahead).
+            ahead = (v_blocks == 2 and kt_scores_ahead(programs, num_sms)
+                     if tuning.scores_ahead is None else tuning.scores_ahead)
+            num_warps, num_stages = 4, _gluon.kt_ring_slots(v_blocks, block_m)
         elif tuning.keys_rows:
             chosen = (" (plan='auto' chose another plan; pass plan='split')"
                       if auto and plan != "split" else "")

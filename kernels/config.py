@@ -370,17 +370,18 @@ def kt_scores_ahead(num_programs: int, num_sms: int) -> bool:
     return num_programs * 8 <= num_sms
 
 
-def kt_walk_lead(num_programs: int, lead_splits: int, num_sms: int) -> bool:
+def kt_walk_lead(lead_programs: int, lead_only: bool, num_sms: int) -> bool:
     """Whether each program of the keys-as-rows tile walks a whole split of ``split_size`` and
     folds the lead splits in it (``Tuning.walk_lead``), instead of one program per lead split:
-    where one program per lead split would not fit the SMs once (``num_programs * lead_splits >
-    num_sms``, ``num_programs`` the split grid's working programs counted in splits of
-    ``split_size``, as :func:`kt_value_blocks` counts them). Shapes only (no sync); scheduling
-    only, no bit (kernels/README.md, "Lead splits"). Measured on an H200 (bf16, round 28, call
-    2; lead splits of 128): one program per lead split took batch 1 with 1k keys from 14.2 to
-    11.7 us and 1k x 2 from 14.4 to 13.8 (8 and 16 programs), and lost from 1k x 4 on (15.8 ->
-    19.5 us), up to 2x on 64 decodes of 1k (83.6 -> 163.6 us)."""
-    return num_programs * lead_splits > num_sms
+    unless every row lies within the lead splits (``lead_only``: the longest row has at most
+    ``split_size`` keys) and one program per lead split fits the SMs once (``lead_programs``,
+    the split grid's working programs counted that way, at most ``num_sms``). Past the lead
+    splits a row's chain is a split of ``split_size`` whichever way the lead runs; the short
+    programs only crowd the grid. Shapes only (no sync); scheduling only, no bit
+    (kernels/README.md, "Lead splits"). Measured on an H200 (bf16, round 28, calls 2-4; lead
+    splits of 128): one program per lead split took batch 1 with 1k keys from 15.2 to 11.9 us
+    (64 programs) and lost from 1k x 4 on (16.9 -> 25.3 us), 1.9x on 64 decodes of 1k."""
+    return not (lead_only and lead_programs <= num_sms)
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

@@ -892,7 +892,9 @@ def _split_kt_kernel(
     else:
         i_kvh = gl.program_id(1) // VALUE_BLOCKS
         i_vb = gl.program_id(1) % VALUE_BLOCKS
-    i_split = gl.program_id(2)
+    # The last splits first: with lead splits they are the long ones (a row's chain), so they
+    # start in the first wave. Scheduling only: each program's work depends on its split alone.
+    i_split = gl.num_programs(2) - 1 - gl.program_id(2)
     i_b, q_start, q_len, kv_len, i_qblk = _block_scalars_g(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
                                                            max_kv_len, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
