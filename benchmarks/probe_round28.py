@@ -1,9 +1,9 @@
 """Round-28 probe (H100/H200): lead splits, the first 1024 keys of every row in splits of
 ``lead_split_size`` tokens (reports/h100-round28/).
 
-    python benchmarks/probe_round28.py OUT_DIR bits|times|times2|plans [WORKLOAD ...]
+    python benchmarks/probe_round28.py OUT_DIR bits|times|times2|walk|plans [WORKLOAD ...]
 
-A cell is ``PLAN@LEAD``: a plan (``auto``, ``fused``, ``split``) or ``heuristic`` (the control,
+A cell is ``PLAN@LEAD[+wK]``: a plan (``auto``, ``fused``, ``split``) or ``heuristic`` (the control,
 ``split_size=None``), and the lead split size in tokens (``128``, ``256``, or ``1024``: one split
 size, the contract before this round); ``@`` left out is the default (128).
 
@@ -21,6 +21,10 @@ size, the control. Into ``times.jsonl``.
 ``times2``: as ``times``, each cell against ``auto``: the keys-as-rows tile forced with each
 lead schedule (``walk_lead``), one split size, the control. Into ``times2.jsonl``.
 
+``walk``: the keys-as-rows tile walking 2 splits of 1024 per program (``+w2``) and 1 (``+w1``):
+bits against the 128-row split tile at GQA 4 (the 64-key control), into ``walk-bits.jsonl``;
+times against ``auto``, into ``walk-times.jsonl``.
+
 ``plans``: as ``times`` on the decodes of 8-256 requests of 1k keys, ``auto`` against the
 fused plan and the split plan forced. Into ``plans.jsonl``.
 """
@@ -31,7 +35,8 @@ import os
 import sys
 
 import kernels
-from benchmarks.probe_round4 import call
+import kernels.attention
+from benchmarks.probe_round4 import call, patched
 from benchmarks.probe_round20 import times
 from benchmarks.probe_round23 import LAYOUTS, bits_cells, bits_rows
 
@@ -41,7 +46,7 @@ KT_WALK = T(keys_rows=True, walk_lead=True)
 KT_LEADS = T(keys_rows=True, walk_lead=False)
 NO_KT = T(keys_rows=False)
 REPEATS = 3
-STEPS = "bits|times|plans|times2"
+STEPS = "bits|times|plans|times2|walk"
 BITS_LAYOUTS = [LAYOUTS[i] for i in (0, 3, 5)]
 BITS_WORKLOADS = ["decode:1kx1", "decode:300x2", "decode:777x3,3001x2", "chunk:5/1000x2",
                   "prefill:1000,17", "prefill:1300"]
@@ -62,6 +67,16 @@ TIME_CELLS = {"lead128": ("auto", None), "lead256": ("auto@256", None),
 TIME2_CELLS = {"auto": ("auto", None), "kt-walk": ("split", KT_WALK),
                "kt-leads": ("split", KT_LEADS), "one-size": ("auto@1024", None),
                "control": ("heuristic", None)}
+#: The fourth call: walking programs of 1 or 2 splits of 1024 (``+w1``, ``+w2``: the rule
+#: ``kt_walk_splits`` patched), bits against the 128-row split tile and times against auto.
+WALK_BITS = ["decode:32kx1", "decode:777x3,3001x2", "decode:5000x2"]
+WALK_BIT_CELLS = {"walk2-vs-split": (("split", NO_KT), ("split+w2", KT_WALK)),
+                  "walk1-vs-split": (("split", NO_KT), ("split+w1", KT_WALK)),
+                  "control-64-keys": (("split", NO_KT), ("auto", T(block_n=64)))}
+WALK_TIMES = ["decode:32kx1", "decode:16kx2", "decode:8kx4", "decode:16kx1", "decode:24kx1",
+              "decode:32kx2", "decode-b8-ctx8k"]
+WALK_CELLS = {"auto": ("auto", None), "w1": ("auto+w1", None), "w2": ("auto+w2", None),
+              "control": ("heuristic", None)}
 PLAN_WORKLOADS = ["decode-b8-ctx1k", "decode:1kx16", "decode:1kx32", "decode-b64-ctx1k",
                   "decode:1kx256", "decode:600x64", "decode:2kx8", "decode:2kx64"]
 PLAN_CELLS = {"auto": ("auto", None), "fused": ("fused", None), "split": ("split", None),
@@ -70,6 +85,11 @@ PLAN_CELLS = {"auto": ("auto", None), "fused": ("fused", None), "split": ("split
 
 def make(batch, cell: str, tuning):
     """The call of ``cell`` (``PLAN@LEAD``, module docstring) on ``batch``."""
+    cell, *switches = cell.split("+")
+    if switches:  # +wK: kt_walk_splits gives K
+        k = int(switches[0].removeprefix("w"))
+        return patched(make(batch, cell, tuning), kernels.attention, "kt_walk_splits",
+                       lambda programs, sms: k)
     base, _, lead = cell.partition("@")
     lead_size = int(lead) if lead else None
     if base == "heuristic":
@@ -98,6 +118,12 @@ def main() -> None:
         bits_rows(out_dir, "bits.jsonl", specs or BITS_WORKLOADS, BITS_LAYOUTS,
                   lambda batch: dict(bits_differing=bits_cells(
                       BIT_CELLS, lambda side: make(batch, side[0], side[1])())))
+    elif step == "walk":
+        bits_rows(out_dir, "walk-bits.jsonl", WALK_BITS, BITS_LAYOUTS[:1],
+                  lambda batch: dict(bits_differing=bits_cells(
+                      WALK_BIT_CELLS, lambda side: make(batch, side[0], side[1])())))
+        times(out_dir, specs, cells=WALK_CELLS, base="auto", defaults=WALK_TIMES,
+              repeats=REPEATS, make=make, name="walk-times.jsonl")
     elif step == "times2":
         times(out_dir, specs, cells=TIME2_CELLS, base="auto", defaults=TIME_WORKLOADS,
               repeats=REPEATS, make=make, name="times2.jsonl")

@@ -54,6 +54,7 @@ from kernels.config import (
     kt_scores_ahead,
     kt_value_blocks,
     kt_walk_lead,
+    kt_walk_splits,
     prefill_like,
     rows_per_block,
     slot_order,
@@ -303,6 +304,7 @@ class LaunchPlan:
     # keys-as-rows tile: a program per split of split_tokens, lead splits folded in it (the
     # workspace and the merge then count splits of split_tokens), not one per lead split
     walk_lead: bool
+    walk_splits: int  # walk_lead: splits of split_tokens per program (each stored); else 1
     max_kv_len: int  # longest KV length (host statistics) or the block table's bound
     is_control: bool  # split_size=None: split count chosen from the batch (not invariant)
     # From the lengths read back (validate=True) or from host_lens; counted in blocks of the
@@ -561,15 +563,16 @@ def _split_tokens(split_size: int | None, block_n: int, max_kv: int, num_program
 def _lead_tokens(split_size: int | None, lead_split_size: int | None, split_tokens: int,
                  block_n: int) -> int:
     """KV tokens per lead split (checked by ``_check_options``): ``lead_split_size`` where it is
-    below the split size, else the split size (one size); ``None`` takes
-    ``DEFAULT_LEAD_SPLIT_SIZE`` where it is a multiple of ``block_n`` that divides a larger split
-    size. The control mode has one size."""
+    below the split size, else the split size (one size). ``None``: the default contract's
+    ``DEFAULT_LEAD_SPLIT_SIZE`` with the default split size (where the tile divides it), else
+    one size, so that ``split_size=N`` alone means splits of N. The control mode has one
+    size."""
     if split_size is None:
         return split_tokens
     if lead_split_size is None:
         lead = DEFAULT_LEAD_SPLIT_SIZE
-        usable = lead % block_n == 0 and split_tokens % lead == 0
-        return lead if usable and lead < split_tokens else split_tokens
+        usable = split_tokens == DEFAULT_SPLIT_SIZE and lead % block_n == 0
+        return lead if usable else split_tokens
     return min(int(lead_split_size), split_tokens)
 
 
@@ -739,6 +742,7 @@ def plan_attention(
 
         num_stages = _gluon.ring_slots(block_n, v_blocks)
     keys_rows = ahead = walk = False
+    walk_splits = 1
     if tuning.keys_rows is not False:
         misfit = (kt_misfit if plan == "split"
                   else _keys_rows_misfit(plan, use_gluon, G, T, B, tuning))
@@ -755,8 +759,9 @@ def plan_attention(
             if walk:  # the workspace and the merge count splits of split_tokens
                 num_splits = max(1, _cdiv(max_kv if trusted else bound, split_tokens))
                 dependent = dependent and num_splits > 1
+                walk_splits = kt_walk_splits(split_programs, num_sms)
             # The schedule rules count the programs launched (one per lead split, or walking).
-            programs = split_programs if walk else live * Hkv
+            programs = _cdiv(split_programs, walk_splits) if walk else live * Hkv
             v_blocks = tuning.value_blocks or kt_value_blocks(programs, num_sms)
             # Measured faster only on the 4-slot ring of 2 V blocks (kt_scores_ahead).
             ahead = (v_blocks == 2 and kt_scores_ahead(programs, num_sms)
@@ -791,7 +796,7 @@ def plan_attention(
         num_splits=num_splits,
         num_slots=T // block_q + B, value_blocks=v_blocks, tiles_per_step=step,
         dependent_merge=dependent, slot_order=ordered, nested_loop=nested, gluon=use_gluon,
-        keys_rows=keys_rows, scores_ahead=ahead, walk_lead=walk,
+        keys_rows=keys_rows, scores_ahead=ahead, walk_lead=walk, walk_splits=walk_splits,
         max_kv_len=max_kv, is_control=split_size is None, stats=stats)
 
 
@@ -996,7 +1001,8 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                         split_tiles=lp.split_tiles, block_q=lp.block_q, direct=direct,
                         value_blocks=lp.value_blocks, stages=lp.num_stages,
                         scores_ahead=lp.scores_ahead, dependent_merge=lp.dependent_merge,
-                        lead_tiles=lp.lead_tiles, walk=lp.walk_lead)
+                        lead_tiles=lp.lead_tiles, walk=lp.walk_lead,
+                        walk_splits=lp.walk_splits)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse)
         return
@@ -1090,9 +1096,9 @@ def unified_attention(
             kernels/README.md, "Lead splits"), so that a short row runs as several programs and
             a merge. A positive multiple of BLOCK_N that divides ``split_size``; a size of at
             least ``split_size`` keeps one split size. ``None``:
-            :data:`~kernels.config.DEFAULT_LEAD_SPLIT_SIZE` (128) where it is a multiple of
-            BLOCK_N that divides a larger ``split_size``, else one split size. Ignored in the
-            control mode.
+            :data:`~kernels.config.DEFAULT_LEAD_SPLIT_SIZE` (128) with the default
+            ``split_size`` (1024), else one split size (``split_size=N`` alone means splits of
+            N). Ignored in the control mode.
         plan: ``"fused"``, ``"split"`` or ``"auto"``. All plans give identical bits for a given
             split size; ``"auto"`` picks the faster one for the batch (see ``plan_attention``).
         validate: read ``cu_seqlens_q``, ``kv_lens`` and ``block_table`` back to the host (one

@@ -32,6 +32,7 @@ __all__ = [
     "kt_scores_ahead",
     "kt_value_blocks",
     "kt_walk_lead",
+    "kt_walk_splits",
     "slot_order",
     "tile_config",
     "tiles_per_step",
@@ -382,6 +383,15 @@ def kt_walk_lead(lead_programs: int, lead_only: bool, num_sms: int) -> bool:
     splits of 128): one program per lead split took batch 1 with 1k keys from 15.2 to 11.9 us
     (64 programs) and lost from 1k x 4 on (16.9 -> 25.3 us), 1.9x on 64 decodes of 1k."""
     return not (lead_only and lead_programs <= num_sms)
+
+
+def kt_walk_splits(num_programs: int, num_sms: int) -> int:
+    """Splits of ``split_size`` per walking program of the keys-as-rows tile (``kt_walk_lead``):
+    2 where one per program would take a second wave of the SMs and two per program would not
+    (``num_sms < num_programs <= 2 * num_sms``, ``num_programs`` the working programs at one
+    split each), else 1. Each split is still stored on its own and the merge folds them:
+    scheduling only, no bit (kernels/README.md, "Lead splits"). Shapes only (no sync)."""
+    return 2 if num_sms < num_programs <= 2 * num_sms else 1
 
 
 def tiles_per_step(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: int,

@@ -203,16 +203,17 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     split_tiles: int, block_q: int, direct: bool, value_blocks: int = 1,
                     stages: int | None = None, scores_ahead: bool = False,
                     dependent_merge: bool = False, lead_tiles: int | None = None,
-                    walk: bool = False) -> None:
+                    walk: bool = False, walk_splits: int = 1) -> None:
     """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
     tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
     ``(num_slots, Hkv * value_blocks, num_splits)`` with ``num_slots = T // block_q + B``;
     ``value_blocks`` 1 or 2 (V column blocks), ``stages`` the ring's slots (default
     :func:`kt_ring_slots`), ``scores_ahead`` the issue order (the next tile's scores before this
     tile's ``p @ v``): scheduling only, no bit. Same shapes and stores as :func:`launch_split`.
-    ``walk``: program ``i`` walks the tiles of split ``i`` of ``split_tiles`` and folds the lead
-    splits in them (``_split_kt_kernel``'s ``WALK``): ``num_splits`` and ``direct`` count splits
-    of ``split_tiles``, as the merge must (scheduling only, no bit).
+    ``walk``: program ``i`` walks splits ``[i * walk_splits, (i + 1) * walk_splits)`` of
+    ``split_tiles``, folds the lead splits in the first and stores each
+    (``_split_kt_kernel``'s ``WALK``): ``num_splits`` and ``direct`` count splits of
+    ``split_tiles``, as the merge must (scheduling only, no bit).
     The settings are checked before the kernel module is imported."""
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
@@ -228,10 +229,11 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     from kernels._gluon import attention_kernels as ak
 
     descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)
-    ak._split_kt_kernel[(num_slots, Hkv * value_blocks, num_splits)](
+    grid_splits = -(-num_splits // walk_splits) if walk else num_splits
+    ak._split_kt_kernel[(num_slots, Hkv * value_blocks, grid_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles, lead_tiles or split_tiles, block_table.shape[0], T, Hq, num_pages,
-        block_table.shape[1] * page_size, num_splits, q.stride(0), q.stride(1),
+        block_table.shape[1] * page_size, num_splits, walk_splits, q.stride(0), q.stride(1),
         block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q,
         BLOCK_N=128, BOX=box, STAGES=slots, IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,

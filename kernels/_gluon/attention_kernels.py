@@ -717,10 +717,11 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
     runs (``_split_rows``' order; p in two shared buffers, so the next p is written while this
     one is read); without, each tile waits for its ``p @ v`` before the next scores.
 
-    ``WALK``: the program's tiles may hold several splits (the lead splits,
-    kernels/README.md, "Lead splits"); each ends with a fold of its state into the program's
-    running fold (``_fold_t``) and the next starts fresh, as the fused plan walks them
-    (``_serial_rows``); the fold is stored. The same bits as one program per split and the
+    ``WALK``: the program's tiles may hold several splits (the lead splits, and splits of
+    ``split_tiles``: kernels/README.md, "Lead splits"); each ends with a fold of its state into
+    the program's running fold (``_fold_t``) and the next starts fresh, as the fused plan walks
+    them (``_serial_rows``); at the end of each split of ``split_tiles`` the fold is stored as
+    that split's state and starts empty again. The same bits as one program per split and the
     merge: the fold is the merge's, in the same order, and folding into the empty state is
     exact."""
     ST_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -772,6 +773,14 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
                     f_m, f_l, f_acc = _fold_t(f_m, f_l, f_acc, m_i, l_i, acc)
                     l_i = gl.full_like(l_i, 0.0)
                     acc = gl.full_like(acc, 0.0)
+                    if (j_lo + t + 1) % split_tiles == 0:  # a split of split_tiles ends: store
+                        _kt_store(f_acc, f_m, f_l, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+                                  i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb,
+                                  (j_lo + t) // split_tiles, num_splits, G, HEAD_DIM, ROWS,
+                                  BLOCK_Q, IS_DIRECT, BLOCK_DV)
+                        f_m = gl.full_like(f_m, float("-inf"))
+                        f_l = gl.full_like(f_l, 0.0)
+                        f_acc = gl.full_like(f_acc, 0.0)
             m_i = m_new
             l_i = gl.fma(l_i, alpha, r_sum)
             acc = acc * alpha[None, :]
@@ -796,6 +805,14 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
                     m_i = gl.full_like(m_i, float("-inf"))
                     l_i = gl.full_like(l_i, 0.0)
                     acc = gl.full_like(acc, 0.0)
+                    if j % split_tiles == 0:  # a split of split_tiles ended: store it
+                        _kt_store(f_acc, f_m, f_l, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr,
+                                  i_qblk, q_start, q_len, kv_len, T, Hq, i_kvh, i_vb,
+                                  j // split_tiles - 1, num_splits, G, HEAD_DIM, ROWS, BLOCK_Q,
+                                  IS_DIRECT, BLOCK_DV)
+                        f_m = gl.full_like(f_m, float("-inf"))
+                        f_l = gl.full_like(f_l, 0.0)
+                        f_acc = gl.full_like(f_acc, 0.0)
             mbarrier.wait(ready.index(s), (t // STAGES) & 1)
             s_tok = warpgroup_mma(k_s.index(s), q_t, zero_s, is_async=True)
             s_t = warpgroup_mma_wait(0, deps=[s_tok])
@@ -811,8 +828,21 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
             acc_tok = warpgroup_mma(v_s.index(s).permute((1, 0)), p_t_s, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc_tok])
             mbarrier.arrive(empty.index(s))
-    if WALK:  # the last split's fold
+    if WALK:  # the last split's fold, stored as its split's state
         m_i, l_i, acc = _fold_t(f_m, f_l, f_acc, m_i, l_i, acc)
+        i_split = (j_lo + n - 1) // split_tiles
+    _kt_store(acc, m_i, l_i, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, i_vb, i_split, num_splits, G, HEAD_DIM, ROWS, BLOCK_Q,
+              IS_DIRECT, BLOCK_DV)
+
+
+@gluon.jit
+def _kt_store(acc, m_i, l_i, ws_o_ptr, ws_ml_ptr, out_ptr, lse_ptr, i_qblk, q_start, q_len,
+              kv_len, T, Hq, i_kvh, i_vb, i_split, num_splits, G: gl.constexpr,
+              HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_Q: gl.constexpr,
+              IS_DIRECT: gl.constexpr, BLOCK_DV: gl.constexpr):
+    """``_kt_rows``' end: the transposed state ``acc`` ``[BLOCK_DV, ROWS]`` (m and l along its
+    axis 1) turned to rows and stored by ``_store_split`` at split ``i_split``."""
     OUT_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, BLOCK_DV // 32],
                                            threads_per_warp=[1, 32], warps_per_cta=[4, 1],
                                            order=[1, 0])
@@ -833,7 +863,7 @@ def _kt_rows(q_s, k_s, v_s, p_s, ready, empty, ws_o_ptr, ws_ml_ptr, out_ptr, lse
 
 
 @gluon.jit(do_not_specialize=["split_tiles", "lead_tiles", "B", "T", "num_pages", "max_kv_len",
-                               "num_splits"])
+                               "num_splits", "walk_splits"])
 def _split_kt_kernel(
     q_ptr,  # [T, Hq, D]
     k_desc,  # TMA descriptor of k_cache seen as [P * PS, Hkv * D], box [BOX, D]
@@ -854,6 +884,7 @@ def _split_kt_kernel(
     num_pages,
     max_kv_len,  # KV tokens the block table covers
     num_splits,
+    walk_splits,  # WALK: splits of split_tiles per program
     stride_qt,
     stride_qh,
     stride_bt,
@@ -869,7 +900,7 @@ def _split_kt_kernel(
     VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
     AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
-    WALK: gl.constexpr = False,  # program i walks tiles [i * split_tiles, ...), lead splits folded
+    WALK: gl.constexpr = False,  # program i walks walk_splits splits of split_tiles (below)
 ):
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
     the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
@@ -877,10 +908,11 @@ def _split_kt_kernel(
     "The keys-as-rows decode tile"): ``VALUE_BLOCKS`` as ``_split_kernel``'s (2 at most: the
     ``p @ v`` MMA's M is V's columns, 64 at least), ``AHEAD`` the issue order (``_kt_rows``).
 
-    ``WALK``: program ``i`` of grid dim 2 walks the tiles ``[i * split_tiles, (i + 1) *
-    split_tiles)``, and program 0 folds the lead splits in them (``_kt_rows``): the workspace
-    then has one entry per ``split_tiles`` (the merge counts splits with ``lead_tokens =
-    split_tokens``), and ``IS_DIRECT`` means rows of at most ``split_tiles`` tiles."""
+    ``WALK``: program ``i`` of grid dim 2 walks the tiles ``[i * w, (i + 1) * w)`` with ``w =
+    walk_splits * split_tiles``, folds the lead splits in the first split and stores each split
+    of ``split_tiles`` (``_kt_rows``): the workspace then has one entry per ``split_tiles`` (the
+    merge counts splits with ``lead_tokens = split_tokens``), and ``IS_DIRECT`` means rows of at
+    most ``split_tiles`` tiles."""
     if IS_PDL:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -902,10 +934,10 @@ def _split_kt_kernel(
     min_pos, max_pos = _block_pos_bounds_g(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
     n_tiles = max_pos // BLOCK_N + 1
     if WALK:
-        j_lo = i_split * split_tiles
+        j_lo = i_split * (walk_splits * split_tiles)
         if j_lo >= n_tiles:
             return
-        n = gl.minimum(j_lo + split_tiles, n_tiles) - j_lo
+        n = gl.minimum(j_lo + walk_splits * split_tiles, n_tiles) - j_lo
     else:
         j_lo = _split_lo_g(i_split, split_tiles, lead_tiles)
         if j_lo >= n_tiles:
