@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels.attention
 from invariance import HeadConfig, PageLayout
 from kernels import Tuning, plan_attention, unified_attention
 
@@ -161,14 +162,14 @@ def test_auto_takes_gluon_in_both_plans_at_128_keys(dtype, make_batch, args_of,
         for plan in ("auto", "fused", "split"):
             assert plan_attention(*args_of(batch), plan=plan).gluon
         assert not plan_attention(*args_of(batch), plan="fused", tuning=TRITON).gluon
-    # One split per row (900 tokens): the Gluon split kernel stores the result itself
-    # (IS_DIRECT), with the bits of the merged and the fused paths.
+    # One split per row (900 tokens, one split size): the Gluon split kernel stores the result
+    # itself (IS_DIRECT), with the bits of the merged and the fused paths.
     args = args_of(decode)
-    lp = plan_attention(*args, plan="split")
+    lp = plan_attention(*args, plan="split", **ONE_SIZE)
     assert lp.gluon and lp.num_splits == 1
-    direct = unified_attention(*args, plan="split")
+    direct = unified_attention(*args, plan="split", **ONE_SIZE)
     for plan, tuning in (("fused", GLUON), ("split", TRITON), ("fused", TRITON)):
-        assert_same_bits(unified_attention(*args, plan=plan, tuning=tuning), direct,
+        assert_same_bits(unified_attention(*args, plan=plan, tuning=tuning, **ONE_SIZE), direct,
                          f"Gluon split, one split per row, vs {plan} {tuning}")
     merged = unified_attention(*args, plan="split", split_size=256)
     assert plan_attention(*args, plan="split", split_size=256).num_splits > 1
@@ -261,10 +262,10 @@ def test_gluon_value_blocks_give_the_same_bits(dtype, make_batch, args_of, asser
     decode = make_batch(dtype, [(1, 777), (1, 1024), (1, 130), (1, 1)], LAYOUTS[layout],
                         HEADS["g4"])
     args = args_of(decode)
-    lp = plan_attention(*args, plan="split", tuning=tuning)
+    lp = plan_attention(*args, plan="split", tuning=tuning, **ONE_SIZE)
     assert lp.gluon and lp.num_splits == 1 and lp.value_blocks == value_blocks
-    fused = unified_attention(*args, plan="fused", tuning=GLUON)
-    assert_same_bits(unified_attention(*args, plan="split", tuning=tuning), fused,
+    fused = unified_attention(*args, plan="fused", tuning=GLUON, **ONE_SIZE)
+    assert_same_bits(unified_attention(*args, plan="split", tuning=tuning, **ONE_SIZE), fused,
                      f"Gluon split, {value_blocks} V blocks, one split per row, vs fused")
     # On the 128-row tile without a block count the rule picks it: 4 decode rows on 8 KV heads
     # are 32 programs, 4 blocks on an H100's 132 SMs. (Without any Tuning a decode batch takes
@@ -299,6 +300,8 @@ def test_gluon_split_schedules_under_cuda_graph_capture(dtype, make_batch, args_
 
 
 #: Decode rows (one split, several, a partial last tile, one key) beside short chunks.
+#: The default split size as one size (no lead splits).
+ONE_SIZE = dict(lead_split_size=1024)
 DECODE = [(1, 777), (1, 3000), (1, 130), (1, 1), (1, 1024), (5, 1000), (2, 129)]
 KEYS_ROWS, ROWS_128 = Tuning(keys_rows=True), Tuning(keys_rows=False)
 
@@ -320,22 +323,51 @@ def test_keys_rows_tile_gives_the_same_bits(dtype, make_batch, args_of, assert_s
     group = HEADS[heads].num_q_heads // HEADS[heads].num_kv_heads
     results = {}
     for split in (4096, 1024, 256):
-        lp = plan_attention(*args, plan="split", split_size=split, tuning=KEYS_ROWS)
+        kw = dict(split_size=split, lead_split_size=split)  # one size (lead splits: below)
+        lp = plan_attention(*args, plan="split", tuning=KEYS_ROWS, **kw)
         assert lp.keys_rows and lp.gluon and lp.value_blocks in (1, 2)  # kt_value_blocks' rule
         assert lp.num_splits == (1 if split == 4096 else -(-3000 // split))
         assert lp.block_m == _gluon.kt_rows(group) and lp.block_q == lp.block_m // group
-        got = results[split] = unified_attention(*args, plan="split", split_size=split,
-                                                 tuning=KEYS_ROWS)
-        assert_same_bits(got, unified_attention(*args, plan="split", split_size=split,
-                                                tuning=ROWS_128),
+        got = results[split] = unified_attention(*args, plan="split", tuning=KEYS_ROWS, **kw)
+        assert_same_bits(got, unified_attention(*args, plan="split", tuning=ROWS_128, **kw),
                          f"keys-as-rows vs 128-row split tile ({heads}, {layout}, {split})")
-        assert_same_bits(got, unified_attention(*args, plan="fused", split_size=split),
+        assert_same_bits(got, unified_attention(*args, plan="fused", **kw),
                          f"keys-as-rows vs fused plan ({heads}, {layout}, {split})")
     # The control: the tile at another split size differs in some bit of out or lse, so the
     # comparisons above can fail.
     a, b = results[1024], results[256]
     assert not (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
                 and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))
+
+
+@pytest.mark.parametrize("layout", ["p16", "p64"])
+@pytest.mark.parametrize("heads", ["g4", "g16"])
+def test_keys_rows_tile_with_lead_splits(dtype, make_batch, args_of, assert_same_bits,
+                                         heads: str, layout: str, monkeypatch) -> None:
+    # The default contract's lead splits (the first 1024 keys in splits of 128) on the
+    # keys-as-rows tile, one program per lead split (walk_lead False, the merge folds them) and
+    # walking programs (the tile folds them; one and two splits of 1024 per program), in both
+    # issue orders, against the 128-row split tile and the fused plan. The control: one split
+    # size differs in some bit.
+    _half(dtype)
+    args = args_of(make_batch(dtype, DECODE, LAYOUTS[layout], HEADS[heads]))
+    ref = unified_attention(*args, plan="split", tuning=ROWS_128)
+    assert plan_attention(*args, plan="split", tuning=ROWS_128).lead_tokens == 128
+    assert_same_bits(unified_attention(*args, plan="fused"), ref,
+                     f"fused vs 128-row split tile, lead splits ({heads}, {layout})")
+    for walk, walk_splits in ((False, 1), (True, 1), (True, 2)):
+        monkeypatch.setattr(kernels.attention, "kt_walk_splits", lambda p, s, k=walk_splits: k)
+        for ahead in (False, True):
+            tuning = Tuning(keys_rows=True, value_blocks=2, scores_ahead=ahead, walk_lead=walk)
+            lp = plan_attention(*args, plan="split", tuning=tuning)
+            assert lp.keys_rows and lp.walk_lead == walk and lp.walk_splits == walk_splits
+            assert lp.num_splits == (3 if walk else 8 + 2)  # 3000 keys
+            assert_same_bits(unified_attention(*args, plan="split", tuning=tuning), ref,
+                             f"keys-as-rows, walk {walk} x{walk_splits}, ahead {ahead}, vs "
+                             f"128-row split tile ({heads}, {layout})")
+    one = unified_attention(*args, plan="split", tuning=ROWS_128, **ONE_SIZE)
+    assert not (torch.equal(one[0].view(torch.int16), ref[0].view(torch.int16))
+                and torch.equal(one[1].view(torch.int32), ref[1].view(torch.int32)))
 
 
 #: The keys-as-rows tile's scheduling settings: (value_blocks, scores_ahead).
