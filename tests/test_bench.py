@@ -153,11 +153,15 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert resolve("kernels:split_size=none").fn == KernelsBackend(split_size=None)
     assert resolve("kernels-heuristic:split_size=default").fn == KernelsBackend()
     assert resolve("kernels:split_size=NONE").fn == resolve("kernels-heuristic").fn
+    assert resolve("kernels:lead_split_size=1024").fn == KernelsBackend(lead_split_size=1024)
+    assert resolve("kernels:lead_split_size=default").fn == KernelsBackend()
     assert all(BUILTIN[n].options for n in BUILTIN if n.startswith("kernels"))
     for bad, match in [
             ("kernels:nope=1", "kernels option 'nope': unknown; expected one of split_size, "
-                               "plan, gluon, block_m, num_warps, num_stages, block_n, got "
-                               "'nope'"),
+                               "lead_split_size, plan, gluon, block_m, num_warps, num_stages, "
+                               "block_n, got 'nope'"),
+            ("kernels:lead_split_size=0", "lead_split_size: expected an int >= 1 or default, "
+                                          "got '0'"),
             ("kernels:split_size=0", "split_size: expected an int >= 1 or none or default, "
                                      "got '0'"),
             ("kernels:split_size=2k", "split_size: expected an int >= 1"),
@@ -1215,3 +1219,51 @@ def test_probe_round27_usage_and_cells(monkeypatch: pytest.MonkeyPatch, tmp_path
                 assert switch != "phased" or side[1].value_blocks == 2, name
     with pytest.raises(ValueError, match="switch"):
         probe.make(None, "auto+faster", None)
+
+
+def test_probe_round28_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/probe_round28.py (reports/h100-round28/): an unknown step exits naming the
+    steps; a cell's lead split size reaches ``unified_attention``, ``heuristic`` is the
+    batch-dependent control, ``+wK`` patches the walking rule for the call only; every bit
+    table holds a control that must differ (one split size or the 64-key contract) and compares
+    everything else with the 128-row split tile."""
+    import kernels
+    import kernels.attention
+
+    probe = _probe("probe_round28", "bits|times|plans|times2|walk")
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        return lambda: seen.append(("call", plan, tuning, split_size))
+
+    def fake_attention(*args, plan, tuning, lead_split_size, **kw):
+        seen.append(("lead", plan, tuning, lead_split_size,
+                     kernels.attention.kt_walk_splits(300, 132)))
+
+    class Batch:
+        q = k_cache = v_cache = cu_seqlens_q = block_table = sm_scale = None
+        kv_lens = torch.tensor([5])
+
+        def q_lens(self) -> list[int]:
+            return [1]
+
+    monkeypatch.setattr(probe, "call", fake_call)
+    monkeypatch.setattr(kernels, "unified_attention", fake_attention)
+    probe.make(Batch(), "heuristic", None)()
+    probe.make(Batch(), "split@256", probe.NO_KT)()
+    probe.make(Batch(), "auto", None)()
+    probe.make(Batch(), "auto@1024+w2", None)()
+    rule = kernels.attention.kt_walk_splits
+    assert rule(300, 132) == 1  # 300 programs: past two waves, one split each
+    assert seen == [("call", "auto", None, None), ("lead", "split", probe.NO_KT, 256, 1),
+                    ("call", "auto", None, kernels.DEFAULT_SPLIT_SIZE),
+                    ("lead", "auto", None, 1024, 2)]
+    assert kernels.attention.kt_walk_splits is rule  # restored after the call
+    with pytest.raises(ValueError, match="expected a plan"):
+        probe.make(Batch(), "fast", None)
+    for cells in (probe.BIT_CELLS, probe.WALK_BIT_CELLS):
+        controls = [name for name in cells if name.startswith("control")]
+        assert controls and all(a == ("split", probe.NO_KT) or a[1] == probe.NO_KT
+                                for a, _ in cells.values())
+    assert probe.BIT_CELLS["control-one-size"][1] == ("split@1024", probe.NO_KT)
+    assert probe.TIME_CELLS["control"] == probe.TIME2_CELLS["control"] == ("heuristic", None)

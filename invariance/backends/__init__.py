@@ -114,7 +114,8 @@ BUILTIN: dict[str, _Builtin] = {
     "kernels": _Builtin(
         "invariance.backends.kernels:invariant",
         "Triton paged attention, fixed split size, plan chosen per batch (invariant); options: "
-        "kernels:split_size=N|none,plan=...,block_m=...,num_warps=...,num_stages=...",
+        "kernels:split_size=N|none,lead_split_size=N,plan=...,block_m=...,num_warps=...,"
+        "num_stages=...",
         _KERNELS, True),
     "kernels-fused": _Builtin(
         "invariance.backends.kernels:fused",

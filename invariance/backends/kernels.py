@@ -7,7 +7,8 @@ On a CPU tensor the kernels run under the Triton interpreter, which must be swit
 From the CLI the four built-ins take options (:meth:`KernelsBackend.with_options`), e.g.
 ``--backend kernels:split_size=2048``, ``--backend kernels-fused:block_m=128,num_warps=8`` or
 ``--backend kernels:gluon=false`` (the Triton kernels where the Gluon kernels would run) or
-``--backend kernels:block_n=64`` (the 64-key contract where Hopper's default is 128 keys).
+``--backend kernels:block_n=64`` (the 64-key contract where Hopper's default is 128 keys) or
+``--backend kernels:lead_split_size=1024`` (one split size: the contract before lead splits).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _TUNING_RULES: dict[str, tuple[Callable[[int], bool], str]] = {
     "num_stages": (lambda v: 1 <= v <= 8, "an int in [1, 8]"),
     "block_n": (lambda v: v >= 16 and v & (v - 1) == 0, "a power of two >= 16"),
 }
-_OPTION_KEYS = ("split_size", "plan", "gluon", *_TUNING_RULES)
+_OPTION_KEYS = ("split_size", "lead_split_size", "plan", "gluon", *_TUNING_RULES)
 _GLUON_VALUES = {"auto": None, "true": True, "false": False}
 
 
@@ -67,6 +68,8 @@ class KernelsBackend:
     """
 
     split_size: int | Literal["default"] | None = _DEFAULT
+    #: ``kernels.unified_attention``'s ``lead_split_size`` (None: its default).
+    lead_split_size: int | None = None
     #: The launch plan (``kernels.unified_attention``'s ``plan``; the option key is ``plan``).
     kernel_plan: Literal["auto", "fused", "split"] = "auto"
     block_m: int | Callable[[AttentionBatch], int] | None = None
@@ -106,8 +109,9 @@ class KernelsBackend:
             gluon=self.gluon)
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
-            batch.block_table, sm_scale=batch.sm_scale, split_size=split, plan=self.kernel_plan,
-            tuning=tuning, host_lens=self._host_lens(batch),
+            batch.block_table, sm_scale=batch.sm_scale, split_size=split,
+            lead_split_size=self.lead_split_size, plan=self.kernel_plan, tuning=tuning,
+            host_lens=self._host_lens(batch),
         )
         return AttentionResult(out, lse)
 
@@ -115,7 +119,8 @@ class KernelsBackend:
         """A new backend: this one's settings with ``options`` (strings, from the CLI's
         ``name:key=value,...``) applied. Keys: ``split_size`` (KV tokens per split, an int >= 1;
         ``none`` = the batch-variant control heuristic; ``default`` =
-        ``kernels.DEFAULT_SPLIT_SIZE``), ``plan`` (``auto`` / ``fused`` / ``split``),
+        ``kernels.DEFAULT_SPLIT_SIZE``), ``lead_split_size`` (KV tokens per lead split, an int
+        >= 1, ``kernels.unified_attention``'s; ``default`` = its default), ``plan`` (``auto`` / ``fused`` / ``split``),
         ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (1..8),
         ``block_n`` (KV tokens per tile, a power of two >= 16: bit-defining, for comparing
         contracts; the split size must be a multiple of it), ``gluon`` (``auto``, ``true`` or
@@ -131,6 +136,10 @@ class KernelsBackend:
                 values[key] = (None if low == "none" else _DEFAULT if low == _DEFAULT
                                else _int_option(key, value, lambda v: v >= 1, "an int >= 1",
                                                 " or none or default"))
+            elif key == "lead_split_size":
+                values[key] = (None if value.lower() == _DEFAULT
+                               else _int_option(key, value, lambda v: v >= 1, "an int >= 1",
+                                                " or default"))
             elif key == "plan":
                 if value not in _PLANS:
                     raise ValueError(f"kernels option plan: expected one of "

@@ -669,16 +669,20 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
             torch.arange(161, dtype=torch.int32, device=device),
             torch.full((160,), 1024, dtype=torch.int32, device=device),
             torch.arange(64, dtype=torch.int32, device=device).repeat(160, 1))
-    for tuning, plan, keys_rows in ((None, "split", True),
-                                    (Tuning(keys_rows=False), "fused", False)):
+    # The tile walks each row's 8 lead splits (kt_walk_lead: 2560 programs would not fit the
+    # SMs): one split of 1024 per row, the direct store. The fused plan counts the lead splits.
+    for tuning, plan, keys_rows, splits in ((None, "split", True, 1),
+                                            (Tuning(keys_rows=False), "fused", False, 8)):
         lp = plan_attention(*many, validate=False, host_lens=([1] * 160, [1024] * 160),
                             tuning=tuning)
-        assert (lp.plan, lp.keys_rows, lp.num_splits) == (plan, keys_rows, 1), tuning
+        assert (lp.plan, lp.keys_rows, lp.num_splits) == (plan, keys_rows, splits), tuning
+        assert lp.walk_lead == keys_rows
     # The same lengths under a table twice as wide: the workspace (sized by the table's bound
-    # without checked lengths) has 2 splits per row, so no direct store: fused.
+    # without checked lengths) has 9 splits per row (8 lead splits and one), past the lead
+    # splits, so no keys-as-rows rule: fused.
     wide = (*many[:5], torch.arange(128, dtype=torch.int32, device=device).repeat(160, 1))
     lp = plan_attention(*wide, validate=False, host_lens=([1] * 160, [1024] * 160))
-    assert (lp.plan, lp.keys_rows, lp.num_splits) == ("fused", False, 2)
+    assert (lp.plan, lp.keys_rows, lp.num_splits) == ("fused", False, 9)
     # Overrides the Gluon tile takes (it stays on) but the keys-as-rows tile does not.
     for tuning in (Tuning(block_m=128), Tuning(num_warps=8), Tuning(num_stages=3),
                    Tuning(value_blocks=2), Tuning(value_blocks=1), Tuning(tiles_per_step=1)):
@@ -833,13 +837,18 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
             lp = plan_attention(*args, validate=False, plan=plan)
             assert lp.gluon and lp.block_n == 128, plan
             # The decode batch's split plan takes the keys-as-rows tile (8 rows on 4 warps, 2 V
-            # blocks on its 16 programs: test_decode_takes_the_keys_as_rows_tile); on the
-            # 128-row tile that split grid takes 4 V column blocks.
+            # blocks on its 16 walking programs: test_decode_takes_the_keys_as_rows_tile); on
+            # the 128-row tile, one program per split (8 lead splits and one of 1024 per row:
+            # 72 programs) takes one V column block, as one split size takes 4 on its 16.
             if lp.plan == "split" and args is decode:
                 assert lp.keys_rows and (lp.block_m, lp.num_warps, lp.value_blocks) == (8, 4, 2)
+                one = plan_attention(*args, validate=False, plan=plan, lead_split_size=1024,
+                                     tuning=Tuning(keys_rows=False))
+                assert (one.num_splits, one.value_blocks) == (2, 4)
                 lp = plan_attention(*args, validate=False, plan=plan,
                                     tuning=Tuning(keys_rows=False))
-            blocks = 4 if lp.plan == "split" and args is decode else 1
+                assert lp.num_splits == 9
+            blocks = 1
             assert not lp.keys_rows
             assert (lp.block_m, lp.num_warps, lp.value_blocks, lp.tiles_per_step) == (
                 128, 8, blocks, 1)
@@ -1272,3 +1281,73 @@ def test_no_measured_rule_on_rocm(monkeypatch) -> None:
     monkeypatch.setattr(torch.version, "hip", "6.2")
     monkeypatch.setattr(kernels.attention, "_interpreting", lambda: False)
     assert kernels.attention._sm_major(torch.device("cuda", 0)) is None
+
+
+# Lead splits (kernels/README.md, "Lead splits"): (seed, split size and lead split size in units
+# of BLOCK_N, page size). Rows of up to 450 keys cross the lead splits, the first split's end
+# and later splits.
+LEAD_CASES = [
+    pytest.param(0, 4, 1, 4, id="seed0-split4xBN-lead1xBN-page4"),
+    pytest.param(1, 4, 2, 64, id="seed1-split4xBN-lead2xBN-page64"),
+    pytest.param(2, 6, 2, 1, id="seed2-split6xBN-lead2xBN-page1"),
+]
+
+
+@pytest.mark.parametrize(("seed", "split_tiles", "lead_tiles", "page_size"), LEAD_CASES)
+def test_lead_splits_give_the_same_bits_in_every_plan(
+        dtype: torch.dtype, make_batch, args_of, assert_same_bits, seed: int, split_tiles: int,
+        lead_tiles: int, page_size: int) -> None:
+    """The fused plan (flat loop; nested loop) and the split plan with
+    its merge fold the lead splits and the later splits in the same order: the same bits. The
+    control: one split size (no lead splits) differs in some bit, so the comparison can fail."""
+    rng = random.Random(seed)
+    shape = [(min(kv, rng.choice([1, 1, 3, 17])), kv)
+             for kv in [rng.randint(1, 450) for _ in range(3)] + [450]]
+    batch = make_batch(dtype, shape, PageLayout(page_size, "shuffled", seed=seed))
+    block_n = tile_config(dtype, 64).block_n
+    kw = dict(split_size=split_tiles * block_n, lead_split_size=lead_tiles * block_n)
+    lp = plan_attention(*args_of(batch), plan="split", **kw)
+    assert (lp.split_tiles, lp.lead_tiles) == (split_tiles, lead_tiles)
+    assert lp.num_splits == kernels.config.count_splits(450, split_tiles * block_n,
+                                                        lead_tiles * block_n)
+    ref = unified_attention(*args_of(batch), plan="split", **kw)
+    for plan, tuning in (("fused", Tuning(nested_loop=False)), ("fused", Tuning(nested_loop=True)),
+                         ("split", Tuning(value_blocks=2))):
+        assert_same_bits(unified_attention(*args_of(batch), plan=plan, tuning=tuning, **kw), ref,
+                         f"lead splits: {plan} {tuning} vs split")
+    one = unified_attention(*args_of(batch), plan="split", split_size=kw["split_size"])
+    assert not (torch.equal(one[0].view(torch.int16 if dtype != torch.float32 else torch.int32),
+                            ref[0].view(torch.int16 if dtype != torch.float32 else torch.int32))
+                and torch.equal(one[1].view(torch.int32), ref[1].view(torch.int32)))
+
+
+def test_lead_split_sizes_and_their_rules() -> None:
+    """How many splits a row has, which lead size a call gets, and the keys-as-rows rules."""
+    from kernels.attention import _lead_tokens
+    from kernels.config import choose_plan, count_splits, kt_walk_lead, kt_walk_splits
+
+    # 8 lead splits of 128 in the first 1024 keys, then one per 1024.
+    assert [count_splits(n, 1024, 128) for n in (0, 1, 128, 129, 1024, 1025, 2048, 3000)] == \
+        [0, 1, 1, 2, 8, 9, 9, 10]
+    assert [count_splits(n, 1024, 1024) for n in (1, 1024, 1025)] == [1, 1, 2]  # one size
+    # The default lead comes with the default split size only; an explicit one is kept (capped
+    # at the split size); the control has one size.
+    assert _lead_tokens(1024, None, 1024, 128) == 128
+    assert _lead_tokens(1024, None, 1024, 32) == 128
+    assert _lead_tokens(2048, None, 2048, 128) == 2048
+    assert _lead_tokens(1024, None, 1024, 256) == 1024  # a wider tile than the lead
+    assert _lead_tokens(2048, 256, 2048, 128) == 256
+    assert _lead_tokens(512, 4096, 512, 128) == 512
+    assert _lead_tokens(None, 128, 640, 128) == 640
+    # One program per lead split only where every row lies in them and the grid fits the SMs.
+    assert not kt_walk_lead(64, True, 132) and not kt_walk_lead(132, True, 132)
+    assert kt_walk_lead(133, True, 132) and kt_walk_lead(16, False, 132)
+    # Two splits per walking program only between one and two waves of the SMs.
+    assert [kt_walk_splits(n, 132) for n in (8, 132, 133, 264, 265, 2048)] == [1, 1, 2, 2, 1, 1]
+    # The keys-as-rows tile's split plan takes rows within the lead splits (at most 8 here).
+    kw = dict(keys_rows=True, lead_tokens=128)
+    assert choose_plan(544, 132, 1024, 1024, num_splits=8, **kw) == "split"
+    # Past them the rule no longer applies: 544 programs, more than the SMs, and rows of 2048
+    # keys on balanced lengths stay fused.
+    assert choose_plan(544, 132, 2048, 1024, num_splits=9, longest_tiles=16,
+                       total_tiles=544 * 16, gluon=True, **kw) == "fused"

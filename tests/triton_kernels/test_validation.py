@@ -170,6 +170,24 @@ def test_split_size_not_multiple_of_block_n(args: Args) -> None:
     _raises("split_size", lambda: unified_attention(**args, split_size=block_n + block_n // 2))
 
 
+@pytest.mark.parametrize("lead", [0, -64, 3, 64.0, True, "64"], ids=repr)
+def test_bad_lead_split_size(args: Args, lead: Any) -> None:
+    msg = _raises("lead_split_size", lambda: unified_attention(**args, lead_split_size=lead))
+    assert "positive multiple of BLOCK_N" in msg
+
+
+def test_lead_split_size_must_fit_the_tile_and_divide_the_split(args: Args) -> None:
+    block_n = tile_config(DTYPE, 64).block_n
+    _raises("lead_split_size", lambda: unified_attention(**args, lead_split_size=block_n // 2))
+    # 3 tiles per split: a lead of 2 tiles does not divide it (expected and got named).
+    msg = _raises("lead_split_size", lambda: unified_attention(
+        **args, split_size=3 * block_n, lead_split_size=2 * block_n))
+    assert f"a divisor of split_size={3 * block_n}" in msg and f"got {2 * block_n}" in msg
+    # At least the split size: one split size, no error (and the control ignores it).
+    unified_attention(**args, split_size=2 * block_n, lead_split_size=4 * block_n)
+    unified_attention(**args, split_size=None, lead_split_size=block_n)
+
+
 @pytest.mark.parametrize(("name", "value"), [("plan", "fastest"), ("plan", None),
                                              ("validate", "yes"), ("validate", 1),
                                              ("tuning", {"block_m": 16})])
