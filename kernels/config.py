@@ -54,7 +54,10 @@ DEFAULT_SPLIT_SIZE: int = 1024
 # KV tokens per lead split: the first DEFAULT_SPLIT_SIZE tokens of every row are cut into splits
 # of this size, at absolute positions (kernels/README.md, "Lead splits"). Bit-defining. A row of
 # at most 1024 keys then runs as 8 programs per KV head and a merge, as the control does at
-# batch 1, instead of one chain of 8 tiles (reports/h100-round28/README.md).
+# batch 1, instead of one chain of 8 tiles. Measured on an H200 (reports/h100-round28/README.md,
+# call 2, bf16, forced lead sizes): batch 1 with 1k keys 11.7 us at 128, 12.3 at 256, 14.2 with
+# one split size (the control 11.7); at 1k x 2 13.8 / 13.1 / 14.4 (13.8); prefill-varlen and
+# mixed64 within 2% of one size at either lead.
 DEFAULT_LEAD_SPLIT_SIZE: int = 128
 
 # SM count used when the tensors are not on a CUDA device (the interpreter); the H100 SXM value.
@@ -380,8 +383,11 @@ def kt_walk_lead(lead_programs: int, lead_only: bool, num_sms: int) -> bool:
     splits a row's chain is a split of ``split_size`` whichever way the lead runs; the short
     programs only crowd the grid. Shapes only (no sync); scheduling only, no bit
     (kernels/README.md, "Lead splits"). Measured on an H200 (bf16, round 28, calls 2-4; lead
-    splits of 128): one program per lead split took batch 1 with 1k keys from 15.2 to 11.9 us
-    (64 programs) and lost from 1k x 4 on (16.9 -> 25.3 us), 1.9x on 64 decodes of 1k."""
+    splits of 128, call 3, both forced): one program per lead split took batch 1 with 1k keys
+    from 15.2 to 11.9 us (64 programs) and 1k x 2 from 15.1 to 17.2 (128 programs; 13.7 against
+    15.1 in call 4, once the schedule rules counted the programs launched), and lost from 1k x 4
+    on (16.9 -> 25.3 us), 1.9x on 64 decodes of 1k; past 1k keys walking was as fast or faster
+    (2k x 1 16.8 against 19.0-21.5 us)."""
     return not (lead_only and lead_programs <= num_sms)
 
 
@@ -390,7 +396,10 @@ def kt_walk_splits(num_programs: int, num_sms: int) -> int:
     2 where one per program would take a second wave of the SMs and two per program would not
     (``num_sms < num_programs <= 2 * num_sms``, ``num_programs`` the working programs at one
     split each), else 1. Each split is still stored on its own and the merge folds them:
-    scheduling only, no bit (kernels/README.md, "Lead splits"). Shapes only (no sync)."""
+    scheduling only, no bit (kernels/README.md, "Lead splits"). Shapes only (no sync).
+    Measured on an H200 (bf16, round 28, call 5, forced): 2 against 1 took batch 1 with 32k
+    keys from 56.0 to 55.0 us, 24k x 1 46.6 -> 44.6, 16k x 2 54.4 -> 53.3 (256 programs at one
+    split each); 0-2% slower at 128 programs (16k x 1) and on 8k x 4."""
     return 2 if num_sms < num_programs <= 2 * num_sms else 1
 
 
@@ -540,12 +549,14 @@ def choose_plan(
     Where the split plan would run the keys-as-rows decode tile (``keys_rows``: a decode batch
     it takes by shapes, or any batch with ``Tuning(keys_rows=True)``; kernels/README.md, "The
     keys-as-rows decode tile") the split plan is faster still (reports/h100-round24/README.md,
-    GQA group 4): it takes every batch whose workspace has one split per row (``num_splits``,
-    the split plan's splits per row as launched, else from ``max_kv_len``: the tile's direct
-    store, no merge; 0.93-0.98x the fused plan's time on 8-256 decodes of 512-1024 keys,
-    whatever the grid), and an under-filled grid is fused only when the longest program walks
-    at most 1.5 times the average (the two mixed-length batches at 1.6 and 1.74 times took
-    0.63-0.86x split; equal lengths of 2k-8k keys 1.00-1.07x).
+    GQA group 4): it takes every batch whose rows lie within the lead splits (``num_splits``,
+    the split plan's splits per row as launched, at most ``split_tokens // lead_tokens``, else
+    ``max_kv_len <= split_tokens``: one split per row before round 28, the tile's direct store;
+    0.93-0.98x the fused plan's time on 8-256 decodes of 512-1024 keys, whatever the grid; with
+    lead splits the tile walks them there, ``kt_walk_lead``, and still stores directly), and an
+    under-filled grid is fused only when the longest program walks at most 1.5 times the
+    average (the two mixed-length batches at 1.6 and 1.74 times took 0.63-0.86x split; equal
+    lengths of 2k-8k keys 1.00-1.07x).
     """
     if gluon and num_programs * 4 <= num_sms:
         return "split"

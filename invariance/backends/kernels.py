@@ -121,7 +121,8 @@ class KernelsBackend:
         ``none`` = the batch-variant control heuristic; ``default`` =
         ``kernels.DEFAULT_SPLIT_SIZE``), ``lead_split_size`` (KV tokens per lead split, an int
         >= 1, ``kernels.unified_attention``'s; ``default`` = its default), ``plan`` (``auto`` /
-        ``fused`` / ``split``), ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16), ``num_stages`` (1..8),
+        ``fused`` / ``split``), ``block_m`` (a power of two), ``num_warps`` (1, 2, 4, 8 or 16),
+        ``num_stages`` (1..8),
         ``block_n`` (KV tokens per tile, a power of two >= 16: bit-defining, for comparing
         contracts; the split size must be a multiple of it), ``gluon`` (``auto``, ``true`` or
         ``false``: ``kernels.Tuning.gluon``; at 64 keys ``true`` raises on a batch whose plan is
