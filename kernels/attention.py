@@ -219,7 +219,7 @@ class Tuning:
       that folds the lead splits in it, as the fused plan does (``True``), or one program per
       lead split and the merge folds them (``False``). Scheduling only, no bit. ``None``:
       :func:`~kernels.config.kt_walk_lead`; ``True`` where the tile does not run raises a
-      ``ValueError``.
+      ``ValueError``; without lead splits (one split size) it has no effect.
     - ``block_n`` (KV tokens per tile, a power of two >= 16): BIT-DEFINING, it moves the tile
       grid: another contract. For experiments (tile sweeps, the 64-key contract on Hopper with
       ``block_n=64``); ``split_size`` must be a multiple of it.
@@ -564,9 +564,9 @@ def _lead_tokens(split_size: int | None, lead_split_size: int | None, split_toke
                  block_n: int) -> int:
     """KV tokens per lead split (checked by ``_check_options``): ``lead_split_size`` where it is
     below the split size, else the split size (one size). ``None``: the default contract's
-    ``DEFAULT_LEAD_SPLIT_SIZE`` with the default split size (where the tile divides it), else
-    one size, so that ``split_size=N`` alone means splits of N. The control mode has one
-    size."""
+    ``DEFAULT_LEAD_SPLIT_SIZE`` with a split size of 1024 (where the tile divides it), else one
+    size, so that ``split_size=N`` alone (N other than 1024) means splits of N. The control mode
+    has one size."""
     if split_size is None:
         return split_tokens
     if lead_split_size is None:
@@ -1094,11 +1094,12 @@ def unified_attention(
         lead_split_size: KV tokens per lead split: the first ``split_size`` tokens of every row
             are cut into splits of this size (bit-defining, absolute positions like the rest;
             kernels/README.md, "Lead splits"), so that a short row runs as several programs and
-            a merge. A positive multiple of BLOCK_N that divides ``split_size``; a size of at
-            least ``split_size`` keeps one split size. ``None``:
-            :data:`~kernels.config.DEFAULT_LEAD_SPLIT_SIZE` (128) with the default
-            ``split_size`` (1024), else one split size (``split_size=N`` alone means splits of
-            N). Ignored in the control mode.
+            a merge. A positive multiple of BLOCK_N that divides ``split_size``; a multiple of
+            BLOCK_N of at least ``split_size`` keeps one split size. ``None``:
+            :data:`~kernels.config.DEFAULT_LEAD_SPLIT_SIZE` (128) with a split size of 1024
+            (the default, or passed explicitly: ``lead_split_size=1024`` gives one size
+            there), else one split size (``split_size=N`` alone, N other than 1024, means
+            splits of N). Checked, but without effect, in the control mode.
         plan: ``"fused"``, ``"split"`` or ``"auto"``. All plans give identical bits for a given
             split size; ``"auto"`` picks the faster one for the batch (see ``plan_attention``).
         validate: read ``cu_seqlens_q``, ``kv_lens`` and ``block_table`` back to the host (one

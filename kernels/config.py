@@ -57,7 +57,7 @@ DEFAULT_SPLIT_SIZE: int = 1024
 # batch 1, instead of one chain of 8 tiles. Measured on an H200 (reports/h100-round28/README.md,
 # call 2, bf16, forced lead sizes): batch 1 with 1k keys 11.7 us at 128, 12.3 at 256, 14.2 with
 # one split size (the control 11.7); at 1k x 2 13.8 / 13.1 / 14.4 (13.8); prefill-varlen and
-# mixed64 within 2% of one size at either lead.
+# mixed64 within 2.2% of one size at either lead.
 DEFAULT_LEAD_SPLIT_SIZE: int = 128
 
 # SM count used when the tensors are not on a CUDA device (the interpreter); the H100 SXM value.
@@ -399,7 +399,7 @@ def kt_walk_splits(num_programs: int, num_sms: int) -> int:
     scheduling only, no bit (kernels/README.md, "Lead splits"). Shapes only (no sync).
     Measured on an H200 (bf16, round 28, call 5, forced): 2 against 1 took batch 1 with 32k
     keys from 56.0 to 55.0 us, 24k x 1 46.6 -> 44.6, 16k x 2 54.4 -> 53.3 (256 programs at one
-    split each); 0-2% slower at 128 programs (16k x 1) and on 8k x 4."""
+    split each); 3% slower at 128 programs (16k x 1: 33.5 -> 34.4) and 0.7% on 8k x 4."""
     return 2 if num_sms < num_programs <= 2 * num_sms else 1
 
 
@@ -553,7 +553,8 @@ def choose_plan(
     the split plan's splits per row as launched, at most ``split_tokens // lead_tokens``, else
     ``max_kv_len <= split_tokens``: one split per row before round 28, the tile's direct store;
     0.93-0.98x the fused plan's time on 8-256 decodes of 512-1024 keys, whatever the grid; with
-    lead splits the tile walks them there, ``kt_walk_lead``, and still stores directly), and an
+    lead splits the tile walks them and stores directly on grids past the SMs, and on smaller
+    ones runs one program per lead split and the merge, ``kt_walk_lead``), and an
     under-filled grid is fused only when the longest program walks at most 1.5 times the
     average (the two mixed-length batches at 1.6 and 1.74 times took 0.63-0.86x split; equal
     lengths of 2k-8k keys 1.00-1.07x).

@@ -336,6 +336,8 @@ def _split_lo(i_split, split_tiles, lead_tiles):
     splits"): the first ``split_tiles`` tiles of every row in splits of ``lead_tiles`` (a
     divisor of ``split_tiles``), then splits of ``split_tiles``, all at absolute positions."""
     n_lead = split_tiles // lead_tiles
+    # NOTE: the branch not taken may wrap in int32 (a split near 2**31 tiles with a small lead);
+    # tl.where discards it.
     return tl.where(i_split < n_lead, i_split * lead_tiles, (i_split - n_lead + 1) * split_tiles)
 
 

@@ -268,12 +268,13 @@ def test_gluon_value_blocks_give_the_same_bits(dtype, make_batch, args_of, asser
     assert_same_bits(unified_attention(*args, plan="split", tuning=tuning, **ONE_SIZE), fused,
                      f"Gluon split, {value_blocks} V blocks, one split per row, vs fused")
     # On the 128-row tile without a block count the rule picks it: 4 decode rows on 8 KV heads
-    # are 32 programs, 4 blocks on an H100's 132 SMs. (Without any Tuning a decode batch takes
-    # the keys-as-rows tile, one block: test_keys_rows_tile_gives_the_same_bits.)
-    lp = plan_attention(*args, plan="split", tuning=Tuning(keys_rows=False))
+    # are 32 programs at one split size, 4 blocks on an H100's 132 SMs. (Without any Tuning a
+    # decode batch takes the keys-as-rows tile: test_keys_rows_tile_gives_the_same_bits.)
+    lp = plan_attention(*args, plan="split", tuning=Tuning(keys_rows=False), **ONE_SIZE)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert not lp.keys_rows and lp.value_blocks == (4 if sms >= 32 * 4 else 1)
-    assert_same_bits(unified_attention(*args, plan="split", tuning=Tuning(keys_rows=False)),
+    assert_same_bits(unified_attention(*args, plan="split", tuning=Tuning(keys_rows=False),
+                                       **ONE_SIZE),
                      fused, f"Gluon split, the rule's {lp.value_blocks} V blocks, vs fused")
 
 
