@@ -407,13 +407,15 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
                            "--workload", "decode-b1-ctx1k"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    # One 1k-token decode on 8 KV heads: the split plan, 64-row tiles, 8 V column blocks and 2
-    # tiles per loop step (the rules on 132 SMs), one kernel (one split per row: no merge).
+    # One 1k-token decode on 8 KV heads: the split plan, 64-row tiles; its 8 lead splits per
+    # row make 64 programs, so 2 V column blocks and one tile per loop step (the rules on 132
+    # SMs); the split kernel and the merge.
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| decode-b1-ctx1k")]
-    assert len(rows) == 1, proc.stdout
+    assert len(rows) == 2, proc.stdout
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[1:4] == ["split", "64/64/4/5/8/2", "unified_attention_split_kernel"], cells
+    assert cells[1:4] == ["split", "64/64/4/5/2/1", "unified_attention_split_kernel"], cells
     assert 32 <= int(cells[4]) <= 255 and int(cells[6]) > 0, cells
+    assert rows[1].split("|")[4].strip() == "merge_splits_kernel", rows
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
                            "--workload", "decode-b1-ctx1k", "--dot-waits", "--sass-order"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
