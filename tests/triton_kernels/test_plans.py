@@ -1284,8 +1284,7 @@ def test_no_measured_rule_on_rocm(monkeypatch) -> None:
 
 
 # Lead splits (kernels/README.md, "Lead splits"): (seed, split size and lead split size in units
-# of BLOCK_N, page size). Rows of up to 450 keys cross the lead splits, the first split's end
-# and later splits.
+# of BLOCK_N, page size). The longest row crosses the lead splits and the first split's end.
 LEAD_CASES = [
     pytest.param(0, 4, 1, 4, id="seed0-split4xBN-lead1xBN-page4"),
     pytest.param(1, 4, 2, 64, id="seed1-split4xBN-lead2xBN-page64"),
@@ -1301,14 +1300,16 @@ def test_lead_splits_give_the_same_bits_in_every_plan(
     its merge fold the lead splits and the later splits in the same order: the same bits. The
     control: one split size (no lead splits) differs in some bit, so the comparison can fail."""
     rng = random.Random(seed)
-    shape = [(min(kv, rng.choice([1, 1, 3, 17])), kv)
-             for kv in [rng.randint(1, 450) for _ in range(3)] + [450]]
-    batch = make_batch(dtype, shape, PageLayout(page_size, "shuffled", seed=seed))
     block_n = tile_config(dtype, 64).block_n
+    # Past the first split's end by a quarter split and half a tile (a partial last tile).
+    longest = split_tiles * block_n * 5 // 4 + block_n // 2
+    shape = [(min(kv, rng.choice([1, 1, 3, 17])), kv)
+             for kv in [rng.randint(1, longest) for _ in range(3)] + [longest]]
+    batch = make_batch(dtype, shape, PageLayout(page_size, "shuffled", seed=seed))
     kw = dict(split_size=split_tiles * block_n, lead_split_size=lead_tiles * block_n)
     lp = plan_attention(*args_of(batch), plan="split", **kw)
     assert (lp.split_tiles, lp.lead_tiles) == (split_tiles, lead_tiles)
-    assert lp.num_splits == kernels.config.count_splits(450, split_tiles * block_n,
+    assert lp.num_splits == kernels.config.count_splits(longest, split_tiles * block_n,
                                                         lead_tiles * block_n)
     ref = unified_attention(*args_of(batch), plan="split", **kw)
     for plan, tuning in (("fused", Tuning(nested_loop=False)), ("fused", Tuning(nested_loop=True)),
