@@ -1265,7 +1265,6 @@ def test_probe_round28_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
         probe.make(Batch(), "fast", None)
     for cells in (probe.BIT_CELLS, probe.WALK_BIT_CELLS):
         controls = [name for name in cells if name.startswith("control")]
-        assert controls and all(a == ("split", probe.NO_KT) or a[1] == probe.NO_KT
-                                for a, _ in cells.values())
+        assert controls and all(a[1] == probe.NO_KT for a, _ in cells.values())
     assert probe.BIT_CELLS["control-one-size"][1] == ("split@1024", probe.NO_KT)
     assert probe.TIME_CELLS["control"] == probe.TIME2_CELLS["control"] == ("heuristic", None)
