@@ -1,0 +1,22 @@
+#!/bin/sh
+# The round-29 GPU runs (reports/h100-round29/README.md), one step per device call (each under
+# 10 minutes): sh benchmarks/gpu_round29.sh STEP, with $OUT the output folder, gpu_site/ carried
+# for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its folder into
+# $OUT/STEP.tgz.
+#   probe: the parts of benchmarks/probe_round29.py named in $PARTS ("times parts" by default),
+#          each into PART.txt and its jsonl
+#   ktests, tests, final, check, bench, san: the steps shared with rounds 21-27
+#          (gpu_steps_21.sh)
+set -u
+STEP=${1:?usage: sh benchmarks/gpu_round29.sh probe|ktests|tests|final|check|bench|san}
+INV="python3 -m invariance.cli"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+
+. benchmarks/gpu_full_check.sh
+. benchmarks/gpu_steps_21.sh
+
+step_probe() {
+  probe_parts probe_round29.py "${PARTS:-times parts}"
+}
+
+run_step gpu_round29.sh "probe|ktests|tests|final|check|bench|san"
