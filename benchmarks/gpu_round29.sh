@@ -3,7 +3,7 @@
 # 10 minutes): sh benchmarks/gpu_round29.sh STEP, with $OUT the output folder, gpu_site/ carried
 # for the tests and .whl/ (the FlashInfer wheels) for the bench. Each step packs its folder into
 # $OUT/STEP.tgz.
-#   probe: the parts of benchmarks/probe_round29.py named in $PARTS ("times parts" by default),
+#   probe: the parts of benchmarks/probe_round29.py named in $PARTS ("bits times parts" by default),
 #          each into PART.txt and its jsonl
 #   ktests, tests, final, check, bench, san: the steps shared with rounds 21-27
 #          (gpu_steps_21.sh)
@@ -16,7 +16,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 . benchmarks/gpu_steps_21.sh
 
 step_probe() {
-  probe_parts probe_round29.py "${PARTS:-times parts}"
+  probe_parts probe_round29.py "${PARTS:-bits times parts}"
 }
 
 run_step gpu_round29.sh "probe|ktests|tests|final|check|bench|san"
