@@ -6,7 +6,7 @@
 A cell is ``PLAN[@SPLIT[/LEAD]][+SWITCH]``: a plan (``auto``, ``split``) or ``heuristic`` (the
 control, ``split_size=None``); ``@SPLIT`` a split size in tokens (``/LEAD`` a lead split size,
 else the default's rule); switches, all bit-neutral (the merge's order per row is the same):
-``+cN`` the merge loading N partials per step, ``+d16`` merge programs of 16 head-dim columns,
+``+cN`` the merge loading N partials per step, ``+dN`` merge programs of N head-dim columns,
 ``+r28`` round 28's merge (each partial loaded next to its fold: :func:`_merge_r28_kernel`,
 kept here as the baseline).
 
@@ -51,7 +51,7 @@ WORKLOADS = ["decode:32kx1", "decode:24kx1", "decode:16kx2", "decode:32kx2", "de
 CELLS = {"auto": ("auto", None), "control": ("heuristic", None),
          "merge-r28": ("auto+r28", None), "control-r28": ("heuristic+r28", None),
          "merge-c4": ("auto+c4", None), "merge-c16": ("auto+c16", None),
-         "merge-d16": ("auto+d16", None),
+         "merge-d16": ("auto+d16", None), "merge-d64": ("auto+d64", None),
          "split2048": ("auto@2048", None), "split2048-lead256": ("auto@2048/256", None),
          "split2048-lead128": ("auto@2048/128", None)}
 RUNS = 20
@@ -148,8 +148,8 @@ def make(batch, cell: str, tuning):
             fn = patched(fn, kernels.attention, "_MERGE_CHUNK", int(switch[1:]))
         elif switch == "r28":
             fn = patched(fn, kernels.attention, "_merge_splits_kernel", _merge_r28_kernel)
-        elif switch == "d16":
-            fn = patched(fn, kernels.attention, "_MERGE_BLOCK_D", 16)
+        elif switch.startswith("d"):
+            fn = patched(fn, kernels.attention, "_MERGE_BLOCK_D", int(switch[1:]))
         else:
             raise ValueError(f"cell {cell!r}: unknown switch {switch!r}")
     if fn is not None:

@@ -31,7 +31,7 @@ except ImportError:  # older Triton: never launched with IS_PDL (kernels.attenti
     def gdc_wait():
         pass
 
-from kernels._triton.merge_kernels import state_fold, state_normalize
+from kernels._triton.merge_kernels import state_fold, state_normalize, state_scale, state_weights
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
@@ -870,16 +870,23 @@ def _merge_splits_kernel(
     # two loads were in flight: the merge took 7.6 us for 32 partials on an H100, round 29).
     ahead = ()
     for c in tl.static_range(CHUNK):
-        ahead = ahead + (_load_partial(ws_o_ptr, ws_ml_ptr, i_ws, c, n_splits, m_g, o_d,
+        # NOTE: tuples grow by concatenation: Triton's frontend has no starred unpacking.
+        ahead = ahead + (_load_partial(ws_o_ptr, ws_ml_ptr, i_ws, c, n_splits, m_g, o_d,  # noqa: RUF005
                                        HEAD_DIM),)
     for i_s0 in range(0, n_splits, CHUNK):
         nxt = ()
         for c in tl.static_range(CHUNK):
-            nxt = nxt + (_load_partial(ws_o_ptr, ws_ml_ptr, i_ws, i_s0 + CHUNK + c, n_splits,
-                                       m_g, o_d, HEAD_DIM),)
+            nxt = nxt + (_load_partial(ws_o_ptr, ws_ml_ptr, i_ws,  # noqa: RUF005
+                                       i_s0 + CHUNK + c, n_splits, m_g, o_d, HEAD_DIM),)
+        # state_fold in two passes: every weight of the step from the maxes (off the l and acc
+        # chains), then the fmas in split order. The same operations on the same values.
+        weights = ()
         for c in tl.static_range(CHUNK):
-            s_m, s_l, s_acc = ahead[c]
-            f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, s_m, s_l, s_acc)
+            f_m, w_a, w_b = state_weights(f_m, ahead[c][0])
+            weights = weights + ((w_a, w_b),)  # noqa: RUF005
+        for c in tl.static_range(CHUNK):
+            f_l, f_acc = state_scale(f_l, f_acc, ahead[c][1], ahead[c][2], weights[c][0],
+                                     weights[c][1])
         ahead = nxt
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     i_row = i_t.to(tl.int64) * Hq + i_kvh * G + o_g

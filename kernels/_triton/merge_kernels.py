@@ -33,6 +33,15 @@ def state_fold(m_a, l_a, acc_a, m_b, l_b, acc_b):
     Exactness holds for finite caches: a NaN or infinite V in keys a row does not see, in
     tiles its block visits, reaches the row's state through ``0 * v`` (kernels/README.md).
     """
+    m, w_a, w_b = state_weights(m_a, m_b)
+    l, acc = state_scale(l_a, acc_a, l_b, acc_b, w_a, w_b)
+    return m, l, acc
+
+
+@triton.jit
+def state_weights(m_a, m_b):
+    """:func:`state_fold`'s first half: the folded max and the two sides' weights, from the maxes
+    alone (m_*: [BM] fp32, log2 units). Returns (m, w_a, w_b), each [BM]."""
     a_empty = m_a == float("-inf")
     b_empty = m_b == float("-inf")
     m = tl.maximum(m_a, m_b)
@@ -46,11 +55,18 @@ def state_fold(m_a, l_a, acc_a, m_b, l_b, acc_b):
     # b empty (both empty included): keep a. Else a empty: take b.
     w_a = tl.where(b_empty, 1.0, tl.where(a_empty, neg_zero, tl.exp2(m_a - m_safe)))
     w_b = tl.where(b_empty, neg_zero, tl.where(a_empty, 1.0, tl.exp2(m_b - m_safe)))
+    return m, w_a, w_b
+
+
+@triton.jit
+def state_scale(l_a, acc_a, l_b, acc_b, w_a, w_b):
+    """:func:`state_fold`'s second half: ``l = fma(l_a, w_a, l_b * w_b)`` and
+    ``acc = fma(acc_a, w_a, acc_b * w_b)`` (l_*, w_*: [BM]; acc_*: [BM, D]). Returns (l, acc)."""
     # NOTE: explicit fmas leave the compiler no contraction choice, so the fold rounds the same
     # way whether state b was just computed in registers (fused plan) or loaded (split plan).
     l = tl.fma(l_a, w_a, l_b * w_b)
     acc = tl.fma(acc_a, w_a[:, None], acc_b * w_b[:, None])
-    return m, l, acc
+    return l, acc
 
 
 @triton.jit
