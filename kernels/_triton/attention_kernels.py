@@ -34,6 +34,8 @@ except ImportError:  # older Triton: never launched with IS_PDL (kernels.attenti
 from kernels._triton.merge_kernels import state_fold, state_normalize, state_scale, state_weights
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+# An empty state's (m, l) = (-inf, 0.0) as one int64: m's bits (0xFF800000) low, l's (0) high.
+_EMPTY_ML: tl.constexpr = tl.constexpr(0xFF800000)
 
 
 @triton.jit
@@ -794,14 +796,16 @@ def _unified_attention_split_kernel(
 
 
 @triton.jit
-def _load_partial(ws_o_ptr, ws_ml_ptr, i_ws, i_s, n_splits, m_g, o_d, HEAD_DIM: tl.constexpr):
-    """Split ``i_s``'s raw partial ``(m [BG], l [BG], acc [BG, BD])`` of the rows at workspace
-    offsets ``i_ws`` (``m_g``: the live rows); past ``n_splits`` an empty state, not read."""
-    m_s = m_g & (i_ws * 0 + i_s < n_splits)
-    s_m = tl.load(ws_ml_ptr + 2 * (i_ws + i_s), mask=m_s, other=float("-inf"))
-    s_l = tl.load(ws_ml_ptr + 2 * (i_ws + i_s) + 1, mask=m_s, other=0.0)
-    s_acc = tl.load(ws_o_ptr + (i_ws + i_s)[:, None] * HEAD_DIM + o_d[None, :],
-                    mask=m_s[:, None], other=0.0)
+def _load_partial(p_acc, p_ml, i_s, n_splits, m_g, HEAD_DIM: tl.constexpr):
+    """Split ``i_s``'s raw partial ``(m [BG], l [BG], acc [BG, BD])`` of a merge program's rows:
+    ``p_acc`` [BG, BD] and ``p_ml`` [BG] (an int64 view of the ``(m, l)`` pairs) point at split
+    0; ``m_g`` the live rows. Past ``n_splits`` an empty state, not read. ``m`` and ``l`` come in
+    one 8-byte load and are taken apart by their bits (exact)."""
+    m_s = m_g & (m_g.to(tl.int32) * 0 + i_s < n_splits)
+    ml = tl.load(p_ml + i_s, mask=m_s, other=_EMPTY_ML)
+    s_m = (ml & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    s_l = (ml >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    s_acc = tl.load(p_acc + i_s * HEAD_DIM, mask=m_s[:, None], other=0.0)
     return s_m, s_l, s_acc
 
 
@@ -859,6 +863,8 @@ def _merge_splits_kernel(
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
     m_g = o_g < G
     i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * num_splits  # [BG]
+    p_acc = ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :]  # [BG, BD] at split 0
+    p_ml = ws_ml_ptr.to(tl.pointer_type(tl.int64)) + i_ws  # [BG]: (m, l) pairs at split 0
     if IS_PDL:
         gdc_wait()
     f_m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
@@ -871,13 +877,12 @@ def _merge_splits_kernel(
     ahead = ()
     for c in tl.static_range(CHUNK):
         # NOTE: tuples grow by concatenation: Triton's frontend has no starred unpacking.
-        ahead = ahead + (_load_partial(ws_o_ptr, ws_ml_ptr, i_ws, c, n_splits, m_g, o_d,  # noqa: RUF005
-                                       HEAD_DIM),)
+        ahead = ahead + (_load_partial(p_acc, p_ml, c, n_splits, m_g, HEAD_DIM),)  # noqa: RUF005
     for i_s0 in range(0, n_splits, CHUNK):
         nxt = ()
         for c in tl.static_range(CHUNK):
-            nxt = nxt + (_load_partial(ws_o_ptr, ws_ml_ptr, i_ws,  # noqa: RUF005
-                                       i_s0 + CHUNK + c, n_splits, m_g, o_d, HEAD_DIM),)
+            nxt = nxt + (_load_partial(p_acc, p_ml, i_s0 + CHUNK + c,  # noqa: RUF005
+                                       n_splits, m_g, HEAD_DIM),)
         # state_fold in two passes: every weight of the step from the maxes (off the l and acc
         # chains), then the fmas in split order. The same operations on the same values.
         weights = ()
