@@ -77,11 +77,14 @@ _MIN_DOT_COLUMNS = 16
 # Split partials the merge kernel loads per step (their loads are in flight together; 1 under the
 # interpreter, where it only costs time: the chunk size never changes the merge order).
 _MERGE_CHUNK = 8
-# Head-dim columns per merge program on a GPU: more programs when there are few tokens (decode at
-# small batch); every column runs the same arithmetic, so the block is bit-neutral. Measured on an
-# H100 (reports/h100-round4): 32 columns with 1 warp, 64 with 2 and 128 with 4 took the same time;
-# the merge itself went from 12.8 to 2.9 us (batch 1, 1k) and 47.6 to 9.3 us (batch 1, 32k).
+# Head-dim columns and query heads per merge program on a GPU: more programs when there are few
+# tokens (decode at small batch); every column runs the same arithmetic, so the blocks are
+# bit-neutral. Measured on an H100 (reports/h100-round4): 32 columns with 1 warp, 64 with 2 and
+# 128 with 4 took the same time; the merge itself went from 12.8 to 2.9 us (batch 1, 1k) and 47.6
+# to 9.3 us (batch 1, 32k). One head per program: each fold's weights are computed once per
+# thread (reports/h100-round29/README.md).
 _MERGE_BLOCK_D = 32
+_MERGE_BLOCK_H = 1
 _MERGE_NUM_WARPS = 1
 # Keys the slot-rank kernel compares per step (the fused plan's slot order).
 _RANK_BLOCK = 1024
@@ -91,6 +94,11 @@ _RANK_NUM_WARPS = 4
 def _merge_block_d(head_dim: int) -> int:
     """Head-dim columns per merge program (the whole head under the interpreter: fewer programs)."""
     return head_dim if _interpreting() else min(_MERGE_BLOCK_D, head_dim)
+
+
+def _merge_block_h(num_q_heads: int) -> int:
+    """Query heads per merge program (every head under the interpreter: fewer programs)."""
+    return triton.next_power_of_2(num_q_heads) if _interpreting() else _MERGE_BLOCK_H
 
 
 def _merge_chunk() -> int:
@@ -1028,23 +1036,22 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
 
 def _launch_merge(lp: LaunchPlan, ws_o: torch.Tensor, ws_ml: torch.Tensor,
                   inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor) -> None:
-    """One program per (query token, KV head, block of head-dim columns) folds its row's partials
-    in split order. With ``lp.dependent_merge`` it is a programmatic dependent launch
+    """One program per (query token, block of query heads, block of head-dim columns) folds its
+    rows' partials in split order. With ``lp.dependent_merge`` it is a programmatic dependent launch
     (``launch_pdl``): scheduled while the split kernel finishes, it waits in-kernel for that
     kernel's writes."""
     q, k_cache, _, cu_seqlens_q, kv_lens, block_table = inputs
     T, Hq, D = q.shape
-    Hkv, G = k_cache.shape[2], Hq // k_cache.shape[2]
-    block_d = _merge_block_d(D)
+    block_d, block_h = _merge_block_d(D), _merge_block_h(Hq)
     assert D % block_d == 0, (D, block_d)  # internal: every column belongs to one program
-    _merge_splits_kernel[(T, Hkv, D // block_d)](
+    _merge_splits_kernel[(T, triton.cdiv(Hq, block_h), D // block_d)](
         ws_o, ws_ml, cu_seqlens_q, kv_lens, out, lse,
         split_tokens=lp.split_tokens,
         # A walking keys-as-rows program stores one state per split of split_tokens.
         lead_tokens=lp.split_tokens if lp.walk_lead else lp.lead_tokens, B=kv_lens.shape[0],
         Hq=Hq, num_splits=lp.num_splits,
         max_kv_len=block_table.shape[1] * k_cache.shape[1],
-        G=G, HEAD_DIM=D, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=block_d,
+        HEAD_DIM=D, BLOCK_H=block_h, BLOCK_D=block_d,
         CHUNK=_merge_chunk(), IS_PDL=lp.dependent_merge, num_warps=_MERGE_NUM_WARPS,
         **({"launch_pdl": True} if lp.dependent_merge else {}))
 

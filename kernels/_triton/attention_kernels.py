@@ -796,12 +796,12 @@ def _unified_attention_split_kernel(
 
 
 @triton.jit
-def _load_partial(p_acc, p_ml, i_s, n_splits, m_g, HEAD_DIM: tl.constexpr):
-    """Split ``i_s``'s raw partial ``(m [BG], l [BG], acc [BG, BD])`` of a merge program's rows:
-    ``p_acc`` [BG, BD] and ``p_ml`` [BG] (an int64 view of the ``(m, l)`` pairs) point at split
-    0; ``m_g`` the live rows. Past ``n_splits`` an empty state, not read. ``m`` and ``l`` come in
+def _load_partial(p_acc, p_ml, i_s, n_splits, m_h, HEAD_DIM: tl.constexpr):
+    """Split ``i_s``'s raw partial ``(m [BH], l [BH], acc [BH, BD])`` of a merge program's rows:
+    ``p_acc`` [BH, BD] and ``p_ml`` [BH] (an int64 view of the ``(m, l)`` pairs) point at split
+    0; ``m_h`` the live rows. Past ``n_splits`` an empty state, not read. ``m`` and ``l`` come in
     one 8-byte load and are taken apart by their bits (exact)."""
-    m_s = m_g & (m_g.to(tl.int32) * 0 + i_s < n_splits)
+    m_s = m_h & (m_h.to(tl.int32) * 0 + i_s < n_splits)
     ml = tl.load(p_ml + i_s, mask=m_s, other=_EMPTY_ML)
     s_m = (ml & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
     s_l = (ml >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
@@ -827,28 +827,27 @@ def _merge_splits_kernel(
     num_splits,  # workspace splits per row
     max_kv_len,  # KV tokens the block table covers (kv_len clamp, as in _block_rows)
     # Constexprs
-    G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
     IS_PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel (sm_90+)
 ):
-    """Split plan, phase 2: one program per (query token, kv head, BLOCK_D columns of the head
-    dim) folds the raw partials of the group's heads in increasing split order
+    """Split plan, phase 2: one program per (query token, BLOCK_H query heads, BLOCK_D columns
+    of the head dim) folds the raw partials of its rows in increasing split order
     (:func:`state_fold`), then normalizes them once.
 
-    Every column of a row runs the same merge arithmetic on the same LSEs, so cutting the head dim
-    into column blocks is bit-neutral (it only adds programs when there are few tokens). CHUNK
-    splits are loaded per step (unrolled, so their loads are in flight together) and merged one by
-    one, in order; splits past the row's last one load as empty states, exact no-ops.
+    Every column of a row runs the same merge arithmetic on the same LSEs, so cutting the heads
+    and the head dim into blocks is bit-neutral (it only changes how many programs there are).
+    CHUNK splits are loaded per step and merged one by one, in order; splits past the row's last
+    one load as empty states, exact no-ops.
 
     ``IS_PDL``: the kernel may start while the split kernel still runs; it finds its row (from
     ``cu_seqlens_q`` and ``kv_lens``, which the split kernel does not write) and then waits
     (``griddepcontrol.wait``: the split kernel has finished and its writes are visible) before
     it reads the workspace."""
     i_t = tl.program_id(0)
-    i_kvh = tl.program_id(1)
+    i_hb = tl.program_id(1)
     i_db = tl.program_id(2)
     # Request of token i_t: the last b with cu[b] <= i_t (empty requests own no token).
     i_b = _find_request(cu_seqlens_q_ptr, i_t, B, 1, False)
@@ -859,17 +858,17 @@ def _merge_splits_kernel(
     # NOTE: the clamp to num_splits is a no-op for valid input (pos < max kv_len, which sized the
     # workspace); it keeps malformed lengths (validate=False) inside the workspace.
     n_splits = tl.minimum(_split_count(pos + 1, split_tokens, lead_tokens), num_splits)
-    o_g = tl.arange(0, BLOCK_G)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
-    m_g = o_g < G
-    i_ws = (i_t.to(tl.int64) * Hq + i_kvh * G + o_g) * num_splits  # [BG]
-    p_acc = ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :]  # [BG, BD] at split 0
-    p_ml = ws_ml_ptr.to(tl.pointer_type(tl.int64)) + i_ws  # [BG]: (m, l) pairs at split 0
+    m_h = o_h < Hq
+    i_ws = (i_t.to(tl.int64) * Hq + o_h) * num_splits  # [BH]
+    p_acc = ws_o_ptr + i_ws[:, None] * HEAD_DIM + o_d[None, :]  # [BH, BD] at split 0
+    p_ml = ws_ml_ptr.to(tl.pointer_type(tl.int64)) + i_ws  # [BH]: (m, l) pairs at split 0
     if IS_PDL:
         gdc_wait()
-    f_m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    f_l = tl.zeros([BLOCK_G], dtype=tl.float32)
-    f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    f_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    f_l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    f_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # NOTE: software-pipelined by hand. Each step folds the CHUNK partials the step before
     # loaded and loads the next CHUNK, so a step's loads are in flight during its folds and
     # past the loop's back edge, where ptxas cannot sink them (issued next to their folds, about
@@ -877,12 +876,12 @@ def _merge_splits_kernel(
     ahead = ()
     for c in tl.static_range(CHUNK):
         # NOTE: tuples grow by concatenation: Triton's frontend has no starred unpacking.
-        ahead = ahead + (_load_partial(p_acc, p_ml, c, n_splits, m_g, HEAD_DIM),)  # noqa: RUF005
+        ahead = ahead + (_load_partial(p_acc, p_ml, c, n_splits, m_h, HEAD_DIM),)  # noqa: RUF005
     for i_s0 in range(0, n_splits, CHUNK):
         nxt = ()
         for c in tl.static_range(CHUNK):
             nxt = nxt + (_load_partial(p_acc, p_ml, i_s0 + CHUNK + c,  # noqa: RUF005
-                                       n_splits, m_g, HEAD_DIM),)
+                                       n_splits, m_h, HEAD_DIM),)
         # state_fold in two passes: every weight of the step from the maxes (off the l and acc
         # chains), then the fmas in split order. The same operations on the same values.
         weights = ()
@@ -894,7 +893,7 @@ def _merge_splits_kernel(
                                      weights[c][1])
         ahead = nxt
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
-    i_row = i_t.to(tl.int64) * Hq + i_kvh * G + o_g
+    i_row = i_t.to(tl.int64) * Hq + o_h
     tl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
-             b_o.to(out_ptr.dtype.element_ty), mask=m_g[:, None])
-    tl.store(lse_ptr + i_row, b_lse * LN2, mask=m_g & (o_g * 0 + i_db == 0))
+             b_o.to(out_ptr.dtype.element_ty), mask=m_h[:, None])
+    tl.store(lse_ptr + i_row, b_lse * LN2, mask=m_h & (o_h * 0 + i_db == 0))
