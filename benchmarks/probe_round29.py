@@ -1,7 +1,7 @@
 """Round-29 probe (H100/H200): where batch 1 with 32k keys loses against the control
 (reports/h100-round29/).
 
-    python benchmarks/probe_round29.py OUT_DIR times|parts|bits [WORKLOAD ...]
+    python benchmarks/probe_round29.py OUT_DIR times|parts|bits|times2 [WORKLOAD ...]
 
 A cell is ``PLAN[@SPLIT[/LEAD]][+SWITCH]``: a plan (``auto``, ``split``) or ``heuristic`` (the
 control, ``split_size=None``); ``@SPLIT`` a split size in tokens (``/LEAD`` a lead split size,
@@ -16,6 +16,9 @@ kept here as the baseline).
 ``bits``: each workload at bf16 and fp16, out and LSE of ``auto`` with round 28's merge and
 with 4 and 16 partials per step against ``auto``, in differing bits, and one split size (1024)
 as the control that must differ. Into ``bits.jsonl``.
+
+``times2``: as ``times`` with 5 repeats, the merge at 128 columns per program (and 16 partials
+per step) against round 28's, each under the contract and the control. Into ``times2.jsonl``.
 
 ``parts``: each cell's CUDA graph replayed under the PyTorch profiler (L2 flushed before each
 of 20 replays), its kernels' durations from the GPU timeline: the first phase (every kernel but the
@@ -45,7 +48,7 @@ from kernels._triton.attention_kernels import LN2, _find_request, _split_count, 
 from kernels._triton.merge_kernels import state_fold, state_normalize
 
 REPEATS = 3
-STEPS = "times|parts|bits"
+STEPS = "times|parts|bits|times2"
 WORKLOADS = ["decode:32kx1", "decode:24kx1", "decode:16kx2", "decode:32kx2", "decode:8kx1",
              "decode:2kx1", "decode:4kx1"]
 CELLS = {"auto": ("auto", None), "control": ("heuristic", None),
@@ -55,6 +58,14 @@ CELLS = {"auto": ("auto", None), "control": ("heuristic", None),
          "split2048": ("auto@2048", None), "split2048-lead256": ("auto@2048/256", None),
          "split2048-lead128": ("auto@2048/128", None)}
 RUNS = 20
+#: ``times2``: the merge's layouts against round 28's, each for the contract and the control.
+TIME2_CELLS = {"auto": ("auto", None), "control": ("heuristic", None),
+               "auto-r28": ("auto+r28", None), "control-r28": ("heuristic+r28", None),
+               "auto-d128": ("auto+d128", None), "control-d128": ("heuristic+d128", None),
+               "auto-d128-c16": ("auto+d128+c16", None),
+               "control-d128-c16": ("heuristic+d128+c16", None)}
+TIME2_WORKLOADS = ["decode-b1-ctx32k", "decode:24kx1", "decode:16kx2", "decode-b1-ctx8k",
+                   "decode:2kx1", "decode-b1-ctx1k", "decode-b8-ctx8k", "decode-prod64"]
 BITS_WORKLOADS = ["decode:32kx1", "decode:777x3,3001x2", "decode:5000x2", "chunk:5/1000x2",
                   "prefill:1000,17"]
 BIT_CELLS = {"merge-r28": "auto+r28", "merge-c4": "auto+c4", "merge-c16": "auto+c16",
@@ -295,6 +306,9 @@ def main() -> None:
         parts(out_dir, specs)
     elif step == "bits":
         bits(out_dir, specs)
+    elif step == "times2":
+        times(out_dir, specs, cells=TIME2_CELLS, base="auto", defaults=TIME2_WORKLOADS,
+              repeats=5, make=make, name="times2.jsonl")
     else:
         times(out_dir, specs, cells=CELLS, base="auto", defaults=WORKLOADS, repeats=REPEATS,
               make=make)
