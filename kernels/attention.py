@@ -77,13 +77,15 @@ _MIN_DOT_COLUMNS = 16
 # Split partials the merge kernel loads per step (their loads are in flight together; 1 under the
 # interpreter, where it only costs time: the chunk size never changes the merge order).
 _MERGE_CHUNK = 8
-# Head-dim columns and query heads per merge program on a GPU: more programs when there are few
-# tokens (decode at small batch); every column runs the same arithmetic, so the blocks are
-# bit-neutral. Measured on an H100 (reports/h100-round4): 32 columns with 1 warp, 64 with 2 and
-# 128 with 4 took the same time; the merge itself went from 12.8 to 2.9 us (batch 1, 1k) and 47.6
-# to 9.3 us (batch 1, 32k). One head per program: each fold's weights are computed once per
-# thread (reports/h100-round29/README.md).
-_MERGE_BLOCK_D = 32
+# Head-dim columns and query heads per merge program on a GPU; every column runs the same
+# arithmetic, so the blocks are bit-neutral. Round 4 (reports/h100-round4) cut the head dim into
+# blocks of 32 columns (the merge at batch 1 went from 12.8 to 2.9 us with 1k keys and 47.6 to
+# 9.3 us with 32k). Round 29 (reports/h100-round29/README.md; H100, CUDA graphs, medians of 5
+# interleaved repeats): one query head per program with 128 columns took batch 1 with 32k keys
+# from 70.1 to 68.7 us against round 28's merge (4 heads x 32 columns per program), 0.99-1.00x
+# elsewhere on 8 decodes; one head with 32 columns made the control's short rows slower (2k x 1:
+# 16.4 against 15.4 us).
+_MERGE_BLOCK_D = 128
 _MERGE_BLOCK_H = 1
 _MERGE_NUM_WARPS = 1
 # Keys the slot-rank kernel compares per step (the fused plan's slot order).
