@@ -1268,3 +1268,53 @@ def test_probe_round28_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
         assert controls and all(a[1] == probe.NO_KT for a, _ in cells.values())
     assert probe.BIT_CELLS["control-one-size"][1] == ("split@1024", probe.NO_KT)
     assert probe.TIME_CELLS["control"] == probe.TIME2_CELLS["control"] == ("heuristic", None)
+
+
+def test_probe_round29_usage_and_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/probe_round29.py (reports/h100-round29/): an unknown step exits naming the
+    steps; ``@SPLIT/LEAD`` reaches ``unified_attention``; ``+cN``, ``+dN`` and ``+r28`` patch the
+    merge for the call only (``+r28`` launches round 28's kernel over KV-head groups); the bit
+    table holds a control that must differ."""
+    import kernels
+    import kernels.attention as ka
+
+    probe = _probe("probe_round29", "times|parts|bits|times2")
+    seen: list[tuple] = []
+
+    def fake_call(batch, plan="auto", tuning=None, split_size=kernels.DEFAULT_SPLIT_SIZE):
+        def run():
+            kernel = ka._merge_splits_kernel
+            seen.append(("call", plan, split_size, ka._MERGE_CHUNK, ka._MERGE_BLOCK_D,
+                         kernel.G if isinstance(kernel, probe._R28) else None))
+        return run
+
+    def fake_attention(*args, plan, split_size, lead_split_size, **kw):
+        seen.append(("sizes", plan, split_size, lead_split_size))
+
+    class Batch:
+        q = torch.zeros(1, 32, 8)
+        k_cache = torch.zeros(1, 16, 8, 8)
+        v_cache = cu_seqlens_q = block_table = sm_scale = None
+        kv_lens = torch.tensor([5])
+
+        def q_lens(self) -> list[int]:
+            return [1]
+
+    monkeypatch.setattr(probe, "call", fake_call)
+    monkeypatch.setattr(kernels, "unified_attention", fake_attention)
+    chunk, block_d, kernel = ka._MERGE_CHUNK, ka._MERGE_BLOCK_D, ka._merge_splits_kernel
+    probe.make(Batch(), "heuristic+c16+d64", None)()
+    probe.make(Batch(), "auto+r28", None)()
+    probe.make(Batch(), "auto@2048/256", None)()
+    probe.make(Batch(), "split@2048", None)()
+    assert seen == [("call", "auto", None, 16, 64, None),
+                    ("call", "auto", kernels.DEFAULT_SPLIT_SIZE, chunk, block_d, 4),
+                    ("sizes", "auto", 2048, 256), ("sizes", "split", 2048, None)]
+    assert (ka._MERGE_CHUNK, ka._MERGE_BLOCK_D, ka._merge_splits_kernel) == (chunk, block_d,
+                                                                           kernel)
+    with pytest.raises(ValueError, match="expected a plan"):
+        probe.make(Batch(), "fast", None)
+    with pytest.raises(ValueError, match="switch"):
+        probe.make(Batch(), "auto+faster", None)
+    assert probe.BIT_CELLS["control-one-size"] == "auto@1024/1024"
+    assert probe.TIME2_CELLS["control-r28"] == ("heuristic+r28", None)

@@ -869,25 +869,27 @@ def _merge_splits_kernel(
     f_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     f_l = tl.zeros([BLOCK_H], dtype=tl.float32)
     f_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    # NOTE: software-pipelined by hand. Each step folds the CHUNK partials the step before
-    # loaded and loads the next CHUNK, so a step's loads are in flight during its folds and
-    # past the loop's back edge, where ptxas cannot sink them (issued next to their folds, about
-    # two loads were in flight: the merge took 7.6 us for 32 partials on an H100, round 29).
+    # NOTE: software-pipelined by hand: each step folds the CHUNK partials the step before
+    # loaded and loads the next CHUNK, so every load is issued a step ahead of its fold (round
+    # 28's merge issued each load next to its fold, and its SASS kept about two in flight). Timed
+    # with the rest of round 29's merge (reports/h100-round29/README.md).
+    # NOTE: tuples grow by concatenation (Triton's frontend has no starred unpacking: ruff's
+    # RUF005 is off) from an empty tuple (mypy would infer an empty tuple type).
     ahead = ()
     for c in tl.static_range(CHUNK):
-        # NOTE: tuples grow by concatenation: Triton's frontend has no starred unpacking.
-        ahead = ahead + (_load_partial(p_acc, p_ml, c, n_splits, m_h, HEAD_DIM),)  # noqa: RUF005
+        part = _load_partial(p_acc, p_ml, c, n_splits, m_h, HEAD_DIM)
+        ahead = ahead + (part,)  # type: ignore[assignment]  # noqa: RUF005
     for i_s0 in range(0, n_splits, CHUNK):
         nxt = ()
         for c in tl.static_range(CHUNK):
-            nxt = nxt + (_load_partial(p_acc, p_ml, i_s0 + CHUNK + c,  # noqa: RUF005
-                                       n_splits, m_h, HEAD_DIM),)
+            part = _load_partial(p_acc, p_ml, i_s0 + CHUNK + c, n_splits, m_h, HEAD_DIM)
+            nxt = nxt + (part,)  # type: ignore[assignment]  # noqa: RUF005
         # state_fold in two passes: every weight of the step from the maxes (off the l and acc
         # chains), then the fmas in split order. The same operations on the same values.
         weights = ()
         for c in tl.static_range(CHUNK):
             f_m, w_a, w_b = state_weights(f_m, ahead[c][0])
-            weights = weights + ((w_a, w_b),)  # noqa: RUF005
+            weights = weights + ((w_a, w_b),)  # type: ignore[assignment]  # noqa: RUF005
         for c in tl.static_range(CHUNK):
             f_l, f_acc = state_scale(f_l, f_acc, ahead[c][1], ahead[c][2], weights[c][0],
                                      weights[c][1])

@@ -346,10 +346,28 @@ def test_merge_column_blocks_are_bit_neutral(dtype: torch.dtype, make_batch, arg
     assert_same_bits(blocked, whole, f"merge in {block_d}-column blocks vs whole heads")
 
 
+@pytest.mark.parametrize("block_h", [1, 4])
+def test_merge_head_blocks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of,
+                                           assert_same_bits, monkeypatch, block_h: int) -> None:
+    # On a GPU the merge kernel takes one query head per program; the interpreter every head.
+    # Each row's fold is the same arithmetic whichever program runs it, so the split plan must
+    # give the same bits with any head block (4 of 6 heads: a block that ends past the last).
+    import kernels.attention as attention
+
+    batch = make_batch(dtype, [*_random_shape(5), (2, 150)], PageLayout(4, "shuffled", seed=5),
+                       heads=HeadConfig(6, 2, 64))
+    split = tile_config(dtype, 64).block_n
+    whole = unified_attention(*args_of(batch), split_size=split, plan="split")
+    monkeypatch.setattr(attention, "_merge_block_h", lambda num_q_heads: block_h)
+    blocked = unified_attention(*args_of(batch), split_size=split, plan="split")
+    assert_same_bits(blocked, whole, f"merge in blocks of {block_h} heads vs every head")
+
+
 def test_merge_chunks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of, assert_same_bits,
                                       monkeypatch) -> None:
-    # On a GPU the merge kernel loads 8 partials per step (unrolled); the interpreter 1. Loads of
-    # splits past a row's last one must be exact no-ops: chunks of 3 over rows of 1 to 10 splits.
+    # On a GPU the merge kernel loads 8 partials per step, one step ahead of their folds; the
+    # interpreter 1. Loads of splits past a row's last one must be exact no-ops: chunks of 3 over
+    # rows of 1 to 10 splits.
     import kernels.attention as attention
 
     batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70)], PageLayout(4, "shuffled", seed=4))
