@@ -149,7 +149,6 @@ def _merge_r28_kernel(
     tl.store(lse_ptr + i_row, b_lse * LN2, mask=m_g & (o_g * 0 + i_db == 0))
 
 
-
 def make(batch, cell: str, tuning):
     """The call of ``cell`` (module docstring) on ``batch``."""
     cell, *switches = cell.split("+")
@@ -187,7 +186,8 @@ def make(batch, cell: str, tuning):
 
 class _R28:
     """Stands in for the merge kernel in ``kernels.attention._launch_merge``: launches round 28's
-    (one program per KV head's group of ``G`` query heads) with the arguments it took."""
+    with its own layout (one program per KV head's group of ``G`` query heads and 32 head-dim
+    columns, the whole head under the interpreter) and the arguments it took."""
 
     def __init__(self, G: int) -> None:
         self.G = G
@@ -195,8 +195,11 @@ class _R28:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             kwargs.pop("BLOCK_H")
-            kwargs.update(G=self.G, BLOCK_G=triton.next_power_of_2(self.G))
-            _merge_r28_kernel[(grid[0], kwargs["Hq"] // self.G, grid[2])](*args, **kwargs)
+            head_dim = kwargs["HEAD_DIM"]
+            block_d = head_dim if kernels.attention._interpreting() else min(32, head_dim)
+            kwargs.update(G=self.G, BLOCK_G=triton.next_power_of_2(self.G), BLOCK_D=block_d)
+            _merge_r28_kernel[(grid[0], kwargs["Hq"] // self.G, head_dim // block_d)](
+                *args, **kwargs)
         return launch
 
 

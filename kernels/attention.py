@@ -82,9 +82,9 @@ _MERGE_CHUNK = 8
 # blocks of 32 columns (the merge at batch 1 went from 12.8 to 2.9 us with 1k keys and 47.6 to
 # 9.3 us with 32k). Round 29 (reports/h100-round29/README.md; H100, CUDA graphs, medians of 5
 # interleaved repeats): one query head per program with 128 columns took batch 1 with 32k keys
-# from 70.1 to 68.7 us against round 28's merge (4 heads x 32 columns per program), 0.99-1.00x
-# elsewhere on 8 decodes; one head with 32 columns made the control's short rows slower (2k x 1:
-# 16.4 against 15.4 us).
+# from 70.1 to 68.7 us against round 28's merge (4 heads x 32 columns per program), 0.98-1.00x
+# on the other 6 of 8 decodes; one head with 32 columns made the control's short rows slower
+# (2k x 1: 16.4 against 15.4 us).
 _MERGE_BLOCK_D = 128
 _MERGE_BLOCK_H = 1
 _MERGE_NUM_WARPS = 1

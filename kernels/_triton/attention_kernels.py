@@ -34,7 +34,8 @@ except ImportError:  # older Triton: never launched with IS_PDL (kernels.attenti
 from kernels._triton.merge_kernels import state_fold, state_normalize, state_scale, state_weights
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-# An empty state's (m, l) = (-inf, 0.0) as one int64: m's bits (0xFF800000) low, l's (0) high.
+# An empty state's (m, l) = (-inf, +0.0) as one int64 (little-endian pairs: m low, l high): m's
+# bits 0xFF800000, zero-extended (a sign-extended value would make l's bits 0xFFFFFFFF, a NaN).
 _EMPTY_ML: tl.constexpr = tl.constexpr(0xFF800000)
 
 
@@ -839,8 +840,10 @@ def _merge_splits_kernel(
 
     Every column of a row runs the same merge arithmetic on the same LSEs, so cutting the heads
     and the head dim into blocks is bit-neutral (it only changes how many programs there are).
-    CHUNK splits are loaded per step and merged one by one, in order; splits past the row's last
-    one load as empty states, exact no-ops.
+    Each step folds CHUNK splits, loaded by the step before: first every weight
+    (:func:`state_weights`, the running max in split order), then the fmas in split order
+    (:func:`state_scale`), :func:`state_fold`'s operations on the same values. Splits past the
+    row's last one load as empty states (exact no-ops), and loads are masked there.
 
     ``IS_PDL``: the kernel may start while the split kernel still runs; it finds its row (from
     ``cu_seqlens_q`` and ``kv_lens``, which the split kernel does not write) and then waits
@@ -873,8 +876,8 @@ def _merge_splits_kernel(
     # loaded and loads the next CHUNK, so every load is issued a step ahead of its fold (round
     # 28's merge issued each load next to its fold, and its SASS kept about two in flight). Timed
     # with the rest of round 29's merge (reports/h100-round29/README.md).
-    # NOTE: tuples grow by concatenation (Triton's frontend has no starred unpacking: ruff's
-    # RUF005 is off) from an empty tuple (mypy would infer an empty tuple type).
+    # NOTE: tuples grow by concatenation (Triton's frontend has no starred unpacking, so RUF005
+    # is silenced per line) from an empty tuple (mypy would infer an empty tuple type).
     ahead = ()
     for c in tl.static_range(CHUNK):
         part = _load_partial(p_acc, p_ml, c, n_splits, m_h, HEAD_DIM)

@@ -5,8 +5,11 @@ The attention kernels carry *raw* states: ``(m [BM], l [BM], acc [BM, D])`` floa
 max of the scores (log2 units), the softmax denominator relative to it, and the un-normalized
 sum ``p @ v``. An empty state (no keys) has ``m = -inf``, ``l = 0``. Split states are folded
 left to right with :func:`state_fold` (one multiply and one fma per element, no division) and
-divided once at the end by :func:`state_normalize`. The fused and the split plans both call these
-with the same arguments in the same order, which is what makes their results bit-identical.
+divided once at the end by :func:`state_normalize`. The fused and the split plans both run these
+operations on the same values in the same order, which is what makes their results
+bit-identical: the kernels call :func:`state_fold`, and the split plan's merge calls its two
+halves, :func:`state_weights` and :func:`state_scale`, a step's weights before its fmas
+(kernels/README.md, "The merge's schedule (round 29)").
 
 :func:`state_merge` folds *normalized* states ``(o, lse)``; the public ``merge_states`` uses it.
 """

@@ -310,6 +310,53 @@ def test_the_merge_launch_follows_the_plans_dependent_merge(dtype: torch.dtype, 
                     ("split", True, False), ("merge", True, True)]
 
 
+def test_the_merge_grid_covers_every_head_and_column(dtype: torch.dtype, make_batch, args_of,
+                                                     monkeypatch) -> None:
+    """The merge's grid is (tokens, head blocks, column blocks): one program per head and
+    16-column block when the blocks say so (6 heads, head dim 64), one per token under the
+    interpreter's defaults (every head, the whole head dim). Recorded, not launched."""
+    grids: list[tuple[int, ...]] = []
+
+    class Spy:
+        def __getitem__(self, grid: tuple[int, ...]):
+            def launch(*args: object, **kwargs: object) -> None:
+                grids.append((*grid, kwargs["BLOCK_H"], kwargs["BLOCK_D"]))
+            return launch
+
+    monkeypatch.setattr(kernels.attention, "_merge_splits_kernel", Spy())
+    batch = make_batch(dtype, [(1, 200), (2, 300)], heads=HeadConfig(6, 2, 64))
+    split = tile_config(dtype, 64).block_n
+    unified_attention(*args_of(batch), plan="split", split_size=split)
+    monkeypatch.setattr(kernels.attention, "_merge_block_h", lambda num_q_heads: 4)
+    monkeypatch.setattr(kernels.attention, "_merge_block_d", lambda head_dim: 16)
+    unified_attention(*args_of(batch), plan="split", split_size=split)
+    assert grids == [(3, 1, 1, 8, 64), (3, 2, 4, 4, 16)]
+
+
+def test_merge_gives_round_28s_bits(dtype: torch.dtype, make_batch, args_of, assert_same_bits,
+                                    monkeypatch) -> None:
+    """Round 29 rescheduled the merge (a step's weights before its fmas, loads a step ahead,
+    (m, l) in one 8-byte load, head blocks) without changing its operations: against round 28's
+    kernel, kept in benchmarks/probe_round29.py, the same bits on rows of 1 to 10 splits, a
+    GQA group of 3 (head blocks that are not a KV head's group) and 3 partials per step."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    try:
+        from benchmarks import probe_round29
+    finally:
+        sys.path.pop(0)
+    batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70), (2, 40)],
+                       PageLayout(4, "shuffled", seed=6), heads=HeadConfig(6, 2, 64))
+    split = tile_config(dtype, 64).block_n
+    monkeypatch.setattr(kernels.attention, "_merge_chunk", lambda: 3)
+    new = unified_attention(*args_of(batch), split_size=split, plan="split")
+    monkeypatch.setattr(kernels.attention, "_merge_splits_kernel", probe_round29._R28(3))
+    old = unified_attention(*args_of(batch), split_size=split, plan="split")
+    assert_same_bits(new, old, "round 29's merge vs round 28's")
+
+
 @pytest.mark.parametrize("sign", ["-0.0", "+0.0"])
 def test_fused_equals_split_with_zero_values(dtype: torch.dtype, make_batch, args_of,
                                              assert_same_bits, sign: str) -> None:
@@ -411,6 +458,30 @@ def test_split_plan_ignores_uninitialised_workspace(dtype: torch.dtype, make_bat
     del junk
     second = unified_attention(*args_of(batch), split_size=split, plan="split")
     assert_same_bits(first, second, "split plan, run 1 vs run 2 after NaN garbage")
+
+
+def test_merge_reads_no_unwritten_partial(dtype: torch.dtype, make_batch, args_of,
+                                          assert_same_bits, monkeypatch) -> None:
+    # The workspace is torch.empty: filled with NaN here, the merge must give the same bits with
+    # 3 partials per step (its loads a step ahead reach past a row's last split, masked) and one
+    # head per program, so it reads no partial the split kernel did not write.
+    import kernels.attention as attention
+
+    batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70)], PageLayout(4, "shuffled", seed=7),
+                       heads=HeadConfig(6, 2, 64))
+    split = tile_config(dtype, 64).block_n
+    clean = unified_attention(*args_of(batch), split_size=split, plan="split")
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(attention.torch, "empty", nan_empty)
+    monkeypatch.setattr(attention, "_merge_chunk", lambda: 3)
+    monkeypatch.setattr(attention, "_merge_block_h", lambda num_q_heads: 1)
+    poisoned = unified_attention(*args_of(batch), split_size=split, plan="split")
+    assert_same_bits(poisoned, clean, "merge over a NaN-filled workspace vs a fresh one")
 
 
 # ------------------------------------------------------------------------------------------------
