@@ -23,8 +23,9 @@ step_probe() {
 
 step_sanall() {
   step_info
-  SAN_S=${SAN_S:-270} san_run memcheck bf16 bfloat16
-  SAN_S=${SAN_S:-270} san_run initcheck bf16 bfloat16 --valid-only
+  SAN_S=${SAN_S:-270}
+  san_run memcheck bf16 bfloat16
+  san_run initcheck bf16 bfloat16 --valid-only
 }
 
 run_step gpu_round29.sh "probe|ktests|tests|final|check|bench|san|sanall"
