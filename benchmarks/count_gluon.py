@@ -1,12 +1,12 @@
-"""``invariance`` CLI with the Gluon kernels' launches counted (reports/h100-round13, round 20):
+"""``invariance`` CLI with the Gluon kernels' launches counted:
 
     python benchmarks/count_gluon.py check --backend kernels --device cuda ...
 
 Runs ``invariance.cli.main`` on the arguments, then prints how many ``unified_attention`` calls
 ran each plan on the Gluon kernels and on the Triton kernels: evidence that a check's PASS
 covers the Gluon kernels, not only the Triton ones. The Gluon split launches are also counted by
-their tile (round 23: the keys-as-rows decode tile or the 128-row one), their V column blocks
-and, with several splits, by how the merge was launched (round 21).
+their tile (the keys-as-rows decode tile or the 128-row one), their V column blocks and,
+with several splits, by how the merge was launched.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 import kernels._gluon
-import kernels.attention
+import kernels.attention  # its _launch_fused and _launch_split are wrapped
 from invariance.cli import main
 
 COUNTS = {"gluon fused": 0, "gluon split": 0, "triton fused": 0, "triton split": 0}

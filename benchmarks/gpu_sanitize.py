@@ -118,8 +118,8 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
                                 for a, b in zip(fused, triton, strict=True))
     if wide and lp.gluon:
         # The Gluon split kernel with 2 and 4 V column blocks, its merge as an ordinary
-        # launch, and the keys-as-rows decode tile forced (round 23), with 1 and 2 V blocks
-        # and the scores ahead (round 25; bits compared).
+        # launch, and the keys-as-rows decode tile forced, with 1 and 2 V blocks
+        # and the scores ahead (bits compared).
         for tuning in (tuned(value_blocks=2), tuned(value_blocks=4),
                        tuned(dependent_merge=False), tuned(keys_rows=True),
                        *(tuned(keys_rows=True, value_blocks=vb, scores_ahead=ahead)
@@ -133,7 +133,7 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
         unified_attention(*args, split_size=split, plan="fused", tuning=tuned(block_m=128))
         unified_attention(*args, split_size=split, plan="fused",
                           tuning=tuned(block_m=256, num_warps=8, num_stages=3))
-        # Round 11's prefill tile: 128 rows on 8 warps, nested loop, two tiles per step.
+        # The prefill tile: 128 rows on 8 warps, nested loop, two tiles per step.
         unified_attention(*args, split_size=split, plan="fused",
                           tuning=tuned(block_m=128, num_warps=8, num_stages=3,
                                        nested_loop=True, tiles_per_step=2))

@@ -1,5 +1,5 @@
 """Registers, spills and shared memory of the attention kernels as compiled for an H100 (sm_90a),
-on any machine: no GPU needed (kernels/NOTES.md, "Offline compile statistics").
+on any machine: no GPU needed.
 
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
@@ -17,20 +17,19 @@ loads (bytes), and the shared memory Triton allocates. Put another Triton first 
 what that version makes.
 
 ``--ptx-hash`` prints a hash of each kernel's PTX (debug lines left out) instead of the ptxas
-statistics: run at two commits, equal hashes show that a refactor compiles to the same code
-(reports/h100-round9/cpu/).
+statistics: run at two commits, equal hashes show that a refactor compiles to the same code.
 
 ``--no-gluon`` plans with ``Tuning(gluon=False)``: the Triton fused kernel where the Gluon
 prefill kernel (kernels/_gluon, Triton 3.6 only) would run.
 
 ``--dot-waits`` also prints, per kernel, its ``wgmma`` dots, the waits Triton inserts after them
-and its exponentials in loop order (reports/h100-round12/cpu/dot-waits.md): which exponentials
+and its exponentials in loop order: which exponentials
 run while a dot is in flight. ``--copy-waits`` adds the software pipeline's asynchronous copies
-and their waits (reports/h100-round15/cpu/): how many steps ahead a loop loads.
+and their waits: how many steps ahead a loop loads.
 
 ``--sass-order`` adds each kernel's ``wgmma`` instructions, their waits, exponentials, row
 shuffles, barriers and spills in SASS order (ptxas, then nvdisasm): where ptxas placed a wait,
-which the PTX order does not decide (reports/h100-round18/cpu/).
+which the PTX order does not decide.
 
 A compile statistic, not a time: it says which settings spill, not which are faster. The
 kernels are compiled with the same constexprs and alignment specialisation as a real launch
@@ -55,7 +54,9 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
 import kernels
-import kernels.attention as ka
+import kernels._checks as kc
+import kernels.launch as kl
+import kernels.plan as kp
 from invariance.bench import BENCH_HEADS, BENCH_PAGE_SIZE, WORKLOADS
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -137,8 +138,7 @@ _SASS_KEYS = (
 def _sass_order(cubin: bytes) -> str:
     """The kernel's tensor-core instructions, their waits, exponentials, row shuffles, barriers
     and spills in SASS order (the cubin Triton built, disassembled by Triton's nvdisasm), runs
-    counted: where ptxas put each ``wgmma`` wait against the exponentials
-    (reports/h100-round18/cpu/)."""
+    counted: where ptxas put each ``wgmma`` wait against the exponentials."""
     nvdisasm = triton.knobs.nvidia.nvdisasm.path  # Triton's own (or TRITON_NVDISASM_PATH)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
@@ -200,8 +200,7 @@ def _dot_waits(ttgir: str, copies: bool = False) -> str:
 
     With ``copies`` also the asynchronous copies from global to shared memory (``copy``, the
     software pipeline's loads) and their waits (``cpwait N``: until at most N copy groups are
-    in flight): where a loop issues its next tiles' loads and where it waits for them
-    (reports/h100-round15/cpu/).
+    in flight): where a loop issues its next tiles' loads and where it waits for them.
 
     Regions are followed by their braces (an op line ending in ``{`` opens one, a line starting
     with ``}`` closes it), so loops and conditionals without results, which print no
@@ -253,43 +252,43 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
           ptx_hash: bool = False, copies: bool = False,
           sass_order: bool = False) -> list[dict[str, Any]]:
     inputs, lens = _inputs(name, dtype)
-    saved = {k: getattr(ka, k) for k in ("_interpreting", "_sm_major", "_num_sms", "_capturing")}
+    # Plan as on an H100 from CPU tensors (the checks think the interpreter is on), then
+    # launch with IS_INTERPRET=False: the recorders compile instead of running.
+    patches = [(kc, "_interpreting", lambda: True), (kp, "_sm_major", lambda device: 9),
+               (kp, "_num_sms", lambda device: NUM_SMS), (kp, "_capturing", lambda device: False),
+               (kl, "_interpreting", lambda: False)]
+    saved = [(m, k, getattr(m, k)) for m, k, _ in patches]
     try:
-        ka._interpreting = lambda: True  # type: ignore[assignment]  # CPU tensors pass the checks
-        ka._sm_major = lambda device: 9  # type: ignore[assignment]
-        ka._num_sms = lambda device: NUM_SMS  # type: ignore[assignment]
-        ka._capturing = lambda device: False  # type: ignore[assignment]
-        lp = ka.plan_attention(*inputs, plan=plan, validate=False, tuning=tuning, host_lens=lens)
-        ka._interpreting = lambda: False  # type: ignore[assignment]  # IS_INTERPRET=False
+        for m, k, v in patches:
+            setattr(m, k, v)
+        lp = kp.plan_attention(*inputs, plan=plan, validate=False, tuning=tuning, host_lens=lens)
         compiled: list[tuple[str, Any]] = []
         names = ("_unified_attention_fused_kernel", "_unified_attention_split_kernel",
                  "_merge_splits_kernel", "_slot_keys_kernel", "_slot_rank_kernel")
-        names = tuple(n for n in names if hasattr(ka, n))  # older kernels lack some
-        jit = {n: getattr(ka, n) for n in names}
+        jit = {n: getattr(kl, n) for n in names}
         for n in names:
-            setattr(ka, n, _Recorder(n, jit[n], compiled))
+            setattr(kl, n, _Recorder(n, jit[n], compiled))
         gluon = None
         gluon_jit: dict[str, Any] = {}
-        if getattr(lp, "gluon", False):  # the Gluon kernels (Triton 3.6 only)
+        if lp.gluon:  # the Gluon kernels (Triton 3.6 only)
             from kernels._gluon import attention_kernels as gluon
             for n in ("_fused_prefill_kernel", "_split_kernel", "_split_kt_kernel"):
-                if hasattr(gluon, n):  # older kernels lack the split ones
-                    gluon_jit[n] = getattr(gluon, n)
-                    setattr(gluon, n, _Recorder(n, gluon_jit[n], compiled))
+                gluon_jit[n] = getattr(gluon, n)
+                setattr(gluon, n, _Recorder(n, gluon_jit[n], compiled))
         try:
             T, Hq, D = inputs[0].shape
             out = torch.empty(T, Hq, D, dtype=dtype)
             lse = torch.empty(T, Hq, dtype=torch.float32)
-            launch = ka._launch_fused if lp.plan == "fused" else ka._launch_split
+            launch = kl._launch_fused if lp.plan == "fused" else kl._launch_split
             launch(lp, inputs, out, lse, 0.125)
         finally:
             for n in names:
-                setattr(ka, n, jit[n])
+                setattr(kl, n, jit[n])
             for n, fn in gluon_jit.items():
                 setattr(gluon, n, fn)
     finally:
-        for k, v in saved.items():
-            setattr(ka, k, v)
+        for m, k, v in saved:
+            setattr(m, k, v)
     rows = []
     for kname, k in compiled:
         rows.append(dict(workload=name, plan=lp.plan, block_m=lp.block_m, block_n=lp.block_n,
@@ -317,7 +316,7 @@ def _set_gluon_switches(p: argparse.ArgumentParser, items: list[str]) -> None:
         current = getattr(kg, key, None)
         if not sep or not key.isupper() or not isinstance(current, (bool, int)):
             p.error(f"--gluon-switch: expected NAME=VALUE with NAME a bool or int switch of "
-                    f"kernels._gluon (round 18's live at its experiment commits), got {item!r}")
+                    f"kernels._gluon, got {item!r}")
         if isinstance(current, bool):
             parsed: bool | int | None = {"true": True, "1": True, "false": False,
                                          "0": False}.get(value.lower())
@@ -338,7 +337,7 @@ def main() -> None:
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--no-dependent-merge", action="store_true",
                    help="launch the merge as an ordinary kernel (Tuning(dependent_merge=False)):"
-                        " without the griddepcontrol instructions, as before round 10")
+                        " without the griddepcontrol instructions")
     p.add_argument("--fused-loop", choices=("nested", "flat"),
                    help="the fused plan's loop (Tuning(nested_loop=...)); default: the rule's")
     p.add_argument("--no-gluon", action="store_true",
@@ -346,7 +345,7 @@ def main() -> None:
                         "(Tuning(gluon=False))")
     p.add_argument("--no-keys-rows", action="store_true",
                    help="the 128-row split tile where the keys-as-rows decode tile would run "
-                        "(Tuning(keys_rows=False), round 23)")
+                        "(Tuning(keys_rows=False))")
     p.add_argument("--keys-rows", action="store_true",
                    help="the keys-as-rows decode tile on any split batch (Tuning(keys_rows="
                         "True)), e.g. with --value-blocks 2")
@@ -368,8 +367,7 @@ def main() -> None:
                         "('|' starts a basic block): where ptxas placed each wait")
     p.add_argument("--gluon-switch", action="append", default=[], metavar="NAME=VALUE",
                    help="set a module switch of kernels._gluon (an int or True/False) before "
-                        "compiling; the switches of round 18's probe exist only at its "
-                        "experiment commits (reports/h100-round18/README.md)")
+                        "compiling")
     a = p.parse_args()
     if a.gluon_switch:
         _set_gluon_switches(p, a.gluon_switch)

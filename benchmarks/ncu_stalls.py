@@ -1,5 +1,4 @@
-"""Warp-stall samples of an Nsight Compute source page, summed (round 19,
-reports/h100-round19/README.md).
+"""Warp-stall samples of an Nsight Compute source page, summed.
 
     python benchmarks/ncu_stalls.py SOURCE.csv[.gz] [--kernel N] [--top K] [--order]
 

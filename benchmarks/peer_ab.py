@@ -1,5 +1,4 @@
-"""Interleaved A/B timing of backends on a few bench workloads (H100; round 18,
-reports/h100-round18/README.md).
+"""Interleaved A/B timing of backends on a few bench workloads.
 
     python benchmarks/peer_ab.py OUT_DIR [--rounds N] [--iters N] [--backend NAME ...]
         [--workload NAME ...] [--sustain S [--sustain-passes P]]

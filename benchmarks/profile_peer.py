@@ -1,5 +1,5 @@
-"""Profile target for Nsight Compute (round 19, reports/h100-round19/README.md): one backend on
-one bench workload, captured in a CUDA graph as ``invariance bench`` captures it, then replayed.
+"""Profile target for Nsight Compute: one backend on one bench workload, captured in a CUDA
+graph as ``invariance bench`` captures it, then replayed.
 
     python benchmarks/profile_peer.py BACKEND WORKLOAD [--replays N]
 
@@ -15,9 +15,8 @@ import argparse
 
 import torch
 
-from benchmarks.probe_round11 import _workload
 from invariance.backends import resolve
-from invariance.bench import CudaTimer, build_batch
+from invariance.bench import WORKLOADS, CudaTimer, build_batch, parse_lengths
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
         p.error(f"--replays: expected >= 1, got {a.replays}")
     name = a.workload
     try:
-        w = _workload(name)
+        w = WORKLOADS[name] if name in WORKLOADS else parse_lengths(name)
     except ValueError as exc:
         p.error(f"workload: expected a bench workload name or length spec, got {name!r} ({exc})")
     try:

@@ -9,16 +9,10 @@ Public API: :func:`unified_attention` (with its launch :class:`Tuning` overrides
 This package never imports ``invariance``.
 """
 
-from kernels.attention import (
-    PLANS,
-    HostStats,
-    LaunchPlan,
-    Tuning,
-    plan_attention,
-    unified_attention,
-)
+from kernels.attention import unified_attention
 from kernels.config import DEFAULT_LEAD_SPLIT_SIZE, DEFAULT_SPLIT_SIZE, TileConfig, tile_config
 from kernels.merge import merge_states
+from kernels.plan import PLANS, HostStats, LaunchPlan, Tuning, plan_attention
 
 __all__ = [
     "DEFAULT_LEAD_SPLIT_SIZE",

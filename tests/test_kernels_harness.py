@@ -28,7 +28,7 @@ PLANS = [
 
 # The interpreter is slow: a subset of perturbations that exercises mixed batches, prefill vs
 # decode, page placement, padding and shared prefix pages, at one dtype. The full default check
-# of every perturbation at three dtypes runs on the GPU (reports/h100-round2/).
+# of every perturbation at three dtypes runs on the GPU (reports/<gpu>/).
 CPU_PERTURBATIONS = ["mixed", "prefill_vs_decode", "paging", "padding", "prefix_sharing"]
 
 

@@ -433,7 +433,7 @@ class FlashInferBackend:
             # never wrote when it does not split KV (FlashInfer issue #4002, PR #5176), and
             # FlashInfer allocates this int workspace uninitialised: zeroing it is that issue's
             # workaround. It did NOT stop the illegal memory access seen with fixed_split_size
-            # under `cuda_graph` on an H100 (reports/h100-round3/README.md), whose cause is open.
+            # under `cuda_graph` on an H100, whose cause is open.
             int_ws = getattr(wrapper, "_int_workspace_buffer", None)
             if isinstance(int_ws, torch.Tensor):
                 int_ws.zero_()

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 #: The Triton release line whose Gluon the kernels are written and proven for. Gluon is
-#: experimental and its API moves between releases (round 12's probe does not compile under
-#: Triton 3.9), so any other release runs the Triton kernels.
+#: experimental and its API moves between releases, so any other release runs the Triton
+#: kernels.
 GLUON_TRITON = "3.6."
 #: K/V slots of the Gluon kernels' TMA ring for 64-key tiles (each 2 x 64 x 128 half-precision
 #: elements, 32 KB): scheduling only, like Triton's pipeline stages.

@@ -12,7 +12,7 @@ each plus one loader warp, in two kernels (a third, for decode, below the list):
   (slot, KV head x V column block, split), as ``_unified_attention_split_kernel``: the split's
   raw state for the package's merge, or with one split per row the result itself
   (``IS_DIRECT``);
-- ``_split_kt_kernel`` (128-key tiles, round 23): ``_split_kernel`` for decode blocks of 8-32
+- ``_split_kt_kernel`` (128-key tiles): ``_split_kernel`` for decode blocks of 8-32
   rows on one consumer warpgroup, with the KV tile on the MMA's M dimension and the row sum in
   the 128-row tile's order (``_row_sum_t``; kernels/README.md, "The keys-as-rows decode tile").
 
@@ -28,14 +28,13 @@ In both (and, with its one warpgroup, in the third):
   score ``wgmma`` together with this tile's ``p @ v`` (FA3's issue order), waits for the scores,
   then computes the next tile's online-softmax weights. In the SASS (Triton 3.6's ptxas) the
   ``p @ v`` wait lands ahead of those exponentials, so they can overlap only the other
-  warpgroup's tensor-core work; builds that keep them ahead of the wait (same bits) were 5-14%
-  slower (reports/h100-round18/README.md);
+  warpgroup's tensor-core work; builds that keep them ahead of the wait (same bits) were
+  slower;
 - at 128 keys the fused kernel runs the serial order (``_serial_rows``: this tile's ``p @ v``
-  waited before the next scores are issued): with the fold state, FA3's order spills 336 bytes
-  and was 3-6% slower (reports/h100-round19/README.md); the split kernel, which has no fold
+  waited before the next scores are issued): with the fold state, FA3's order spills and was
+  slower; the split kernel, which has no fold
   state, runs FA3's order without spilling; the keys-as-rows kernel runs the serial order, or
-  FA3's with ``AHEAD`` (round 25: faster only on a 4-slot ring, ``kernels.config.
-  kt_scores_ahead``).
+  FA3's with ``AHEAD`` (``kernels.config.kt_scores_ahead``).
 
 Bits: per row the same operations in the same order as the Triton kernels (ARCHITECTURE.md,
 "Numerics contract"; kernels/README.md, "The 128-key contract" and "The Gluon prefill tile"):
@@ -63,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from kernels._triton.attention_kernels import (
+from kernels._triton.common import (
     _block_pos_bounds,
     _block_row_ids,
     _block_scalars,
@@ -652,7 +651,7 @@ def _row_sum_t(p_t, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, COL_L: gl.constex
     m64nBLOCK_Nk16 accumulator layout) each of the 4 lanes that share a row adds the row's keys
     ``c`` with ``c % 8`` in ``{2q, 2q + 1}`` one after the other in ascending order (``q``: the
     lane in its quad), then two butterfly shuffles, first across lanes 2 apart, then 1 apart,
-    give ``(s0 + s2) + (s1 + s3)`` (the PTX, reports/h100-round23/README.md). Here the lanes
+    give ``(s0 + s2) + (s1 + s3)`` (read off the PTX). Here the lanes
     ``4 r + q`` hold row ``r``'s 32 keys of lane ``q`` in that order and the same reduction
     runs: 32 adds in register order, then the butterflies over ``q``. Needs ``BLOCK_N`` 128
     (16 groups of 8 keys)."""

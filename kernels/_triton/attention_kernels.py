@@ -31,9 +31,28 @@ except ImportError:  # older Triton: never launched with IS_PDL (kernels.attenti
     def gdc_wait():
         pass
 
-from kernels._triton.merge_kernels import state_fold, state_normalize, state_scale, state_weights
+from kernels._triton.common import (
+    LN2,
+    _block_rows,
+    _ends_split,
+    _find_request,
+    _load_q_cols,
+    _program_slot,
+    _split_count,
+    _split_len,
+    _split_lo,
+    _store_rows,
+    _tile_sum,
+    _tile_weights,
+)
+from kernels._triton.merge_kernels import (
+    state_fold,
+    state_fold_sink,
+    state_normalize,
+    state_scale,
+    state_weights,
+)
 
-LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 # An empty state's (m, l) = (-inf, +0.0) as one int64 (little-endian pairs: m low, l high): m's
 # bits 0xFF800000, zero-extended (a sign-extended value would make l's bits 0xFFFFFFFF, a NaN).
 _EMPTY_ML: tl.constexpr = tl.constexpr(0xFF800000)
@@ -55,94 +74,6 @@ def _dot(a, b, acc, IS_INTERPRET: tl.constexpr, DOT_PRECISION: tl.constexpr):
         return acc + tl.sum(prod, 1)
     else:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _find_request(cu_seqlens_q_ptr, i, B, BLOCK_Q: tl.constexpr, IS_SLOT: tl.constexpr):
-    """The request owning index ``i``: the last ``b`` in ``[0, B)`` whose first index is ``<= i``.
-
-    ``IS_SLOT``: ``i`` is a query-block slot and request b's first slot is ``cu[b] // BLOCK_Q + b``
-    (request b owns the slots up to ``cu[b + 1] // BLOCK_Q + b + 1``, an upper bound on its
-    blocks). Otherwise ``i`` is a query token and request b's first token is ``cu[b]``.
-    NOTE: clamped to 0, so that even malformed ``cu_seqlens_q`` (``validate=False``) never makes
-    a caller read ``cu_seqlens_q[-1]``; a no-op for valid input, where ``cu[0] == 0``.
-    """
-    lo = 0
-    hi = B
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if IS_SLOT:
-            start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
-        else:
-            start = tl.load(cu_seqlens_q_ptr + mid)
-        if start <= i:
-            lo = mid + 1
-        else:
-            hi = mid
-    return tl.maximum(lo - 1, 0)
-
-
-@triton.jit
-def _block_scalars(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, max_kv_len, BLOCK_Q: tl.constexpr):
-    """The request of query-block slot ``i_qb`` and the block's place in it: (i_b, q_start,
-    q_len, kv_len, i_qblk). ``kv_len`` clamped to ``[0, max_kv_len]`` (:func:`_block_rows`)."""
-    i_b = _find_request(cu_seqlens_q_ptr, i_qb, B, BLOCK_Q, True)
-    q_start = tl.load(cu_seqlens_q_ptr + i_b)
-    q_len = tl.load(cu_seqlens_q_ptr + i_b + 1) - q_start
-    kv_len = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + i_b), 0), max_kv_len)
-    i_qblk = i_qb - (q_start // BLOCK_Q + i_b)
-    return i_b, q_start, q_len, kv_len, i_qblk
-
-
-@triton.jit
-def _block_row_ids(o_m, i_qblk, q_start, q_len, kv_len, T, G: tl.constexpr,
-                   BLOCK_Q: tl.constexpr):
-    """Tile rows ``o_m`` of a query block: (tok token index in the request, g head in group,
-    m_row valid rows, pos absolute position, -1 on invalid rows) (:func:`_block_rows`). Takes
-    the row indices rather than making them, so that the Gluon kernel (kernels/_gluon) runs the
-    same code on its own layouts."""
-    tok = i_qblk * BLOCK_Q + o_m // G
-    g = o_m % G
-    # NOTE: when G is not a power of two, BLOCK_Q * G < BLOCK_M and the last rows are padding.
-    m_row = (o_m // G < BLOCK_Q) & (tok < q_len)
-    m_row = m_row & (q_start + tok >= 0) & (q_start + tok < T)
-    pos = tl.where(m_row, kv_len - q_len + tok, -1)
-    return tok, g, m_row, pos
-
-
-@triton.jit
-def _block_pos_bounds(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q: tl.constexpr):
-    """(min_pos, max_pos): the smallest and largest position of a query block's rows, with the
-    guards of :func:`_block_rows`."""
-    ctx = kv_len - q_len
-    max_pos = tl.minimum(ctx + tl.minimum((i_qblk + 1) * BLOCK_Q, q_len) - 1, max_kv_len - 1)
-    min_pos = tl.maximum(tl.minimum(ctx + i_qblk * BLOCK_Q, max_pos), -1)
-    return min_pos, max_pos
-
-
-@triton.jit
-def _block_rows(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """Rows of query-block slot ``i_qb``.
-
-    Returns (i_b, q_start, q_len, kv_len, i_qblk, tok [BM] token index in the request,
-    g [BM] head in group, m_row [BM] valid rows, pos [BM] absolute position (-1 on invalid rows),
-    min_pos / max_pos scalars = smallest / largest position in the block).
-
-    NOTE: integer guards against malformed indices (``validate=False``), no-ops for valid input
-    (where ``0 <= min_pos <= max_pos < kv_len <= max_kv_len``): ``kv_len`` is clamped to
-    ``[0, max_kv_len]`` (``max_kv_len`` = the KV tokens the block table covers), ``max_pos`` to
-    at most ``max_kv_len - 1`` and ``min_pos`` into ``[-1, max_pos]`` (when ``max_pos >= -1``),
-    so every tile visited lies in ``[0, max_kv_len)``: no key before or past the block table,
-    and loops stay bounded, even under int32 wrap-around of garbage lengths. A row is valid
-    only if its token index lies in ``[0, T)``, so no q load or out store leaves q or out.
-    """
-    i_b, q_start, q_len, kv_len, i_qblk = _block_scalars(cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B,
-                                                         max_kv_len, BLOCK_Q)
-    tok, g, m_row, pos = _block_row_ids(tl.arange(0, BLOCK_M), i_qblk, q_start, q_len, kv_len, T,
-                                        G, BLOCK_Q)
-    min_pos, max_pos = _block_pos_bounds(i_qblk, q_len, kv_len, max_kv_len, BLOCK_Q)
-    return i_b, q_start, q_len, kv_len, i_qblk, tok, g, m_row, pos, min_pos, max_pos
 
 
 @triton.jit
@@ -206,45 +137,43 @@ def _load_tile(
 
 
 @triton.jit
-def _tile_scores(b_q, b_kt, j, pos, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 IS_MASKED: tl.constexpr, IS_INTERPRET: tl.constexpr,
+def _soft_cap(b_s, cap, cap_scale):
+    """``cap * tanh(b_s * cap_scale)`` (``cap_scale = sm_scale / cap``): the soft-capped scores
+    in natural units. tanh as ``(1 - e) / (1 + e)`` with ``e = exp2(-2 log2(e) |x|)`` and the
+    sign of ``x``: one formula on every path and under the interpreter (no library tanh whose
+    rounding could differ). Absolute error of a few units of float32 roundoff times ``cap``."""
+    x = b_s * cap_scale
+    e = tl.exp2(tl.abs(x) * -2.8853900817779268)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t) * cap
+
+
+@triton.jit
+def _tile_scores(b_q, b_kt, j, pos, window_left, cap, cap_scale, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, IS_MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 HAS_SOFTCAP: tl.constexpr, IS_INTERPRET: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
-    """[BM, BN] raw scores q.k (unscaled) of tile ``j``; ``-inf`` where a row does not see a key
-    (``IS_MASKED``)."""
+    """[BM, BN] scores of tile ``j``: raw ``q.k`` (unscaled), or with ``HAS_SOFTCAP`` the
+    soft-capped scores in natural units (:func:`_soft_cap`); ``-inf`` where a row does not see a
+    key (``IS_MASKED``: past its position, or with ``HAS_WINDOW`` more than ``window_left``
+    before it). K is read in q's dtype (an FP8 cache converts exactly)."""
     b_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b_s = _dot(b_q, b_kt, b_s, IS_INTERPRET, DOT_PRECISION)
+    b_s = _dot(b_q, b_kt.to(b_q.dtype), b_s, IS_INTERPRET, DOT_PRECISION)
+    if HAS_SOFTCAP:
+        b_s = _soft_cap(b_s, cap, cap_scale)
     if IS_MASKED:
         o_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        b_s = tl.where(o_n[None, :] <= pos[:, None], b_s, float("-inf"))
+        seen = o_n[None, :] <= pos[:, None]
+        if HAS_WINDOW:
+            seen = seen & (o_n[None, :] >= pos[:, None] - window_left)
+        b_s = tl.where(seen, b_s, float("-inf"))
     return b_s
-
-
-@triton.jit
-def _tile_weights(m_i, b_s, qk_scale):
-    """The online-softmax weights of one tile's raw scores ``b_s`` against the running max
-    ``m_i``: (m_new, alpha [BM], p [BM, BN] fp32).
-
-    NOTE: a row masked on this whole tile keeps m_new == m_i, so alpha is exactly 1 and every
-    p is exactly exp2(-inf) = 0: the state is left bit-identical. m_safe guards -inf - -inf.
-    """
-    m_new = tl.maximum(m_i, tl.max(b_s, 1) * qk_scale)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.where(m_new == m_i, 1.0, tl.exp2(m_i - m_safe))
-    b_p = tl.exp2(tl.fma(b_s, qk_scale, -m_safe[:, None]))
-    return m_new, alpha, b_p
-
-
-@triton.jit
-def _tile_sum(l_i, alpha, b_p):
-    """The online-softmax denominator after one tile: ``l * alpha + sum(p)`` as one explicit
-    fma, so that no compiler chooses between a fused and a separate multiply (ptxas may fuse a
-    PTX ``mul.f32`` and ``add.f32``), and the Triton and Gluon kernels round it alike."""
-    return tl.fma(l_i, alpha, tl.sum(b_p, 1))
 
 
 @triton.jit
 def _attend_tile(
     b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+    window_left, cap, cap_scale,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -252,6 +181,8 @@ def _attend_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
@@ -264,7 +195,10 @@ def _attend_tile(
     ``acc`` holds V columns ``[d0, d0 + BLOCK_DV)``; the scores always use the whole head dim.
 
     ``IS_MASKED=False`` is only used for tiles that every row of the block sees entirely (all
-    keys at or before the block's first position, hence < kv_len): no load masks, no select.
+    keys at or before the block's first position, hence < kv_len, and inside every row's
+    window): no load masks, no select. ``qk_scale`` turns scores into log2 units: ``sm_scale *
+    log2(e)`` (times the KV head's ``k_scale`` with an FP8 cache) on raw scores, ``log2(e)`` on
+    soft-capped ones.
 
     NOTE: both paths must round identically. A first fast path wrote ``s * qk_scale`` and
     ``s - m`` separately; without the select between them the compiler contracted them into an
@@ -279,24 +213,26 @@ def _attend_tile(
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, IS_MASKED, IS_PAGE_PER_TILE, IS_K_ROWS,
         d0, BLOCK_DV)
-    b_s = _tile_scores(b_q, b_kt, j, pos, BLOCK_M, BLOCK_N, IS_MASKED, IS_INTERPRET,
-                       DOT_PRECISION)
+    b_s = _tile_scores(b_q, b_kt, j, pos, window_left, cap, cap_scale, BLOCK_M, BLOCK_N,
+                       IS_MASKED, HAS_WINDOW, HAS_SOFTCAP, IS_INTERPRET, DOT_PRECISION)
     m_new, alpha, b_p = _tile_weights(m_i, b_s, qk_scale)
     l_i = _tile_sum(l_i, alpha, b_p)
     acc = acc * alpha[:, None]
-    acc = _dot(b_p.to(b_v.dtype), b_v, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = _dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, IS_INTERPRET, DOT_PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _attend_tile_pair(
     b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+    cap, cap_scale,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGE_SHIFT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
@@ -318,54 +254,37 @@ def _attend_tile_pair(
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
         HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_N, False, IS_PAGE_PER_TILE, IS_K_ROWS,
         d0, BLOCK_DV)
-    b_s0 = _tile_scores(b_q, b_kt0, j, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
-                        DOT_PRECISION)
-    b_s1 = _tile_scores(b_q, b_kt1, j + 1, pos, BLOCK_M, BLOCK_N, False, IS_INTERPRET,
-                        DOT_PRECISION)
+    b_s0 = _tile_scores(b_q, b_kt0, j, pos, 0, cap, cap_scale, BLOCK_M, BLOCK_N, False, False,
+                        HAS_SOFTCAP, IS_INTERPRET, DOT_PRECISION)
+    b_s1 = _tile_scores(b_q, b_kt1, j + 1, pos, 0, cap, cap_scale, BLOCK_M, BLOCK_N, False,
+                        False, HAS_SOFTCAP, IS_INTERPRET, DOT_PRECISION)
     m_0, alpha0, b_p0 = _tile_weights(m_i, b_s0, qk_scale)
     m_1, alpha1, b_p1 = _tile_weights(m_0, b_s1, qk_scale)
     l_i = _tile_sum(l_i, alpha0, b_p0)
     l_i = _tile_sum(l_i, alpha1, b_p1)
     acc = acc * alpha0[:, None]
-    acc = _dot(b_p0.to(b_v0.dtype), b_v0, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = _dot(b_p0.to(b_q.dtype), b_v0.to(b_q.dtype), acc, IS_INTERPRET, DOT_PRECISION)
     acc = acc * alpha1[:, None]
-    acc = _dot(b_p1.to(b_v1.dtype), b_v1, acc, IS_INTERPRET, DOT_PRECISION)
+    acc = _dot(b_p1.to(b_q.dtype), b_v1.to(b_q.dtype), acc, IS_INTERPRET, DOT_PRECISION)
     return m_1, l_i, acc
 
 
 @triton.jit
-def _split_lo(i_split, split_tiles, lead_tiles):
-    """First KV tile of split ``i_split``. The contract's splits (kernels/README.md, "Lead
-    splits"): the first ``split_tiles`` tiles of every row in splits of ``lead_tiles`` (a
-    divisor of ``split_tiles``), then splits of ``split_tiles``, all at absolute positions."""
-    n_lead = split_tiles // lead_tiles
-    # NOTE: the branch not taken may wrap in int32 (a split near 2**31 tiles with a small lead);
-    # tl.where discards it.
-    return tl.where(i_split < n_lead, i_split * lead_tiles, (i_split - n_lead + 1) * split_tiles)
-
-
-@triton.jit
-def _split_len(i_split, split_tiles, lead_tiles):
-    """KV tiles of split ``i_split`` (:func:`_split_lo`)."""
-    return tl.where(i_split < split_tiles // lead_tiles, lead_tiles, split_tiles)
-
-
-@triton.jit
-def _split_count(n_tiles, split_tiles, lead_tiles):
-    """Splits that hold tiles ``0 .. n_tiles - 1`` (0 for ``n_tiles <= 0``): the split of the
-    last tile, plus one. NOTE: no ``n_tiles + split_tiles - 1``, which wraps in int32 for a split
-    size near 2**31 tiles."""
-    last = tl.maximum(n_tiles - 1, 0)
-    i_last = tl.where(last < split_tiles, last // lead_tiles,
-                      last // split_tiles + split_tiles // lead_tiles - 1)
-    return tl.where(n_tiles > 0, i_last + 1, 0)
-
-
-@triton.jit
-def _ends_split(n_done, split_tiles, lead_tiles):
-    """Whether a split ends after the first ``n_done`` tiles (``n_done >= 1``): at every
-    ``lead_tiles`` up to ``split_tiles``, then at every ``split_tiles``."""
-    return n_done % tl.where(n_done <= split_tiles, lead_tiles, split_tiles) == 0
+def _window_tiles(j_lo, j_hi, min_pos, max_pos, window_left, BLOCK_N: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr):
+    """(j_first, j_full): a block's tiles within ``[j_lo, j_hi)`` under a window. Tiles before
+    ``j_first`` hold only keys before every row's window (skipped: a row's state would stay
+    bit-identical through them); tiles in ``[j_first, j_full)`` are cut by the window edge of
+    some row (masked); from ``j_full`` on every key is inside every row's window. Without a
+    window ``(j_lo, j_lo)``. A function of the block's positions, and per row the same tiles
+    change its state whichever block it is in."""
+    j_first = j_lo
+    j_full = j_lo
+    if HAS_WINDOW:
+        j_first = tl.maximum(j_lo, tl.maximum(min_pos - window_left, 0) // BLOCK_N)
+        edge = tl.maximum(max_pos - window_left, 0)
+        j_full = tl.minimum(tl.maximum((edge + BLOCK_N - 1) // BLOCK_N, j_first), j_hi)
+    return j_first, j_full
 
 
 @triton.jit
@@ -383,7 +302,10 @@ def _attend_split(
     v_ptr,  # [P, PS, Hkv, D]
     p_bt,  # [max_pages] pointer to this request's block-table row
     num_pages,  # pages of k/v_cache (page ids are clamped into [0, num_pages))
-    qk_scale,  # sm_scale * log2(e)
+    qk_scale,  # scores to log2 units (_attend_tile)
+    window_left,  # HAS_WINDOW: keys at most this far before a row's position
+    cap,  # HAS_SOFTCAP: the soft-cap
+    cap_scale,  # HAS_SOFTCAP: sm_scale (times k_scale) / cap
     stride_kp,
     stride_ks,
     stride_kh,
@@ -395,6 +317,8 @@ def _attend_split(
     PAGE_SHIFT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     IS_PAGE_PER_TILE: tl.constexpr,
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
@@ -406,7 +330,8 @@ def _attend_split(
     """Online softmax over the tiles of split ``i_split``, from a fresh state, in increasing order.
 
     Returns the split's raw state (m [BM], l [BM], acc [BM, BLOCK_DV]) fp32, m in log2 units,
-    ``acc`` for V columns ``[d0, d0 + BLOCK_DV)``.
+    ``acc`` for V columns ``[d0, d0 + BLOCK_DV)``. A split wholly outside a row's window leaves
+    that row's state empty (``m = -inf``): an exact no-op when folded.
     """
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -415,32 +340,67 @@ def _attend_split(
     # Tiles past the block's last position are masked for every row: skip them.
     j_hi = tl.minimum(j_lo + _split_len(i_split, split_tiles, lead_tiles),
                       max_pos // BLOCK_N + 1)
-    # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
-    j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_lo)
+    j_lo, j_full = _window_tiles(j_lo, j_hi, min_pos, max_pos, window_left, BLOCK_N, HAS_WINDOW)
+    # Tiles in [j_full, j_mid) are seen entirely by every row of the block: the unmasked path.
+    j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_hi), j_full)
     kv_off_h = i_kvh.to(tl.int64)
-    j_single = j_lo
+    if HAS_WINDOW:
+        for j in range(j_lo, j_full):
+            m_i, l_i, acc = _attend_tile(
+                b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
+                qk_scale, window_left, cap, cap_scale,
+                stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, HAS_WINDOW, HAS_SOFTCAP,
+                IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
+    j_single = j_full
     if TILES_PER_STEP == 2:
         # Pairs of unmasked tiles, then the odd one out below.
-        j_single = j_lo + (j_mid - j_lo) // 2 * 2
-        for j in range(j_lo, j_single, 2):
+        j_single = j_full + (j_mid - j_full) // 2 * 2
+        for j in range(j_full, j_single, 2):
             m_i, l_i, acc = _attend_tile_pair(
                 b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
+                qk_scale, cap, cap_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                stride_vh, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, HAS_SOFTCAP,
+                IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
     for j in range(j_single, j_mid):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            window_left, cap, cap_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, HAS_WINDOW, HAS_SOFTCAP,
+            IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
     for j in range(j_mid, j_hi):
         m_i, l_i, acc = _attend_tile(
             b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages, qk_scale,
+            window_left, cap, cap_scale,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-            IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
+            HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, HAS_WINDOW, HAS_SOFTCAP,
+            IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _row_features(sinks_ptr, k_scale_ptr, i_kvh, g, m_row, qk_scale, cap, G: tl.constexpr,
+                  HAS_SINKS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                  HAS_KV_SCALE: tl.constexpr):
+    """What the features make of a program's rows (query heads ``i_kvh * G + g``): (the scale
+    that turns scores into log2 units, the soft-cap's argument scale, each row's sink in log2
+    units). The FP8 cache's ``k_scale`` of the KV head scales the scores; soft-capped scores
+    are in natural units, so their log2 scale is log2(e). Without sinks the sink is ``-inf``
+    (unused)."""
+    sm_scale2 = qk_scale
+    if HAS_KV_SCALE:
+        sm_scale2 = qk_scale * tl.load(k_scale_ptr + i_kvh)
+    w_scale = sm_scale2
+    cap_scale = sm_scale2
+    if HAS_SOFTCAP:
+        # sm_scale * k_scale / cap, from the log2-unit scale: the same value on every path.
+        cap_scale = sm_scale2 * (LN2 / cap)
+        w_scale = 1.4426950408889634
+    sink2 = tl.full(g.shape, float("-inf"), dtype=tl.float32)
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + i_kvh * G + g, mask=m_row, other=0.0) * 1.4426950408889634
+    return w_scale, cap_scale, sink2
 
 
 @triton.jit
@@ -462,17 +422,6 @@ def _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh,
 
 
 @triton.jit
-def _load_q_cols(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, o_d,
-                 G: tl.constexpr):
-    """The ``[BM, D]`` q tile of rows (tok, g) and columns ``o_d``, 0 on invalid rows. Takes the
-    column indices, so that the Gluon kernel (kernels/_gluon) runs it on its own layout."""
-    i_t = (q_start + tok).to(tl.int64)
-    i_h = (i_kvh * G + g).to(tl.int64)
-    p_q = q_ptr + i_t[:, None] * stride_qt + i_h[:, None] * stride_qh + o_d[None, :]
-    return tl.load(p_q, mask=m_row[:, None], other=0.0)
-
-
-@triton.jit
 def _store_out(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, i_kvh, Hq,
                G: tl.constexpr, HEAD_DIM: tl.constexpr, d0=0, BLOCK_DV: tl.constexpr = None):
     """Stores ``b_o`` (out columns ``[d0, d0 + BLOCK_DV)``, all of them by default) and, from
@@ -488,28 +437,17 @@ def _store_out(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, i_kvh, Hq,
 
 
 @triton.jit
-def _store_rows(out_ptr, lse_ptr, b_o, b_lse2, q_start, tok, g, m_row, m_lse, i_kvh, Hq, o_d,
-                G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Stores ``b_o`` (out columns ``o_d`` of rows (tok, g), where ``m_row``) and the LSE (where
-    ``m_lse``), ``b_lse2`` in log2 units. Takes the column indices, so that the Gluon kernel
-    runs it on its own layout."""
-    i_row = (q_start + tok).to(tl.int64) * Hq + (i_kvh * G + g)
-    p_o = out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :]
-    tl.store(p_o, b_o.to(out_ptr.dtype.element_ty), mask=m_row[:, None])
-    tl.store(lse_ptr + i_row, b_lse2 * LN2, mask=m_lse)
-
-
-@triton.jit
-def _program_slot(slot_order_ptr, IS_SLOT_ORDER: tl.constexpr):
-    """The query-block slot of this program of the fused plan: ``slot_order[program]`` with
-    ``IS_SLOT_ORDER`` (requests with the most KV first), else the last slots first."""
-    if IS_SLOT_ORDER:
-        # NOTE: the clamp is a no-op for the sort's permutation; it bounds the slot anyway.
-        i_qb = tl.minimum(tl.maximum(tl.load(slot_order_ptr + tl.program_id(0)), 0),
-                          tl.num_programs(0) - 1)
-    else:
-        i_qb = tl.num_programs(0) - 1 - tl.program_id(0)
-    return i_qb
+def _finish(f_m, f_l, f_acc, sink2, v_scale_ptr, i_kvh, HAS_SINKS: tl.constexpr,
+            HAS_KV_SCALE: tl.constexpr):
+    """A row's folded raw state to its output: the sink folded in (``HAS_SINKS``), normalized,
+    and, with an FP8 cache, times the KV head's ``v_scale``. Returns (o [BM, D] fp32, lse2 [BM],
+    log2 units; with sinks the LSE includes the sink)."""
+    if HAS_SINKS:
+        f_m, f_l, f_acc = state_fold_sink(f_m, f_l, f_acc, sink2)
+    b_o, b_lse = state_normalize(f_acc, f_l, f_m)
+    if HAS_KV_SCALE:
+        b_o = b_o * tl.load(v_scale_ptr + i_kvh)
+    return b_o, b_lse
 
 
 # NOTE: per-batch integers are not specialised (Triton would compile a variant per "== 1" /
@@ -525,11 +463,16 @@ def _unified_attention_fused_kernel(
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
     slot_order_ptr,  # [num_slots] int32, a permutation of the slots (IS_SLOT_ORDER only)
+    sinks_ptr,  # [Hq] fp32 sink logits (HAS_SINKS only)
+    k_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
+    v_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
     # Outputs
     out_ptr,  # [T, Hq, D] contiguous
     lse_ptr,  # [T, Hq] fp32 contiguous
     # Scalars
     qk_scale,  # sm_scale * log2(e), > 0
+    window_left,  # HAS_WINDOW: a row at position p sees keys [p - window_left, p]
+    cap,  # HAS_SOFTCAP: the soft-cap, > 0
     split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
     lead_tiles,  # KV tiles per lead split, a divisor of split_tiles (_split_lo)
     B,  # requests
@@ -558,6 +501,10 @@ def _unified_attention_fused_kernel(
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_KV_SCALE: tl.constexpr,  # an FP8 cache with per-KV-head k_scale and v_scale
     IS_SLOT_ORDER: tl.constexpr,  # program i takes slot slot_order[i]
     IS_NESTED: tl.constexpr,  # an inner loop per split (_attend_split), its fold after it
     TILES_PER_STEP: tl.constexpr,  # IS_NESTED: fully visible KV tiles per loop step (1 or 2)
@@ -578,6 +525,8 @@ def _unified_attention_fused_kernel(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
+    w_scale, cap_scale, sink2 = _row_features(sinks_ptr, k_scale_ptr, i_kvh, g, m_row, qk_scale,
+                                              cap, G, HAS_SINKS, HAS_SOFTCAP, HAS_KV_SCALE)
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     # The running fold of the finished splits (empty).
@@ -586,19 +535,24 @@ def _unified_attention_fused_kernel(
     f_acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # Tiles from j_end on lie past the block's last position: masked for every row, skipped.
     j_end = max_pos // BLOCK_N + 1
+    # Under a window, tiles before j_start hold no key any row sees: skipped, and so are the
+    # splits holding only them (their states would be empty: exact no-ops in the fold).
+    j_start, j_full = _window_tiles(0, j_end, min_pos, max_pos, window_left, BLOCK_N,
+                                    HAS_WINDOW)
     if IS_NESTED:
         # An inner loop per split (the split kernel's: fully visible tiles TILES_PER_STEP at a
         # time, then the masked ones), its fold after it: per row the same operations in the same
-        # order as the flat loop below; only register allocation and the schedule change
-        # (kernels/README.md, "The fused plan's nested loop").
+        # order as the flat loop below; only register allocation and the schedule change.
         n_splits = _split_count(j_end, split_tiles, lead_tiles)
-        for i_split in range(0, n_splits):
+        s_first = _split_count(j_start + 1, split_tiles, lead_tiles) - 1
+        for i_split in range(s_first, n_splits):
             m_i, l_i, acc = _attend_split(
                 b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, lead_tiles, i_kvh,
-                k_ptr, v_ptr,
-                p_bt, num_pages, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-                stride_vh, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, 0, HEAD_DIM, TILES_PER_STEP)
+                k_ptr, v_ptr, p_bt, num_pages, w_scale, window_left, cap, cap_scale,
+                stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, HEAD_DIM,
+                PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP,
+                IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, 0, HEAD_DIM,
+                TILES_PER_STEP)
             f_m, f_l, f_acc = state_fold(f_m, f_l, f_acc, m_i, l_i, acc)
     else:
         # One flat loop over the tiles (long loops pipeline well); at every split boundary the
@@ -608,23 +562,36 @@ def _unified_attention_fused_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         kv_off_h = i_kvh.to(tl.int64)
-        # Tiles before j_mid are seen entirely by every row of the block: the unmasked path.
-        j_mid = tl.minimum((min_pos + 1) // BLOCK_N, j_end)
-        for j in range(0, j_mid):
+        # Tiles in [j_full, j_mid) are seen entirely by every row of the block: unmasked.
+        j_mid = tl.maximum(tl.minimum((min_pos + 1) // BLOCK_N, j_end), j_full)
+        if HAS_WINDOW:
+            for j in range(j_start, j_full):
+                m_i, l_i, acc = _attend_tile(
+                    b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt,
+                    num_pages, w_scale, window_left, cap, cap_scale, stride_kp, stride_ks,
+                    stride_kh, stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE,
+                    PAGE_SHIFT, BLOCK_M, BLOCK_N, True, HAS_WINDOW, HAS_SOFTCAP,
+                    IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+                if _ends_split(j + 1, split_tiles, lead_tiles):
+                    f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i,
+                                                                  acc, BLOCK_M, HEAD_DIM)
+        for j in range(j_full, j_mid):
             m_i, l_i, acc = _attend_tile(
                 b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, False, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+                w_scale, window_left, cap, cap_scale, stride_kp, stride_ks, stride_kh,
+                stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M,
+                BLOCK_N, False, HAS_WINDOW, HAS_SOFTCAP, IS_PAGE_PER_TILE, IS_K_ROWS,
+                IS_INTERPRET, DOT_PRECISION)
             if _ends_split(j + 1, split_tiles, lead_tiles):
                 f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                               BLOCK_M, HEAD_DIM)
         for j in range(j_mid, j_end):
             m_i, l_i, acc = _attend_tile(
                 b_q, m_i, l_i, acc, j, pos, kv_len, kv_off_h, k_ptr, v_ptr, p_bt, num_pages,
-                qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, True, IS_PAGE_PER_TILE,
-                IS_K_ROWS, IS_INTERPRET, DOT_PRECISION)
+                w_scale, window_left, cap, cap_scale, stride_kp, stride_ks, stride_kh,
+                stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M,
+                BLOCK_N, True, HAS_WINDOW, HAS_SOFTCAP, IS_PAGE_PER_TILE, IS_K_ROWS,
+                IS_INTERPRET, DOT_PRECISION)
             if _ends_split(j + 1, split_tiles, lead_tiles):
                 f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                               BLOCK_M, HEAD_DIM)
@@ -632,7 +599,7 @@ def _unified_attention_fused_kernel(
             # The last split ends inside the block's range (not after tile j_end - 1).
             f_m, f_l, f_acc, m_i, l_i, acc = _close_split(f_m, f_l, f_acc, m_i, l_i, acc,
                                                           BLOCK_M, HEAD_DIM)
-    b_o, b_lse = state_normalize(f_acc, f_l, f_m)
+    b_o, b_lse = _finish(f_m, f_l, f_acc, sink2, v_scale_ptr, i_kvh, HAS_SINKS, HAS_KV_SCALE)
     _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM)
 
 
@@ -700,6 +667,9 @@ def _unified_attention_split_kernel(
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
+    sinks_ptr,  # [Hq] fp32 sink logits (HAS_SINKS and IS_DIRECT only)
+    k_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
+    v_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE and IS_DIRECT only)
     # Outputs
     ws_o_ptr,  # [T, Hq, num_splits, D] fp32 partial raw acc (un-normalized p @ v)
     ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32 partial (m in log2 units, l)
@@ -707,6 +677,8 @@ def _unified_attention_split_kernel(
     lse_ptr,  # [T, Hq] fp32 contiguous (IS_DIRECT only)
     # Scalars
     qk_scale,  # sm_scale * log2(e), > 0
+    window_left,  # HAS_WINDOW: a row at position p sees keys [p - window_left, p]
+    cap,  # HAS_SOFTCAP: the soft-cap, > 0
     split_tiles,  # KV tiles per split (split_tokens // BLOCK_N)
     lead_tiles,  # KV tiles per lead split, a divisor of split_tiles (_split_lo)
     B,  # requests
@@ -736,6 +708,10 @@ def _unified_attention_split_kernel(
     IS_K_ROWS: tl.constexpr,
     IS_INTERPRET: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_KV_SCALE: tl.constexpr,  # an FP8 cache with per-KV-head k_scale and v_scale
     IS_DIRECT: tl.constexpr,
     BLOCK_DV: tl.constexpr,  # V columns per program: HEAD_DIM, or a fraction of it
     TILES_PER_STEP: tl.constexpr,  # fully visible KV tiles per loop step: 1 or 2
@@ -768,23 +744,30 @@ def _unified_attention_split_kernel(
         cu_seqlens_q_ptr, kv_lens_ptr, i_qb, B, T, max_kv_len, G, BLOCK_M, BLOCK_Q)
     if i_qblk * BLOCK_Q >= q_len:
         return
-    # Splits past the block's last position are read by no row: nothing to write. NOTE: with
-    # IS_DIRECT (split 0 only) the program writes even a block with no position (max_pos < 0,
-    # only for malformed lengths with validate=False): its rows get the empty state (0, -inf),
-    # as under the fused plan, never unwritten memory.
-    if not IS_DIRECT:  # noqa: SIM102 (a constexpr branch: the test compiles away)
+    # Splits past the block's last position are read by no row: nothing to write; under a
+    # window neither are splits wholly before every row's window (the merge starts each row at
+    # its window's first split). NOTE: with IS_DIRECT (split 0 only) the program writes even a
+    # block with no position (max_pos < 0, only for malformed lengths with validate=False): its
+    # rows get the empty state (0, -inf), as under the fused plan, never unwritten memory.
+    if not IS_DIRECT:
         if _split_lo(i_split, split_tiles, lead_tiles) * BLOCK_N > max_pos:
             return
+        if HAS_WINDOW:  # noqa: SIM102 (a constexpr branch)
+            if _split_count(tl.maximum(min_pos - window_left, 0) // BLOCK_N + 1, split_tiles,
+                            lead_tiles) - 1 > i_split:
+                return
+    w_scale, cap_scale, sink2 = _row_features(sinks_ptr, k_scale_ptr, i_kvh, g, m_row, qk_scale,
+                                              cap, G, HAS_SINKS, HAS_SOFTCAP, HAS_KV_SCALE)
     b_q = _load_q(q_ptr, q_start, tok, g, m_row, i_kvh, stride_qt, stride_qh, G, HEAD_DIM)
     p_bt = block_table_ptr + i_b.to(tl.int64) * stride_bt
     s_m, s_l, s_acc = _attend_split(
         b_q, pos, min_pos, max_pos, kv_len, i_split, split_tiles, lead_tiles, i_kvh, k_ptr,
-        v_ptr, p_bt, num_pages, qk_scale,
+        v_ptr, p_bt, num_pages, w_scale, window_left, cap, cap_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, IS_PAGE_PER_TILE, IS_K_ROWS,
-        IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV, TILES_PER_STEP)
+        HEAD_DIM, PAGE_SIZE, PAGE_SHIFT, BLOCK_M, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP,
+        IS_PAGE_PER_TILE, IS_K_ROWS, IS_INTERPRET, DOT_PRECISION, d0, BLOCK_DV, TILES_PER_STEP)
     if IS_DIRECT:
-        b_o, b_lse = state_normalize(s_acc, s_l, s_m)
+        b_o, b_lse = _finish(s_m, s_l, s_acc, sink2, v_scale_ptr, i_kvh, HAS_SINKS, HAS_KV_SCALE)
         _store_out(out_ptr, lse_ptr, b_o, b_lse, q_start, tok, g, m_row, i_kvh, Hq, G, HEAD_DIM,
                    d0, BLOCK_DV)
     else:
@@ -817,10 +800,13 @@ def _merge_splits_kernel(
     ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32 (m in log2 units, l)
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
+    sinks_ptr,  # [Hq] fp32 sink logits (HAS_SINKS only)
+    v_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
     # Outputs
     out_ptr,  # [T, Hq, D]
     lse_ptr,  # [T, Hq] fp32
     # Scalars
+    window_left,  # HAS_WINDOW: a row at position p sees keys [p - window_left, p]
     split_tokens,  # KV tokens per split
     lead_tokens,  # KV tokens per lead split, a divisor of split_tokens (_split_lo)
     B,  # requests
@@ -828,10 +814,14 @@ def _merge_splits_kernel(
     num_splits,  # workspace splits per row
     max_kv_len,  # KV tokens the block table covers (kv_len clamp, as in _block_rows)
     # Constexprs
+    G: tl.constexpr,  # query heads per KV head
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,  # rows start at the split of their window's first key
+    HAS_SINKS: tl.constexpr,  # the sink folded after the splits (state_fold_sink)
+    HAS_KV_SCALE: tl.constexpr,  # an FP8 cache: outputs times the KV head's v_scale
     IS_PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel (sm_90+)
 ):
     """Split plan, phase 2: one program per (query token, BLOCK_H query heads, BLOCK_D columns
@@ -843,7 +833,9 @@ def _merge_splits_kernel(
     Each step folds CHUNK splits, loaded by the step before: first every weight
     (:func:`state_weights`, the running max in split order), then the fmas in split order
     (:func:`state_scale`), :func:`state_fold`'s operations on the same values. Splits past the
-    row's last one load as empty states (exact no-ops), and loads are masked there.
+    row's last one load as empty states (exact no-ops), and loads are masked there. Under a
+    window a row starts at the split holding its window's first key: the splits before it are
+    empty for the row (and the split kernel wrote none of them). Then the sink, once.
 
     ``IS_PDL``: the kernel may start while the split kernel still runs; it finds its row (from
     ``cu_seqlens_q`` and ``kv_lens``, which the split kernel does not write) and then waits
@@ -861,6 +853,9 @@ def _merge_splits_kernel(
     # NOTE: the clamp to num_splits is a no-op for valid input (pos < max kv_len, which sized the
     # workspace); it keeps malformed lengths (validate=False) inside the workspace.
     n_splits = tl.minimum(_split_count(pos + 1, split_tokens, lead_tokens), num_splits)
+    s_first = 0
+    if HAS_WINDOW:
+        s_first = _split_count(tl.maximum(pos - window_left, 0) + 1, split_tokens, lead_tokens) - 1
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
     m_h = o_h < Hq
@@ -873,16 +868,15 @@ def _merge_splits_kernel(
     f_l = tl.zeros([BLOCK_H], dtype=tl.float32)
     f_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # NOTE: software-pipelined by hand: each step folds the CHUNK partials the step before
-    # loaded and loads the next CHUNK, so every load is issued a step ahead of its fold (round
-    # 28's merge issued each load next to its fold, and its SASS kept about two in flight). Timed
-    # with the rest of round 29's merge (reports/h100-round29/README.md).
+    # loaded and loads the next CHUNK, so every load is issued a step ahead of its fold (a load
+    # issued next to its fold kept only about two in flight).
     # NOTE: tuples grow by concatenation (Triton's frontend has no starred unpacking, so RUF005
     # is silenced per line) from an empty tuple (mypy would infer an empty tuple type).
     ahead = ()
     for c in tl.static_range(CHUNK):
-        part = _load_partial(p_acc, p_ml, c, n_splits, m_h, HEAD_DIM)
+        part = _load_partial(p_acc, p_ml, s_first + c, n_splits, m_h, HEAD_DIM)
         ahead = ahead + (part,)  # type: ignore[assignment]  # noqa: RUF005
-    for i_s0 in range(0, n_splits, CHUNK):
+    for i_s0 in range(s_first, n_splits, CHUNK):
         nxt = ()
         for c in tl.static_range(CHUNK):
             part = _load_partial(p_acc, p_ml, i_s0 + CHUNK + c, n_splits, m_h, HEAD_DIM)
@@ -897,7 +891,12 @@ def _merge_splits_kernel(
             f_l, f_acc = state_scale(f_l, f_acc, ahead[c][1], ahead[c][2], weights[c][0],
                                      weights[c][1])
         ahead = nxt
+    if HAS_SINKS:
+        sink2 = tl.load(sinks_ptr + o_h, mask=m_h, other=0.0) * 1.4426950408889634
+        f_m, f_l, f_acc = state_fold_sink(f_m, f_l, f_acc, sink2)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
+    if HAS_KV_SCALE:
+        b_o = b_o * tl.load(v_scale_ptr + o_h // G, mask=m_h, other=1.0)[:, None]
     i_row = i_t.to(tl.int64) * Hq + o_h
     tl.store(out_ptr + i_row[:, None] * HEAD_DIM + o_d[None, :],
              b_o.to(out_ptr.dtype.element_ty), mask=m_h[:, None])

@@ -9,7 +9,7 @@ divided once at the end by :func:`state_normalize`. The fused and the split plan
 operations on the same values in the same order, which is what makes their results
 bit-identical: the kernels call :func:`state_fold`, and the split plan's merge calls its two
 halves, :func:`state_weights` and :func:`state_scale`, a step's weights before its fmas
-(kernels/README.md, "The merge's schedule (round 29)").
+(kernels/README.md, "The merge").
 
 :func:`state_merge` folds *normalized* states ``(o, lse)``; the public ``merge_states`` uses it.
 """
@@ -70,6 +70,16 @@ def state_scale(l_a, acc_a, l_b, acc_b, w_a, w_b):
     l = tl.fma(l_a, w_a, l_b * w_b)
     acc = tl.fma(acc_a, w_a[:, None], acc_b * w_b[:, None])
     return l, acc
+
+
+@triton.jit
+def state_fold_sink(m, l, acc, sink2):
+    """Fold the attention sink into a raw state, once, after every split: one more key with the
+    logit ``sink2`` (log2 units) and a zero value, so ``l`` gains ``2^(sink2 - m)`` and ``acc``
+    only rescales. Every plan calls it on the same state (the fold of all splits), so the bits
+    agree. m, l, sink2: [BM]; acc: [BM, D]."""
+    m_new, w_a, w_b = state_weights(m, sink2)
+    return m_new, tl.fma(l, w_a, w_b), acc * w_a[:, None]
 
 
 @triton.jit

@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.attention
+import kernels._device
+import kernels.launch
+import kernels.plan
 from invariance import HeadConfig, PageLayout
 from kernels import Tuning, plan_attention, unified_attention
 
@@ -357,7 +359,7 @@ def test_keys_rows_tile_with_lead_splits(dtype, make_batch, args_of, assert_same
     assert_same_bits(unified_attention(*args, plan="fused"), ref,
                      f"fused vs 128-row split tile, lead splits ({heads}, {layout})")
     for walk, walk_splits in ((False, 1), (True, 1), (True, 2)):
-        monkeypatch.setattr(kernels.attention, "kt_walk_splits", lambda p, s, k=walk_splits: k)
+        monkeypatch.setattr(kernels.plan, "kt_walk_splits", lambda p, s, k=walk_splits: k)
         for ahead in (False, True):
             tuning = Tuning(keys_rows=True, value_blocks=2, scores_ahead=ahead, walk_lead=walk)
             lp = plan_attention(*args, plan="split", tuning=tuning)

@@ -174,7 +174,7 @@ def _canonical_nan(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("specials", [
     pytest.param(False, id="finite-nonzero"),
     # -0.0 and NaN: on an H100 with Triton 3.6 a -0.0 came out +0.0, because Triton 3.6 turned
-    # the literal -0.0 weight into +0.0 (reports/h100-round8/README.md); state_fold now builds it
+    # the literal -0.0 weight into +0.0; state_fold now builds it
     # from its bits. A deliberate break (the literal back) fails this case on the GPU.
     pytest.param(True, id="signed-zero-and-nan"),
 ])

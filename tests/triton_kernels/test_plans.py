@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-import kernels.attention
+import kernels._device
 import kernels.config
+import kernels.launch
+import kernels.plan
 from invariance import HeadConfig, PageLayout
 from kernels import Tuning, plan_attention, tile_config, unified_attention
 
@@ -100,8 +102,8 @@ def test_split_settings_apply_to_the_split_plan_only(dtype: torch.dtype, make_ba
     # The rules through plan_attention, as on an H100 (132 SMs), head dim 128: one decode of a
     # short row and 8 decodes of 2 KV heads over 1-4 splits of 64 tokens (a 4096-token table
     # bound without host_lens).
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
-    monkeypatch.setattr(kernels.attention, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
     heads = HeadConfig(4, 2, 128)
     half = dtype != torch.float32
     one = make_batch(dtype, [(1, 40)], heads=heads)
@@ -147,8 +149,7 @@ def test_split_rules_only_on_small_grids_where_measured_neutral(
 
 
 def test_value_blocks_double_while_the_grid_stays_small() -> None:
-    """The doubling rule alone (round 15: at 5 stages rows over several splits no longer get 4
-    blocks where it gives 2)."""
+    """The doubling rule alone: rows over several splits get no more blocks than one split."""
     pick = kernels.config.value_blocks
     grids = (8, 16, 17, 32, 33, 64, 66, 67, 128)
     assert [pick(torch.bfloat16, 128, n, 132, 9) for n in grids] == [8, 8, 4, 4, 4, 2, 2, 1, 1]
@@ -213,7 +214,7 @@ def test_the_launch_passes_the_plans_fused_loop(dtype: torch.dtype, make_batch, 
     """The fused kernel is launched with the plan's loop (a launcher that dropped it would make
     the comparison above compare the flat loop with itself); the flat loop takes one tile per
     step whatever Tuning says."""
-    real = kernels.attention._unified_attention_fused_kernel
+    real = kernels.launch._unified_attention_fused_kernel
     seen: list[object] = []
 
     class Spy:
@@ -223,7 +224,7 @@ def test_the_launch_passes_the_plans_fused_loop(dtype: torch.dtype, make_batch, 
                 real[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(kernels.attention, "_unified_attention_fused_kernel", Spy())
+    monkeypatch.setattr(kernels.launch, "_unified_attention_fused_kernel", Spy())
     batch = make_batch(dtype, [(1, 40)])
     for nested, step in ((True, 2), (True, None), (False, 2), (None, None)):
         unified_attention(*args_of(batch), plan="fused",
@@ -235,7 +236,7 @@ def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_bat
                                                     monkeypatch) -> None:
     """The split kernel is launched with the plan's tiles per step (a launcher that dropped it
     would make the bit comparison above compare one tile per step with itself)."""
-    real = kernels.attention._unified_attention_split_kernel
+    real = kernels.launch._unified_attention_split_kernel
     seen: list[object] = []
 
     class Spy:
@@ -245,7 +246,7 @@ def test_the_launch_passes_the_plans_tiles_per_step(dtype: torch.dtype, make_bat
                 real[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(kernels.attention, "_unified_attention_split_kernel", Spy())
+    monkeypatch.setattr(kernels.launch, "_unified_attention_split_kernel", Spy())
     batch = make_batch(dtype, [(1, 40)])
     for step in (2, 1, None):
         unified_attention(*args_of(batch), plan="split", tuning=Tuning(tiles_per_step=step))
@@ -264,20 +265,20 @@ def test_dependent_merge_where_the_gpu_has_it(dtype: torch.dtype, make_batch, ar
     def dependent(**kwargs: Any) -> bool:
         return plan_attention(*args_of(batch), **kwargs).dependent_merge
 
-    monkeypatch.setattr(kernels.attention, "HAS_GDC", True)  # Triton 3.4+ (gdc_wait)
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: None)  # the interpreter
+    monkeypatch.setattr(kernels.plan, "HAS_GDC", True)  # Triton 3.4+ (gdc_wait)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: None)  # the interpreter
     assert not dependent(plan="split", split_size=block_n)
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
     assert dependent(plan="split", split_size=block_n)
     assert not dependent(plan="split", split_size=block_n,
                          tuning=Tuning(dependent_merge=False))
     assert not dependent(plan="split", split_size=1 << 20)  # one split: no merge
     assert not dependent(plan="fused", split_size=block_n)
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 8)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 8)
     assert not dependent(plan="split", split_size=block_n)
     # A Triton without griddepcontrol (before 3.4): never, even on sm_90.
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
-    monkeypatch.setattr(kernels.attention, "HAS_GDC", False)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "HAS_GDC", False)
     assert not dependent(plan="split", split_size=block_n)
 
 
@@ -297,14 +298,14 @@ def test_the_merge_launch_follows_the_plans_dependent_merge(dtype: torch.dtype, 
                 seen.append((self.name, kwargs["IS_PDL"], kwargs.get("launch_pdl", False)))
             return launch
 
-    monkeypatch.setattr(kernels.attention, "_unified_attention_split_kernel", Spy("split"))
-    monkeypatch.setattr(kernels.attention, "_merge_splits_kernel", Spy("merge"))
-    monkeypatch.setattr(kernels.attention, "HAS_GDC", True)
+    monkeypatch.setattr(kernels.launch, "_unified_attention_split_kernel", Spy("split"))
+    monkeypatch.setattr(kernels.launch, "_merge_splits_kernel", Spy("merge"))
+    monkeypatch.setattr(kernels.plan, "HAS_GDC", True)
     batch = make_batch(dtype, [(1, 200)])
     split = tile_config(dtype, 64).block_n
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: None)  # the interpreter
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: None)  # the interpreter
     unified_attention(*args_of(batch), plan="split", split_size=split)
-    monkeypatch.setattr(kernels.attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
     unified_attention(*args_of(batch), plan="split", split_size=split)
     assert seen == [("split", False, False), ("merge", False, False),
                     ("split", True, False), ("merge", True, True)]
@@ -323,38 +324,32 @@ def test_the_merge_grid_covers_every_head_and_column(dtype: torch.dtype, make_ba
                 grids.append((*grid, kwargs["BLOCK_H"], kwargs["BLOCK_D"]))
             return launch
 
-    monkeypatch.setattr(kernels.attention, "_merge_splits_kernel", Spy())
+    monkeypatch.setattr(kernels.launch, "_merge_splits_kernel", Spy())
     batch = make_batch(dtype, [(1, 200), (2, 300)], heads=HeadConfig(6, 2, 64))
     split = tile_config(dtype, 64).block_n
     unified_attention(*args_of(batch), plan="split", split_size=split)
-    monkeypatch.setattr(kernels.attention, "_merge_block_h", lambda num_q_heads: 4)
-    monkeypatch.setattr(kernels.attention, "_merge_block_d", lambda head_dim: 16)
+    monkeypatch.setattr(kernels.launch, "_merge_block_h", lambda num_q_heads: 4)
+    monkeypatch.setattr(kernels.launch, "_merge_block_d", lambda head_dim: 16)
     unified_attention(*args_of(batch), plan="split", split_size=split)
     assert grids == [(3, 1, 1, 8, 64), (3, 2, 4, 4, 16)]
 
 
-def test_merge_gives_round_28s_bits(dtype: torch.dtype, make_batch, args_of, assert_same_bits,
-                                    monkeypatch) -> None:
-    """Round 29 rescheduled the merge (a step's weights before its fmas, loads a step ahead,
-    (m, l) in one 8-byte load, head blocks) without changing its operations: against round 28's
-    kernel, kept in benchmarks/probe_round29.py, the same bits on rows of 1 to 10 splits, a
-    GQA group of 3 (head blocks that are not a KV head's group) and 3 partials per step."""
-    import sys
-    from pathlib import Path
+def test_merge_matches_the_serial_fold(dtype: torch.dtype, make_batch, args_of, assert_same_bits,
+                                       monkeypatch) -> None:
+    """The merge kernel's schedule (a step's weights before its fmas, loads a step ahead, (m, l)
+    in one 8-byte load, head blocks) changes none of its operations: against the frozen serial
+    fold (frozen_merge.py), the same bits on rows of 1 to 10 splits, a GQA group of 3 (head
+    blocks that are not a KV head's group) and 3 partials per step."""
+    from frozen_merge import SerialMerge
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    try:
-        from benchmarks import probe_round29
-    finally:
-        sys.path.pop(0)
     batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70), (2, 40)],
                        PageLayout(4, "shuffled", seed=6), heads=HeadConfig(6, 2, 64))
     split = tile_config(dtype, 64).block_n
-    monkeypatch.setattr(kernels.attention, "_merge_chunk", lambda: 3)
+    monkeypatch.setattr(kernels.launch, "_merge_chunk", lambda: 3)
     new = unified_attention(*args_of(batch), split_size=split, plan="split")
-    monkeypatch.setattr(kernels.attention, "_merge_splits_kernel", probe_round29._R28(3))
+    monkeypatch.setattr(kernels.launch, "_merge_splits_kernel", SerialMerge(3))
     old = unified_attention(*args_of(batch), split_size=split, plan="split")
-    assert_same_bits(new, old, "round 29's merge vs round 28's")
+    assert_same_bits(new, old, "the merge kernel vs the serial fold")
 
 
 @pytest.mark.parametrize("sign", ["-0.0", "+0.0"])
@@ -365,7 +360,7 @@ def test_fused_equals_split_with_zero_values(dtype: torch.dtype, make_batch, arg
     with one split writes it directly). An end-to-end property only: on the H100 it passed
     with state_fold's literal -0.0 weight too (which Triton 3.6 compiles to +0.0), because the
     tile loop's accumulator starts at +0 and no partial state holds a -0.0 there; the fold
-    test in test_merge.py is the one that catches that constant (reports/h100-round8/)."""
+    test in test_merge.py is the one that catches that constant."""
     # A decode over 1-4 splits, a prefill chunk over 1-3, an empty request.
     batch = make_batch(dtype, [(1, 200), (5, 130), (0, 16)], PageLayout(4, "shuffled", seed=3))
     batch.v_cache.fill_(float(sign))
@@ -382,13 +377,12 @@ def test_merge_column_blocks_are_bit_neutral(dtype: torch.dtype, make_batch, arg
     # On a GPU the merge kernel cuts the head dim into column blocks (one program each); the
     # interpreter merges whole heads. Every column runs the same arithmetic on the same LSEs, so
     # the split plan must give the same bits with any column block.
-    import kernels.attention as attention
 
     batch = make_batch(dtype, [*_random_shape(3), (2, 150)], PageLayout(4, "shuffled", seed=3))
     split = tile_config(dtype, 64).block_n
-    monkeypatch.setattr(attention, "_merge_block_d", lambda head_dim: head_dim)
+    monkeypatch.setattr(kernels.launch, "_merge_block_d", lambda head_dim: head_dim)
     whole = unified_attention(*args_of(batch), split_size=split, plan="split")
-    monkeypatch.setattr(attention, "_merge_block_d", lambda head_dim: block_d)
+    monkeypatch.setattr(kernels.launch, "_merge_block_d", lambda head_dim: block_d)
     blocked = unified_attention(*args_of(batch), split_size=split, plan="split")
     assert_same_bits(blocked, whole, f"merge in {block_d}-column blocks vs whole heads")
 
@@ -399,13 +393,12 @@ def test_merge_head_blocks_are_bit_neutral(dtype: torch.dtype, make_batch, args_
     # On a GPU the merge kernel takes one query head per program; the interpreter every head.
     # Each row's fold is the same arithmetic whichever program runs it, so the split plan must
     # give the same bits with any head block (4 of 6 heads: a block that ends past the last).
-    import kernels.attention as attention
 
     batch = make_batch(dtype, [*_random_shape(5), (2, 150)], PageLayout(4, "shuffled", seed=5),
                        heads=HeadConfig(6, 2, 64))
     split = tile_config(dtype, 64).block_n
     whole = unified_attention(*args_of(batch), split_size=split, plan="split")
-    monkeypatch.setattr(attention, "_merge_block_h", lambda num_q_heads: block_h)
+    monkeypatch.setattr(kernels.launch, "_merge_block_h", lambda num_q_heads: block_h)
     blocked = unified_attention(*args_of(batch), split_size=split, plan="split")
     assert_same_bits(blocked, whole, f"merge in blocks of {block_h} heads vs every head")
 
@@ -415,12 +408,11 @@ def test_merge_chunks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of, a
     # On a GPU the merge kernel loads 8 partials per step, one step ahead of their folds; the
     # interpreter 1. Loads of splits past a row's last one must be exact no-ops: chunks of 3 over
     # rows of 1 to 10 splits.
-    import kernels.attention as attention
 
     batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70)], PageLayout(4, "shuffled", seed=4))
     split = tile_config(dtype, 64).block_n
     one = unified_attention(*args_of(batch), split_size=split, plan="split")
-    monkeypatch.setattr(attention, "_merge_chunk", lambda: 3)
+    monkeypatch.setattr(kernels.launch, "_merge_chunk", lambda: 3)
     chunked = unified_attention(*args_of(batch), split_size=split, plan="split")
     assert_same_bits(chunked, one, "merge loading 3 splits per step vs 1")
 
@@ -465,7 +457,6 @@ def test_merge_reads_no_unwritten_partial(dtype: torch.dtype, make_batch, args_o
     # The workspace is torch.empty: filled with NaN here, the merge must give the same bits with
     # 3 partials per step (its loads a step ahead reach past a row's last split, masked) and one
     # head per program, so it reads no partial the split kernel did not write.
-    import kernels.attention as attention
 
     batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70)], PageLayout(4, "shuffled", seed=7),
                        heads=HeadConfig(6, 2, 64))
@@ -477,9 +468,9 @@ def test_merge_reads_no_unwritten_partial(dtype: torch.dtype, make_batch, args_o
         t = empty(*args, **kwargs)
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
-    monkeypatch.setattr(attention.torch, "empty", nan_empty)
-    monkeypatch.setattr(attention, "_merge_chunk", lambda: 3)
-    monkeypatch.setattr(attention, "_merge_block_h", lambda num_q_heads: 1)
+    monkeypatch.setattr(kernels.launch.torch, "empty", nan_empty)
+    monkeypatch.setattr(kernels.launch, "_merge_chunk", lambda: 3)
+    monkeypatch.setattr(kernels.launch, "_merge_block_h", lambda num_q_heads: 1)
     poisoned = unified_attention(*args_of(batch), split_size=split, plan="split")
     assert_same_bits(poisoned, clean, "merge over a NaN-filled workspace vs a fresh one")
 
@@ -525,9 +516,8 @@ def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeyp
     # As on an H100 (sm 9): a 2048-token prompt gets 128 rows on 8 warps and 3 stages, the fused
     # plan's nested loop with two tiles per step; a Tuning that names only block_m takes warps
     # and stages from tile_config, not from that, and with them the flat loop.
-    import kernels.attention as attention
 
-    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
     bf16, i32 = torch.bfloat16, torch.int32
     args = tuple(t.to(device) for t in (
         torch.zeros(2048, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
@@ -541,13 +531,13 @@ def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeyp
     lp = plan_attention(*args, validate=False, plan="fused", tuning=N64)
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 3)
     assert (lp.nested_loop, lp.tiles_per_step) == (True, 2)
-    assert kernels.attention._k_rows(lp, bf16)
+    assert kernels.launch._k_rows(lp, bf16)
     cfg = tile_config(bf16, 128)
     lp = plan_attention(*args, validate=False, plan="fused",
                         tuning=Tuning(block_n=64, block_m=128))
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, cfg.num_warps, cfg.num_stages)
     assert (lp.nested_loop, lp.tiles_per_step) == (False, 1)
-    assert not kernels.attention._k_rows(lp, bf16)
+    assert not kernels.launch._k_rows(lp, bf16)
     lp = plan_attention(*args, validate=False, plan="fused",
                         tuning=Tuning(block_n=64, num_stages=2))
     assert (lp.block_m, lp.num_warps, lp.num_stages) == (128, 8, 2)
@@ -561,9 +551,8 @@ def test_prefills_get_the_nested_tile_and_overrides_keep_their_own_warps(monkeyp
 
 
 def test_the_prefill_tile_takes_two_tiles_per_step_in_the_split_plan_too() -> None:
-    """128 rows on 8 warps walk two fully visible tiles per step on any grid (round 11 on an
-    H100); other tiles only on small grids; nothing off Hopper or outside half precision at
-    head dim 128."""
+    """128 rows on 8 warps walk two fully visible tiles per step on any grid; other tiles only
+    on small grids; nothing off Hopper or outside half precision at head dim 128."""
     from kernels.config import tiles_per_step
 
     for dt in (torch.float16, torch.bfloat16):
@@ -578,7 +567,7 @@ def test_the_prefill_tile_takes_two_tiles_per_step_in_the_split_plan_too() -> No
 
 def test_fused_loop_rule() -> None:
     """The nested loop with two tiles per step for 128 rows on 8 warps, half precision at head
-    dim 128 on Hopper only (round 11 on an H100); the flat loop elsewhere."""
+    dim 128 on Hopper only; the flat loop elsewhere."""
     from kernels.config import fused_loop
 
     for dt in (torch.float16, torch.bfloat16):
@@ -610,7 +599,7 @@ def test_decode_stages_rule() -> None:
 
 def test_two_tiles_per_step_only_where_the_grid_with_its_value_blocks_fits_the_sms() -> None:
     """The 64-row tile walks two tiles per step on small grids whose programs times value
-    blocks fit the SMs once and whose rows have one split (round 15, at 5 stages); the
+    blocks fit the SMs once and whose rows have one split; the
     prefill tile on any grid."""
     from kernels.config import tiles_per_step
 
@@ -624,7 +613,7 @@ def test_two_tiles_per_step_only_where_the_grid_with_its_value_blocks_fits_the_s
 
 
 def test_gluon_prefill_rule() -> None:
-    """The Gluon prefill kernel for round 11's prefill tile only: 128 rows on 8 warps, BLOCK_N
+    """The Gluon prefill kernel for the prefill tile only: 128 rows on 8 warps, BLOCK_N
     64, the nested loop, pages of >= 16 tokens, half precision at head dim 128 on Hopper."""
     from kernels.config import gluon_prefill
 
@@ -645,15 +634,14 @@ def test_gluon_prefill_rule() -> None:
 
 def test_gluon_value_blocks_only_where_four_blocks_fit_the_sms(monkeypatch, device) -> None:
     # The 128-key Gluon split kernel's rule: 4 V column blocks where the grid times 4 fits the
-    # SMs once, else 1 (round 21: 2 blocks never beat 4, both lost on larger grids).
+    # SMs once, else 1.
     pick = kernels.config.gluon_value_blocks
     assert [pick(n, 132) for n in (1, 8, 32, 33, 34, 64, 256)] == [4, 4, 4, 4, 1, 1, 1]
     assert pick(8, 16) == 1
     import kernels._gluon as gluon_module
-    import kernels.attention as attention
 
-    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
-    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
     _, decode = _hopper_batches(device)  # 4 decodes of 2048 tokens on 2 KV heads
     q, k, v, cu, kv_lens, table = decode
@@ -682,10 +670,9 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     # its blocks hold, the fused plan, overrides and keys_rows=False keep the 128-row tile;
     # keys_rows=True forces it on prompts and names what is missing elsewhere.
     import kernels._gluon as gluon_module
-    import kernels.attention as attention
 
-    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
-    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
     prompt, decode = _hopper_batches(device)  # GQA group 4
     lp = plan_attention(*decode, validate=False, plan="split")
@@ -723,12 +710,12 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
         32, 2, 3, True)
     # A 64-program grid (8 KV heads, as the bench's): 1 V block, serial order.
     for sms, want in ((132, (1, 3, False)), (256, (2, 4, False)), (512, (2, 4, True))):
-        monkeypatch.setattr(attention, "_num_sms", lambda device, n=sms: n)
+        monkeypatch.setattr(kernels.plan, "_num_sms", lambda device, n=sms: n)
         wide = plan_attention(decode[0].repeat(1, 4, 1), *((decode[1].repeat(1, 1, 4, 1),) * 2),
                               *decode[3:], validate=False, plan="split")
         assert wide.keys_rows and (wide.value_blocks, wide.num_stages,
                                    wide.scores_ahead) == want, sms
-    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
     # The kernel's rows are the MMA's N: the group rounded up to 8, 16 or 32, never above.
     assert [gluon_module.kt_rows(g) for g in (1, 3, 4, 8, 9, 16, 17, 32)] == \
         [8, 8, 8, 8, 16, 16, 32, 32]
@@ -817,7 +804,7 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
         plan_attention(*wide_group, validate=False, tuning=Tuning(keys_rows=True))
     assert "chose another plan" not in str(info.value)
     # Off Hopper (or without Gluon) there is no such tile: the default never takes it.
-    monkeypatch.setattr(attention, "_sm_major", lambda device: 8)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 8)
     assert not plan_attention(*decode, validate=False, plan="split").keys_rows
 
 
@@ -849,9 +836,8 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     # dense caches and Triton 3.6's Gluon (kernels._gluon.available). Without them, or with
     # Tuning(gluon=False), the Triton kernel; Tuning(gluon=True) then names what is missing.
     import kernels._gluon as gluon_module
-    import kernels.attention as attention
 
-    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
     bf16 = torch.bfloat16
     args, decode = _hopper_batches(device)
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
@@ -902,7 +888,7 @@ def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
         plan_attention(*misaligned, validate=False, plan="fused",
                        tuning=Tuning(block_n=64, gluon=True, block_m=64))
     # The interpreter (and every GPU other than Hopper) never plans it.
-    monkeypatch.setattr(attention, "_sm_major", lambda device: None)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: None)
     assert not plan_attention(*args, validate=False, plan="fused", tuning=N64).gluon
 
 
@@ -914,10 +900,9 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
     # fixed launch (the 64-key rules do not apply). Without Gluon: the 64-key contract.
     # Tuning(gluon=True) names what is missing; other dtypes and head dims keep their tiles.
     import kernels._gluon as gluon_module
-    import kernels.attention as attention
 
-    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
-    monkeypatch.setattr(attention, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
     bf16, i32 = torch.bfloat16, torch.int32
     prompt, decode = _hopper_batches(device)
     monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
@@ -1033,9 +1018,8 @@ def test_decode_batches_get_five_stages_on_either_plan(monkeypatch, device) -> N
     # As on an H100 (sm 9): 64 decodes take 5 stages on the fused plan and on the split plan
     # (rounds 12 and 15); an explicit num_stages wins, and a Tuning that names block_m keeps
     # tile_config's stages.
-    import kernels.attention as attention
 
-    monkeypatch.setattr(attention, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
     bf16, i32 = torch.bfloat16, torch.int32
     args = tuple(t.to(device) for t in (
         torch.zeros(64, 8, 128, dtype=bf16), torch.zeros(130, 16, 2, 128, dtype=bf16),
@@ -1066,7 +1050,7 @@ def test_decode_batches_get_five_stages_on_either_plan(monkeypatch, device) -> N
     assert (lp.plan, lp.num_stages) == ("fused", 5)
     assert plan_attention(*many, validate=False, host_lens=lens, plan="split",
                           tuning=N64).num_stages == 5
-    monkeypatch.setattr(attention, "_sm_major", lambda device: None)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: None)
     assert plan_attention(*args, validate=False, plan="fused",
                           tuning=N64).num_stages == cfg.num_stages
 
@@ -1196,7 +1180,6 @@ def test_k_rows_and_k_columns_give_the_same_bits(dtype: torch.dtype, make_batch,
                                                  split_tiles: int, page_size: int) -> None:
     # K loaded as [BN, D] rows (like V) or as [D, BN] columns, under both plans and three tile
     # heights: the same bits.
-    import kernels.attention as attention
 
     batch = make_batch(dtype, [*_random_shape(seed), (1, 130), (9, 100)],
                        PageLayout(page_size, "shuffled", seed=seed))
@@ -1205,7 +1188,7 @@ def test_k_rows_and_k_columns_give_the_same_bits(dtype: torch.dtype, make_batch,
             dict(plan="fused", tuning=Tuning(block_m=256, num_warps=8))]
     results = {}
     for k_rows in (False, True):
-        monkeypatch.setattr(attention, "_k_rows", lambda lp, dt, r=k_rows: r)
+        monkeypatch.setattr(kernels.launch, "_k_rows", lambda lp, dt, r=k_rows: r)
         results[k_rows] = [unified_attention(*args_of(batch), split_size=split, **kw)
                            for kw in runs]
     for kw, cols, rows in zip(runs, results[False], results[True], strict=True):
@@ -1277,7 +1260,7 @@ def test_slot_keys_match_a_host_count(dtype: torch.dtype, make_batch, args_of) -
     keys = torch.empty(lp.num_slots, dtype=torch.int64, device=batch.q.device)
     T, Hq, _ = batch.q.shape
     Hkv = batch.k_cache.shape[2]
-    kernels.attention._slot_keys_kernel[(lp.num_slots,)](
+    kernels.launch._slot_keys_kernel[(lp.num_slots,)](
         args[3], args[4], keys, len(shape), T, args[5].shape[1] * batch.k_cache.shape[1],
         G=Hq // Hkv, BLOCK_M=lp.block_m, BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n, num_warps=1)
     assert keys.cpu().tolist() == _host_slot_keys(shape, lp.num_slots, lp.block_q, lp.block_n)
@@ -1295,7 +1278,7 @@ def test_slot_keys_do_not_wrap_near_two_to_the_31_tokens(make_batch, args_of) ->
     lp = plan_attention(*args, plan="fused")
     keys = torch.empty(lp.num_slots, dtype=torch.int64, device=dev)
     Hq, Hkv = batch.q.shape[1], batch.k_cache.shape[2]
-    kernels.attention._slot_keys_kernel[(lp.num_slots,)](
+    kernels.launch._slot_keys_kernel[(lp.num_slots,)](
         args[3], kv, keys, 2, batch.q.shape[0], big, G=Hq // Hkv, BLOCK_M=lp.block_m,
         BLOCK_Q=lp.block_q, BLOCK_N=lp.block_n, num_warps=1)
     got = keys.cpu().tolist()
@@ -1309,7 +1292,7 @@ def test_slot_rank_is_a_permutation_for_any_distinct_keys(device: Any) -> None:
     padding value)."""
     keys = torch.tensor([3, -2, 7, 0, -9], dtype=torch.int64, device=device)
     order = torch.full((5,), -1, dtype=torch.int32, device=device)
-    kernels.attention._slot_rank_kernel[(5,)](keys, order, 5, BLOCK=4, num_warps=1)
+    kernels.launch._slot_rank_kernel[(5,)](keys, order, 5, BLOCK=4, num_warps=1)
     assert order.cpu().tolist() == [2, 0, 3, 1, 4]
 
 
@@ -1338,7 +1321,7 @@ def test_the_fused_launch_takes_the_slots_longest_first(dtype: torch.dtype, make
     """With the slot order the fused kernel gets IS_SLOT_ORDER and, as its slot_order
     argument, the slots of the requests with the most KV first, each request's last block
     first: a permutation, so every slot has exactly one program."""
-    real = kernels.attention._unified_attention_fused_kernel
+    real = kernels.launch._unified_attention_fused_kernel
     seen: list[tuple[object, list[int]]] = []
 
     class Spy:
@@ -1350,7 +1333,7 @@ def test_the_fused_launch_takes_the_slots_longest_first(dtype: torch.dtype, make
                 real[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(kernels.attention, "_unified_attention_fused_kernel", Spy())
+    monkeypatch.setattr(kernels.launch, "_unified_attention_fused_kernel", Spy())
     shape = [(1, 30), (40, 200), (0, 3), (9, 70)]
     batch = make_batch(dtype, shape)
     lp = plan_attention(*args_of(batch), plan="fused")
@@ -1368,8 +1351,8 @@ def test_no_measured_rule_on_rocm(monkeypatch) -> None:
     on NVIDIA GPUs (wgmma tiles, value blocks, tiles per step, the dependent merge) see no
     compute capability there, as under the interpreter."""
     monkeypatch.setattr(torch.version, "hip", "6.2")
-    monkeypatch.setattr(kernels.attention, "_interpreting", lambda: False)
-    assert kernels.attention._sm_major(torch.device("cuda", 0)) is None
+    monkeypatch.setattr(kernels._device, "_interpreting", lambda: False)
+    assert kernels.plan._sm_major(torch.device("cuda", 0)) is None
 
 
 # Lead splits (kernels/README.md, "Lead splits"): (seed, split size and lead split size in units
@@ -1413,8 +1396,8 @@ def test_lead_splits_give_the_same_bits_in_every_plan(
 
 def test_lead_split_sizes_and_their_rules() -> None:
     """How many splits a row has, which lead size a call gets, and the keys-as-rows rules."""
-    from kernels.attention import _lead_tokens
     from kernels.config import choose_plan, count_splits, kt_walk_lead, kt_walk_splits
+    from kernels.plan import _lead_tokens
 
     # 8 lead splits of 128 in the first 1024 keys, then one per 1024.
     assert [count_splits(n, 1024, 128) for n in (0, 1, 128, 129, 1024, 1025, 2048, 3000)] == \
