@@ -57,5 +57,16 @@ def gpu(session: nox.Session, dtype: str) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Attention benchmarks on the GPU (writes Markdown + JSON under reports/)."""
-    session.run("python", "benchmarks/attention.py", "--out", "reports", *session.posargs)
+    """``invariance bench`` of the kernels against FlashInfer's fastest variant on the default
+    and shapes grids (needs a GPU and FlashInfer; extra arguments are passed on)."""
+    session.run("invariance", "bench", "--grid", "default", "--grid", "shapes", "--backend",
+                "kernels", "--backend", "kernels-heuristic", "--baseline", "flashinfer-best",
+                *session.posargs)
+
+
+@nox.session(default=False)
+def evidence(session: nox.Session) -> None:
+    """Regenerate this GPU's evidence set, step by step (``nox -s evidence -- check bench``;
+    benchmarks/evidence.sh lists the steps)."""
+    session.run("sh", "benchmarks/evidence.sh", *(session.posargs or ["check"]),
+                external=True)

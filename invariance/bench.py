@@ -33,7 +33,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -45,6 +45,8 @@ from invariance.workload import HeadConfig, dtype_name, parse_dtype
 __all__ = [
     "BENCH_HEADS",
     "BENCH_PAGE_SIZE",
+    "BEST_OF",
+    "GRIDS",
     "SCHEMA",
     "WORKLOADS",
     "BenchReport",
@@ -81,6 +83,10 @@ class BenchWorkload:
     q_lens: tuple[int, ...]
     kv_lens: tuple[int, ...]
     notes: str = ""
+    #: The workload's own head configuration, dtype name and page size (None: the run's).
+    heads: HeadConfig | None = None
+    dtype: str | None = None
+    page_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.q_lens or len(self.q_lens) != len(self.kv_lens):
@@ -144,6 +150,64 @@ def _workloads() -> dict[str, BenchWorkload]:
 #: The named workloads (module docstring).
 WORKLOADS: dict[str, BenchWorkload] = _workloads()
 
+
+def _variant(prefix: str, w: BenchWorkload, **shape: Any) -> BenchWorkload:
+    """``w`` under another head configuration, dtype or page size, named ``prefix/name``."""
+    return replace(w, name=f"{prefix}/{w.name}", **shape)
+
+
+def _shapes_grid() -> list[BenchWorkload]:
+    """The shape classes a model server meets beyond the default set: head dims 64 and 256,
+    GQA groups 1 and 8, fp16, page sizes 1 and 64, decode batches of 512 and of one very long
+    row, ragged decode, short and long prompts, chunked prefill, a speculative verify step and
+    an engine-style mixed step."""
+    W = WORKLOADS
+    g = torch.Generator().manual_seed(66)
+    ragged = tuple(int(x) for x in torch.randint(1024, 32769, (64,), generator=g))
+    extra = [
+        BenchWorkload("decode-b512-ctx1k", (1,) * 512, (1024,) * 512),
+        BenchWorkload("decode-b32-ctx2k", (1,) * 32, (2048,) * 32),
+        BenchWorkload("decode-b1-ctx64k", (1,), (65536,)),
+        BenchWorkload("decode-b1-ctx128k", (1,), (131072,)),
+        BenchWorkload("decode-ragged64", (1,) * 64, ragged, "KV lengths uniform in 1k..32k"),
+        BenchWorkload("prefill-short64", (128,) * 64, (128,) * 64, "64 prompts of 128 tokens"),
+        BenchWorkload("prefill-long32k", (32768,), (32768,), "one prompt of 32k tokens"),
+        BenchWorkload("chunked-prefill", (2048,) * 2 + (1,) * 32, (16384,) * 2 + (8192,) * 32,
+                      "2 chunks of 2k tokens at 16k + 32 decodes of 8k"),
+        BenchWorkload("spec-verify32", (4,) * 32, (8192,) * 32,
+                      "32 verify steps of 4 query tokens at 8k"),
+    ]
+    hd64, hd256 = HeadConfig(64, 8, 64), HeadConfig(16, 8, 256)
+    mha, gqa8 = HeadConfig(32, 32, 128), HeadConfig(64, 8, 128)
+    return [
+        *(_variant("hd64", W[n], heads=hd64)
+          for n in ("decode-b8-ctx8k", "decode-b64-ctx8k", "prefill-varlen")),
+        *(_variant("hd256", W[n], heads=hd256)
+          for n in ("decode-b8-ctx8k", "decode-b64-ctx8k", "prefill-varlen")),
+        *(_variant("mha", W[n], heads=mha) for n in ("decode-b8-ctx8k", "decode-b64-ctx8k")),
+        *(_variant("gqa8", W[n], heads=gqa8) for n in ("decode-b8-ctx8k", "decode-b64-ctx8k")),
+        *(_variant("fp16", W[n], dtype="float16") for n in ("decode-b8-ctx8k", "prefill-varlen")),
+        *(_variant("page1", W[n], page_size=1)
+          for n in ("decode-b8-ctx8k", "decode-b64-ctx8k", "mixed64")),
+        *(_variant("page64", W[n], page_size=64) for n in ("decode-b8-ctx8k", "decode-b64-ctx8k")),
+        *extra,
+    ]
+
+
+#: Named sets of workloads (``invariance bench --grid NAME``): ``default`` is
+#: :data:`WORKLOADS`; ``shapes`` the classes of :func:`_shapes_grid`.
+GRIDS: dict[str, list[BenchWorkload]] = {"default": list(WORKLOADS.values()),
+                                         "shapes": _shapes_grid()}
+
+#: Composite baselines: every variant timed on each workload, the fastest kept and named.
+#: ``flashinfer-best``: FlashInfer's decode wrapper on CUDA cores and on tensor cores (its
+#: own choice of prefill kernel and fa2), its prefill wrapper for every row (fa2) and FA3.
+BEST_OF: dict[str, tuple[str, ...]] = {
+    "flashinfer-best": ("flashinfer", "flashinfer:use_tensor_cores=true",
+                        "flashinfer:use_tensor_cores=true,backend=fa2",
+                        "flashinfer-prefill:backend=fa2", "flashinfer-fa3"),
+}
+
 _LENGTH = re.compile(r"\s*([0-9]+)\s*([kK]?)\s*")
 
 
@@ -200,18 +264,28 @@ def parse_lengths(spec: str) -> BenchWorkload:
 
 
 def select_workloads(names: Sequence[str] | None = None,
-                     lengths: Sequence[str] | None = None) -> list[BenchWorkload]:
-    """The named workloads (all of :data:`WORKLOADS` when neither names nor lengths are given)
-    followed by one per ``lengths`` spec; ``ValueError`` naming an unknown workload."""
-    names = list(names or [])
-    lengths = list(lengths or [])
+                     lengths: Sequence[str] | None = None,
+                     grids: Sequence[str] | None = None) -> list[BenchWorkload]:
+    """The workloads of the named ``grids`` (:data:`GRIDS`), then the named workloads, then one
+    per ``lengths`` spec (all of :data:`WORKLOADS` when none is given); each once, in that
+    order. ``ValueError`` naming an unknown grid or workload."""
+    names, lengths, grids = list(names or []), list(lengths or []), list(grids or [])
+    bad_grids = [g for g in grids if g not in GRIDS]
+    if bad_grids:
+        raise ValueError(f"grid: unknown {', '.join(bad_grids)}; expected one of "
+                         f"{', '.join(GRIDS)}")
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         raise ValueError(f"workload: unknown {', '.join(unknown)}; expected one of "
                          f"{', '.join(WORKLOADS)}")
-    if not names and not lengths:
+    if not names and not lengths and not grids:
         names = list(WORKLOADS)
-    return [WORKLOADS[n] for n in dict.fromkeys(names)] + [parse_lengths(s) for s in lengths]
+    chosen = [w for g in grids for w in GRIDS[g]] + [WORKLOADS[n] for n in names]
+    chosen += [parse_lengths(s) for s in lengths]
+    unique: dict[str, BenchWorkload] = {}
+    for w in chosen:
+        unique.setdefault(w.name, w)
+    return list(unique.values())
 
 
 def build_batch(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS,
@@ -297,6 +371,9 @@ class Timing:
     mode: str = "graph"
     note: str = ""
     error: str = ""
+    #: A composite backend (:data:`BEST_OF`): which variant was fastest, and each variant's ms.
+    variant: str = ""
+    candidates: dict[str, float | None] = field(default_factory=dict)
 
 
 class Timer(Protocol):
@@ -414,6 +491,10 @@ class WorkloadResult:
     bound: str
     notes: str
     times: dict[str, Timing] = field(default_factory=dict)
+    #: The workload's head configuration, dtype and page size.
+    heads: str = ""
+    dtype: str = ""
+    page_size: int = 0
 
 
 @dataclass
@@ -467,19 +548,64 @@ class BenchReport:
         return json.dumps(self.to_dict(), indent=indent)
 
 
-def _negotiate(b: ResolvedBackend, dtype: torch.dtype, heads: HeadConfig,
-               device: torch.device) -> None:
+def _unsupported(b: ResolvedBackend, dtype: torch.dtype, heads: HeadConfig,
+                 device: torch.device) -> str | None:
+    """Why backend ``b`` cannot run this dtype, head dim or device (None: it can)."""
     caps = capabilities(b)
     name = dtype_name(dtype)
     if name not in caps.dtypes:
-        raise ValueError(f"dtype: backend {b.name} supports {', '.join(caps.dtypes)}, got "
-                         f"{name}")
+        return f"dtype: backend {b.name} supports {', '.join(caps.dtypes)}, got {name}"
     if caps.head_dims is not None and heads.head_dim not in caps.head_dims:
-        raise ValueError(f"heads: backend {b.name} supports head dims "
-                         f"{', '.join(map(str, caps.head_dims))}, got {heads}")
+        return (f"heads: backend {b.name} supports head dims "
+                f"{', '.join(map(str, caps.head_dims))}, got {heads}")
     if device.type not in caps.devices:
-        raise ValueError(f"device: backend {b.name} runs on {', '.join(caps.devices)}, got "
-                         f"{device.type}")
+        return f"device: backend {b.name} runs on {', '.join(caps.devices)}, got {device.type}"
+    return None
+
+
+@dataclass
+class _BestOf:
+    """A composite backend (:data:`BEST_OF`): its variants, each timed, the fastest kept."""
+
+    name: str
+    variants: list[ResolvedBackend]
+
+
+_Timed = ResolvedBackend | _BestOf
+
+
+def _resolve_timed(spec: str | Backend) -> _Timed:
+    if isinstance(spec, str) and spec in BEST_OF:
+        return _BestOf(spec, [resolve(v) for v in BEST_OF[spec]])
+    return resolve(spec)
+
+
+def _time_one(timer: Timer, b: _Timed, batch: AttentionBatch, dtype: torch.dtype,
+              heads: HeadConfig, device: torch.device) -> Timing:
+    """One backend (or every variant of a composite one) on one batch; a failure or an
+    unsupported shape is recorded, never raised."""
+    variants = b.variants if isinstance(b, _BestOf) else [b]
+    timings: dict[str, Timing] = {}
+    for v in variants:
+        reason = _unsupported(v, dtype, heads, device)
+        if reason is not None:
+            timings[v.name] = Timing(None, "", "", f"unsupported: {reason}")
+            continue
+        try:
+            timings[v.name] = timer.time_backend(v, batch)
+        except Exception as exc:  # one failing backend must not hide the others
+            timings[v.name] = Timing(None, "", "", _first_line(exc))
+    if not isinstance(b, _BestOf):
+        return timings[b.name]
+    ok = {n: t for n, t in timings.items() if t.ms is not None}
+    candidates = {n: t.ms for n, t in timings.items()}
+    if not ok:
+        errors = "; ".join(f"{n}: {t.error}" for n, t in timings.items())
+        return Timing(None, "", "", f"every variant failed ({errors})"[:600],
+                      candidates=candidates)
+    best = min(ok, key=lambda n: ok[n].ms or 0.0)
+    t = ok[best]
+    return Timing(t.ms, t.mode, t.note, "", variant=best, candidates=candidates)
 
 
 def run_bench(
@@ -498,25 +624,31 @@ def run_bench(
     limits: Limits | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> BenchReport:
-    """Time each backend (names, ``module:attr`` or callables; the ``baseline`` first) on each
-    workload (``workloads``, or those ``names`` of :data:`WORKLOADS`, default all).
+    """Time each backend (names, ``module:attr``, callables, or a composite of
+    :data:`BEST_OF`; the ``baseline`` first) on each workload (``workloads``, or those ``names``
+    of :data:`WORKLOADS`, default all), each at its own head configuration, dtype and page size
+    where it names them, else at the run's.
 
     ``timer`` defaults to a :class:`CudaTimer` of ``iters`` replays; ``limits`` to
     :func:`measure_limits` with that timer. A backend that fails on a workload is recorded with
-    its error and the run goes on. ``ValueError`` for a backend that cannot run the dtype, head
-    dim or device, before anything is timed."""
+    its error and the run goes on, and so is a workload shape a backend cannot run.
+    ``ValueError`` for a backend that cannot run the run's own dtype, head dim or device,
+    before anything is timed."""
     dt = parse_dtype(dtype)
     head_cfg = HeadConfig.parse(heads) if isinstance(heads, str) else heads
     dev = torch.device(device)
     wls = list(workloads) if workloads is not None else select_workloads(names)
-    resolved = [resolve(b) for b in backends]
-    base = resolve(baseline) if baseline is not None else None
+    resolved = [_resolve_timed(b) for b in backends]
+    base = _resolve_timed(baseline) if baseline is not None else None
     if base is not None:
         resolved = [base] + [b for b in resolved if b.name != base.name]
     if not resolved:
         raise ValueError("backend: expected at least one backend to time, got none")
-    for b in resolved:
-        _negotiate(b, dt, head_cfg, dev)
+    for b in resolved:  # the run's own shape: every backend must take it
+        for v in (b.variants if isinstance(b, _BestOf) else [b]):
+            reason = _unsupported(v, dt, head_cfg, dev)
+            if reason is not None and not isinstance(b, _BestOf):
+                raise ValueError(reason)
     timer = timer if timer is not None else CudaTimer(iters, device=dev)
     if limits is None:
         if progress is not None:
@@ -525,18 +657,18 @@ def run_bench(
     results: list[WorkloadResult] = []
     done = 0
     for w in wls:
-        ideal, bound = ideal_ms(w, limits, head_cfg, dt)
+        w_heads, w_page = w.heads or head_cfg, w.page_size or page_size
+        w_dtype = parse_dtype(w.dtype) if w.dtype else dt
+        ideal, bound = ideal_ms(w, limits, w_heads, w_dtype)
         res = WorkloadResult(w.name, w.kind, len(w.q_lens), w.query_tokens, max(w.kv_lens),
-                             kv_bytes(w, head_cfg, dt), causal_flops(w, head_cfg), ideal, bound,
-                             w.notes)
-        batch = build_batch(w, head_cfg, dt, page_size, dev, seed)
+                             kv_bytes(w, w_heads, w_dtype), causal_flops(w, w_heads), ideal,
+                             bound, w.notes, heads=str(w_heads), dtype=dtype_name(w_dtype),
+                             page_size=w_page)
+        batch = build_batch(w, w_heads, w_dtype, w_page, dev, seed)
         for b in resolved:
             if progress is not None:
                 progress(done, len(wls) * len(resolved), f"{w.name}: {b.name}")
-            try:
-                res.times[b.name] = timer.time_backend(b, batch)
-            except Exception as exc:  # one failing backend must not hide the others
-                res.times[b.name] = Timing(None, "", "", _first_line(exc))
+            res.times[b.name] = _time_one(timer, b, batch, w_dtype, w_heads, dev)
             done += 1
         del batch
         if dev.type == "cuda":

@@ -146,7 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--backend", action="append", metavar="NAME|module:attr",
                     help=f"a backend to time (repeatable; default {DEFAULT_BACKEND})")
     bn.add_argument("--baseline", metavar="NAME|module:attr",
-                    help="the backend the others are compared with (timed too)")
+                    help="the backend the others are compared with (timed too); "
+                         "flashinfer-best times every FlashInfer variant and keeps the "
+                         "fastest per workload")
+    bn.add_argument("--grid", action="append", metavar="NAME",
+                    help="a named set of workloads (repeatable): default (the named "
+                         "workloads), shapes (head dims 64/256, GQA 1/8, fp16, pages 1/64, "
+                         "long, short and chunked prompts, speculative verify, ...)")
     bn.add_argument("--workload", action="append", metavar="NAME",
                     help="a named workload (repeatable; default all unless --lengths): "
                          "decode-b{1,8,64}-ctx{1k,8k,32k}, decode-b256-ctx8k, decode-prod64, "
@@ -375,7 +381,8 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], out: Console,
     from invariance.bench import run_bench, select_workloads
     from invariance.workload import HeadConfig, parse_dtype
 
-    workloads = select_workloads(args.workload, args.lengths)  # ValueError -> one line, exit 2
+    # ValueError -> one line, exit 2
+    workloads = select_workloads(args.workload, args.lengths, args.grid)
     dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
     if args.iters < 1 or args.page_size < 1:
         raise UsageError(f"--iters and --page-size: expected ints >= 1, got {args.iters} and "

@@ -17,6 +17,8 @@ from invariance.backends.kernels import KernelsBackend
 from invariance.backends.reference import reference_backend
 from invariance.batch import AttentionBatch
 from invariance.bench import (
+    BEST_OF,
+    GRIDS,
     WORKLOADS,
     BenchWorkload,
     Limits,
@@ -31,6 +33,7 @@ from invariance.bench import (
 )
 from invariance.cli import main
 from invariance.render import bench_to_markdown, print_bench
+from invariance.render.bench import bench_table
 from invariance.workload import HeadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,11 +75,13 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert resolve("kernels:split_size=NONE").fn == resolve("kernels-heuristic").fn
     assert resolve("kernels:lead_split_size=1024").fn == KernelsBackend(lead_split_size=1024)
     assert resolve("kernels:lead_split_size=default").fn == KernelsBackend()
+    assert resolve("kernels:host_lens=false").fn == KernelsBackend(use_host_lens=False)
     assert all(BUILTIN[n].options for n in BUILTIN if n.startswith("kernels"))
     for bad, match in [
             ("kernels:nope=1", "kernels option 'nope': unknown; expected one of split_size, "
-                               "lead_split_size, plan, gluon, block_m, num_warps, num_stages, "
-                               "block_n, got 'nope'"),
+                               "lead_split_size, plan, gluon, host_lens, block_m, num_warps, "
+                               "num_stages, block_n, got 'nope'"),
+            ("kernels:host_lens=maybe", "host_lens: expected one of true, false, got 'maybe'"),
             ("kernels:lead_split_size=0", "lead_split_size: expected an int >= 1 or default, "
                                           "got '0'"),
             ("kernels:split_size=0", "split_size: expected an int >= 1 or none or default, "
@@ -281,9 +286,10 @@ def test_renderers() -> None:
     report.command = "invariance bench --backend reference --baseline sdpa-math"
     md = bench_to_markdown(report)
     assert md.startswith("# invariance bench\n")
-    assert "| workload | kind | ideal us | sdpa-math us | sdpa-math % ideal | reference us |" in md
+    assert ("| workload | kind | shape | ideal us | sdpa-math us | sdpa-math % ideal | "
+            "reference us |") in md
     assert "reference / sdpa-math" in md
-    assert "| decode:33x3 | decode |" in md and "2.00x" in md
+    assert "| decode:33x3 | decode | - |" in md and "2.00x" in md
     assert "60.0" in md and "30.0†" in md  # reference 0.06 ms; the eager baseline marked
     assert "HBM read 3000 GB/s" in md and "700 TFLOP/s" in md
     assert "† decode:33x3 sdpa-math: eager: because" in md
@@ -313,3 +319,70 @@ def test_cli_without_cuda_is_one_line_exit_2(capsys: pytest.CaptureFixture[str],
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
 
+
+
+def test_grids_name_their_shapes_and_select_in_order() -> None:
+    """The ``shapes`` grid covers the classes a server meets (head dims 64 and 256, GQA 1 and 8,
+    fp16, pages of 1 and 64, long single decodes, short and long prompts, chunked prefill, a
+    speculative verify step); a grid's workloads come first, each workload once; an unknown grid
+    is named."""
+    shapes = {w.name: w for w in GRIDS["shapes"]}
+    assert shapes["hd64/decode-b8-ctx8k"].heads == HeadConfig(64, 8, 64)
+    assert shapes["hd256/prefill-varlen"].heads == HeadConfig(16, 8, 256)
+    assert shapes["mha/decode-b8-ctx8k"].heads == HeadConfig(32, 32, 128)
+    assert shapes["page1/mixed64"].page_size == 1 and shapes["fp16/prefill-varlen"].dtype == \
+        "float16"
+    assert shapes["decode-b1-ctx128k"].kv_lens == (131072,)
+    assert set(shapes["spec-verify32"].q_lens) == {4}
+    assert [w.name for w in GRIDS["default"]] == list(WORKLOADS)
+    got = [w.name for w in select_workloads(["mixed64", "decode-b1-ctx1k"], ["decode:1k"],
+                                            ["default"])]
+    assert got == [*WORKLOADS, "decode:1k"]
+    with pytest.raises(ValueError, match="grid: unknown nope; expected one of default, shapes"):
+        select_workloads(grids=["nope"])
+
+
+def test_a_workload_runs_at_its_own_shape() -> None:
+    """A workload naming its heads, dtype and page size is built and its ideal time computed
+    at them; the report names the shape where it differs from the run's."""
+    seen: list[tuple[int, int, torch.dtype, int]] = []
+
+    class Shapes(_Recorder):
+        def time_backend(self, backend: ResolvedBackend, batch: AttentionBatch) -> Timing:
+            seen.append((batch.num_q_heads, batch.head_dim, batch.dtype, batch.page_size))
+            return Timing(1.0)
+
+    w = BenchWorkload("hd128/decode", (1, 1), (40, 9), heads=HeadConfig(4, 4, 128),
+                      dtype="float16", page_size=8)
+    report = run_bench(["reference"], [w, parse_lengths("decode:9")], dtype="float32",
+                       heads=SMALL, page_size=4, device="cpu", timer=Shapes(), limits=LIMITS)
+    assert seen == [(4, 128, torch.float16, 8), (4, 64, torch.float32, 4)]
+    r = report.results[0]
+    assert (r.heads, r.dtype, r.page_size) == ("4:4:128", "float16", 8)
+    assert r.kv_bytes == kv_bytes(w, HeadConfig(4, 4, 128), torch.float16)
+    _, rows = bench_table(report)
+    assert rows[0][2] == "float16, 4:4:128, page 8" and rows[1][2] == "-"
+
+
+def test_best_of_keeps_the_fastest_variant_and_names_it() -> None:
+    """A composite baseline times every variant on each workload and keeps the fastest; a
+    variant that fails or cannot run the shape is recorded and skipped; ratios use the best."""
+    BEST_OF["cpu-best"] = ("sdpa-math", "reference", "sdpa-flash")
+    try:
+        timer = FakeTimer({"reference": 0.02, "sdpa-math": 0.01})
+        report = run_bench(["reference"], [parse_lengths("decode:33x3")], baseline="cpu-best",
+                           dtype="float32", heads=SMALL, page_size=4, device="cpu", timer=timer,
+                           limits=LIMITS)
+    finally:
+        del BEST_OF["cpu-best"]
+    (r,) = report.results
+    best = r.times["cpu-best"]
+    assert best.variant == "sdpa-math" and best.ms == pytest.approx(0.03)
+    assert best.candidates["reference"] == pytest.approx(0.06)
+    assert best.candidates["sdpa-flash"] is None  # runs on cuda only: recorded, not timed
+    assert report.ratio(r, "reference") == pytest.approx(2.0)
+    header, rows = bench_table(report)
+    assert "cpu-best variant" in header and rows[0][header.index("cpu-best variant")] == \
+        "sdpa-math"
+    assert "flashinfer-best" in BEST_OF and all(v.startswith("flashinfer")
+                                                for v in BEST_OF["flashinfer-best"])

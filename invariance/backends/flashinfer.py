@@ -417,6 +417,8 @@ class FlashInferBackend:
             if graph:
                 kwargs.update(paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices,
                               paged_kv_last_page_len_buffer=last)
+            if o.decode_tensor_cores:  # its prefill kernels: fa2, fa3 or FlashInfer's choice
+                kwargs["backend"] = o.prefill_backend
             wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
                 ws, "NHD", use_cuda_graph=graph, use_tensor_cores=o.decode_tensor_cores,
                 **kwargs)

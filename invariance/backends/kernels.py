@@ -39,8 +39,9 @@ _TUNING_RULES: dict[str, tuple[Callable[[int], bool], str]] = {
     "num_stages": (lambda v: 1 <= v <= 8, "an int in [1, 8]"),
     "block_n": (lambda v: v >= 16 and v & (v - 1) == 0, "a power of two >= 16"),
 }
-_OPTION_KEYS = ("split_size", "lead_split_size", "plan", "gluon", *_TUNING_RULES)
+_OPTION_KEYS = ("split_size", "lead_split_size", "plan", "gluon", "host_lens", *_TUNING_RULES)
 _GLUON_VALUES = {"auto": None, "true": True, "false": False}
+_BOOL_VALUES = {"true": True, "false": False}
 
 
 def _enable_interpreter_on_cpu(batch: AttentionBatch) -> None:
@@ -77,6 +78,9 @@ class KernelsBackend:
     num_stages: int | None = None
     block_n: int | None = None
     gluon: bool | None = None
+    #: Whether :meth:`plan`'s host lengths steer the captured call (``host_lens=false``: the
+    #: plan from shapes alone, as an engine that does not pass them gets).
+    use_host_lens: bool = True
     #: The last planned batch (a weak reference) and its host lengths.
     _planned: dict[str, Any] = field(default_factory=dict, init=False, compare=False,
                                      repr=False)
@@ -89,7 +93,9 @@ class KernelsBackend:
 
     def _host_lens(self, batch: AttentionBatch) -> tuple[list[int], list[int]] | None:
         ref = self._planned.get("batch")
-        return self._planned["lens"] if ref is not None and ref() is batch else None
+        if not self.use_host_lens or ref is None or ref() is not batch:
+            return None
+        return self._planned["lens"]  # type: ignore[no-any-return]
 
     @property
     def capabilities(self) -> Capabilities:
@@ -127,8 +133,9 @@ class KernelsBackend:
         contracts; the split size must be a multiple of it), ``gluon`` (``auto``, ``true`` or
         ``false``: ``kernels.Tuning.gluon``; at 64 keys ``true`` raises on a batch whose plan is
         the split plan, which ``plan=auto`` picks for decode batches: use
-        ``kernels-fused:gluon=true`` there). ``ValueError`` naming the key, what it expects and
-        what it got."""
+        ``kernels-fused:gluon=true`` there), ``host_lens`` (``true`` / ``false``: whether the
+        lengths :meth:`plan` reads steer a captured call). ``ValueError`` naming the key, what
+        it expects and what it got."""
         values: dict[str, Any] = {}
         for key, text in options.items():
             value = text.strip()
@@ -151,6 +158,11 @@ class KernelsBackend:
                     raise ValueError(f"kernels option gluon: expected one of "
                                      f"{', '.join(_GLUON_VALUES)}, got {text!r}")
                 values["gluon"] = _GLUON_VALUES[value.lower()]
+            elif key == "host_lens":
+                if value.lower() not in _BOOL_VALUES:
+                    raise ValueError(f"kernels option host_lens: expected one of "
+                                     f"{', '.join(_BOOL_VALUES)}, got {text!r}")
+                values["use_host_lens"] = _BOOL_VALUES[value.lower()]
             elif key in _TUNING_RULES:
                 values[key] = _int_option(key, value, *_TUNING_RULES[key])
             else:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from invariance.bench import BenchReport
+from invariance.bench import BenchReport, WorkloadResult
 from invariance.render.markdown import _esc
 from invariance.render.markdown import _table as _md_table
 
@@ -36,22 +36,40 @@ def _ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
+def _shape(report: BenchReport, r: WorkloadResult) -> str:
+    """A workload's dtype, heads and page size where they differ from the run's."""
+    parts = [x for x, run in ((r.dtype, report.dtype), (r.heads, report.heads)) if x and x != run]
+    if r.page_size and r.page_size != report.page_size:
+        parts.append(f"page {r.page_size}")
+    return ", ".join(parts) or "-"
+
+
+def _composites(report: BenchReport) -> set[str]:
+    """Backends timed as composites (a fastest variant recorded)."""
+    return {n for r in report.results for n, t in r.times.items() if t.variant or t.candidates}
+
+
 def bench_table(report: BenchReport) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: the cells every renderer shows."""
-    header = ["workload", "kind", "ideal us"]
+    composites = _composites(report)
+    header = ["workload", "kind", "shape", "ideal us"]
     for name in report.backends:
         header += [f"{name} us", f"{name} % ideal"]
+        if name in composites:
+            header.append(f"{name} variant")
         if report.baseline is not None and name != report.baseline:
             header.append(f"{name} / {report.baseline}")
     rows: list[list[str]] = []
     for r in report.results:
-        row = [r.workload, r.kind, f"{_us(r.ideal_ms)} ({r.bound})"]
+        row = [r.workload, r.kind, _shape(report, r), f"{_us(r.ideal_ms)} ({r.bound})"]
         for name in report.backends:
             t = r.times.get(name)
             cell = "error" if t is not None and t.error else _us(report.ms(r, name))
             if t is not None and t.mode == "eager" and not t.error:
                 cell += EAGER_MARK
             row += [cell, _pct(report.fraction(r, name))]
+            if name in composites:
+                row.append(t.variant if t is not None and t.variant else "-")
             if report.baseline is not None and name != report.baseline:
                 row.append(_ratio(report.ratio(r, name)))
         rows.append(row)
@@ -68,7 +86,8 @@ def _summary(report: BenchReport) -> list[str]:
         f"(CUDA {env.get('cuda') or '?'}).",
         f"Measured in this run: HBM read {lim.hbm_read_GBps:.0f} GB/s, copy "
         f"{lim.copy_GBps:.0f} GB/s (read + write), bf16 matmul {lim.matmul_TFLOPs:.0f} TFLOP/s.",
-        f"{report.dtype}, heads {report.heads}, page size {report.page_size}, shuffled pages. "
+        f"{report.dtype}, heads {report.heads}, page size {report.page_size} unless a workload's "
+        f"shape says otherwise; shuffled pages. "
         f"Times: {report.timing}. Ideal: decode KV bytes / HBM read bandwidth, prefill causal "
         f"FLOPs / matmul peak, mixed the larger.",
     ]
@@ -91,7 +110,7 @@ def print_bench(report: BenchReport, console: Console) -> None:
     header, rows = bench_table(report)
     table = Table(title="invariance bench", title_justify="left")
     for i, col in enumerate(header):
-        table.add_column(col, justify="left" if i < 2 else "right", no_wrap=i == 0)
+        table.add_column(col, justify="left" if i < 3 else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*(Text(c) for c in row))
     console.print(table)

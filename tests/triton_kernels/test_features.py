@@ -102,6 +102,10 @@ def _per_head(scale: Any, Hkv: int) -> torch.Tensor:
 
 def _check_accurate(out: torch.Tensor, lse: torch.Tensor, args: tuple[torch.Tensor, ...],
                     feats: dict[str, Any], dtype: torch.dtype) -> None:
+    """Against the float64 reference, on the CPU (the bounds are computed there)."""
+    out, lse = out.cpu(), lse.cpu()
+    args = tuple(a.cpu() for a in args)
+    feats = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in feats.items()}
     sm_scale = 1.0 / math.sqrt(args[0].shape[2])
     ref_out, ref_lse = reference_attention(*args, sm_scale=sm_scale, out_dtype=torch.float64,
                                            **feats)

@@ -1,0 +1,121 @@
+#!/bin/sh
+# Regenerate the evidence set of this GPU (reports/<gpu>/, indexed by reports/<gpu>/README.md),
+# one named step at a time (each fits a 10-minute device call):
+#
+#   sh benchmarks/evidence.sh STEP [STEP ...]      (OUT=dir, default ./evidence-out)
+#
+# Steps (each writes $OUT/STEP/ and packs it into $OUT/STEP.tgz; every command it runs is
+# recorded in $OUT/STEP/commands.txt, the machine in $OUT/STEP/gpu.txt):
+#   check     the full check of `kernels` at fp16, bf16 and fp32 with the Gluon launches
+#             counted, the batch-dependent control at bf16 (it must fail), the GPU kernel tests
+#   features  the full check with each feature at fp16 and bf16 (window + sinks at the
+#             gpt-oss-like heads 64:8:64, soft-cap + window at 16:8:256, an FP8 cache at
+#             32:8:128) and the control with the window
+#   gluon     the Gluon kernel tests at bf16 and fp16 (or the dtypes in $GLUON_DTYPES)
+#   sanitizer compute-sanitizer memcheck (valid and malformed inputs) and initcheck at bf16
+#   peers     the full check of FlashInfer's variants and torch SDPA at bf16
+#   bench     the default and shapes grids: kernels (with and without host lengths), its
+#             control, FlashInfer's fastest variant per workload
+# FlashInfer (peers, bench) needs its wheels in .whl/ (see reports/README.md).
+set -u
+OUT=${OUT:-$PWD/evidence-out}
+INV="python3 -m invariance.cli"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+info() {
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c "import sys, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
+  } > "$C/gpu.txt" 2>&1
+  cat "$C/gpu.txt"
+}
+
+# run NAME TIMEOUT CMD...: CMD (recorded) with its console into $C/NAME.txt; prints rc, wall
+# time and the verdict line.
+run() {
+  name=$1; limit=$2; shift 2
+  echo "$*" >> "$C/commands.txt"
+  s=$(date +%s)
+  timeout -s INT -k 20 "$limit" "$@" > "$C/$name.txt" 2>&1
+  rc=$?
+  echo "$name rc=$rc wall $(( $(date +%s) - s )) s"
+  grep -h -E "^(PASSED|FAILED|INCOMPLETE)|passed|failed|ERROR SUMMARY|launches" "$C/$name.txt" | tail -2 | cut -c1-400
+}
+
+flashinfer_site() {
+  [ -d .whl ] || { echo "no .whl/: FlashInfer's wheels are not here"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+}
+
+step_check() {
+  run check 330 python3 benchmarks/count_gluon.py check --backend kernels --device cuda \
+    --no-progress --json "$C/kernels-all-dtypes.json" --markdown "$C/kernels-all-dtypes.md"
+  run control 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
+    --no-progress --json "$C/control-bf16.json" --markdown "$C/control-bf16.md"
+  run tests-gpu 240 python3 -m pytest -q -p no:cacheprovider -rfE \
+    tests/triton_kernels/test_gpu.py tests/triton_kernels/test_features.py
+}
+
+step_features() {
+  run window-sinks 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
+    --heads 64:8:64 --feature window=128 --feature sinks --no-progress \
+    --json "$C/window-sinks.json" --markdown "$C/window-sinks.md"
+  run softcap 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
+    --heads 16:8:256 --feature softcap=50 --feature window=4096 --no-progress \
+    --json "$C/softcap-window.json" --markdown "$C/softcap-window.md"
+  run fp8 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
+    --kv-dtype fp8_e4m3 --no-progress --json "$C/fp8.json" --markdown "$C/fp8.md"
+  run control-window 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
+    --feature window=4096 --no-progress --markdown "$C/control-window.md"
+}
+
+step_gluon() {
+  for dt in ${GLUON_DTYPES:-bfloat16 float16}; do
+    export INVARIANCE_DTYPE=$dt
+    run "gluon-$dt" 270 python3 -m pytest -q -p no:cacheprovider -rfE \
+      tests/triton_kernels/test_gluon.py
+  done
+  unset INVARIANCE_DTYPE
+}
+
+step_sanitizer() {
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  run memcheck 300 compute-sanitizer --tool memcheck --target-processes all \
+    --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py \
+    --dtypes bfloat16
+  run initcheck 200 compute-sanitizer --tool initcheck --target-processes all \
+    --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py \
+    --dtypes bfloat16 --valid-only
+}
+
+step_peers() {
+  flashinfer_site || return
+  for b in flashinfer flashinfer:use_tensor_cores=true flashinfer-fa3 flashinfer-prefill \
+           sdpa-efficient sdpa-flash; do
+    n=$(echo "$b" | tr ':=,' '---')
+    run "peer-$n" 90 $INV check --backend "$b" --device cuda --dtype bf16 --no-progress \
+      --markdown "$C/peer-$n.md"
+  done
+}
+
+step_bench() {
+  flashinfer_site || return
+  run bench 560 $INV bench --grid default --grid shapes --backend kernels \
+    --backend kernels:host_lens=false --backend kernels-heuristic --baseline flashinfer-best \
+    --iters 20 --no-progress --json "$C/bench.json" --markdown "$C/bench.md"
+}
+
+[ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
+mkdir -p "$OUT"
+for STEP in "$@"; do
+  case "$STEP" in
+    check|features|gluon|sanitizer|peers|bench) ;;
+    *) echo "evidence.sh: unknown step '$STEP' (check|features|gluon|sanitizer|peers|bench)" >&2
+       exit 2 ;;
+  esac
+  C=$OUT/$STEP
+  mkdir -p "$C"
+  info
+  "step_$STEP"
+  tar czf "$OUT/$STEP.tgz" -C "$OUT" "$STEP"
+done
