@@ -235,6 +235,42 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                          tuning=Tuning(value_blocks=n, tiles_per_step=2, block_n=w)))
         empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
         case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
+        for label, feats in features(args).items():
+            case(f"{tag}/features/{label}/fused==split",
+                 lambda a=feats[0], f=feats[1], s=block_n: features_agree(a, f, s))
+            if not valid_only:
+                for bad_label, bad in malformed(feats[0]).items():
+                    case(f"{tag}/validate=False/{bad_label}/features/{label}",
+                         lambda b=bad, f=feats[1]: call(b, validate=False, **f))
+
+
+def features(args: Args) -> dict[str, tuple[Args, dict[str, object]]]:
+    """The window, sinks and soft-cap on ``args``, and with half precision the same batch
+    on an FP8 cache with per-KV-head scales (the feature paths of the Triton kernels)."""
+    q, k, v = args[:3]
+    Hq, Hkv = q.shape[1], k.shape[2]
+    dev = q.device
+    sinks = torch.linspace(-4.0, 4.0, Hq, device=dev)
+    out = {"window-sinks-softcap": (args, {"window_left": 37, "sinks": sinks,
+                                           "logits_soft_cap": 7.0})}
+    if q.dtype != torch.float32:
+        # NaN in the unused slots stays NaN in e4m3 (its NaN encoding).
+        fp8 = (q, k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), *args[3:])
+        scale = torch.linspace(0.5, 2.0, Hkv, device=dev)
+        out["fp8-window-sinks"] = (fp8, {"k_scale": scale, "v_scale": scale,
+                                         "window_left": 100, "sinks": sinks})
+    return out
+
+
+def features_agree(args: Args, feats: dict[str, object], split: int) -> bool:
+    """Both plans with the features, at split sizes of one tile and the default (bits
+    compared)."""
+    same = True
+    for s in (split, DEFAULT_SPLIT_SIZE):
+        a = unified_attention(*args, split_size=s, plan="fused", **feats)  # type: ignore[arg-type]
+        b = unified_attention(*args, split_size=s, plan="split", **feats)  # type: ignore[arg-type]
+        same = same and all(torch.equal(bits(x), bits(y)) for x, y in zip(a, b, strict=True))
+    return same
 
 
 def run_merge(device: str) -> None:
