@@ -10,7 +10,7 @@ CLI can build its parser before anything heavy loads. Both faces call :func:`add
 
 A face then turns what the user typed into keyword arguments of :func:`invariance.check` with
 :func:`collect`; :class:`invariance.CheckSpec` validates them (types, ranges, what the backend
-and the device can do). See ARCHITECTURE.md, "Faces".
+and the device can do). See ARCHITECTURE.md, "Layers".
 """
 
 from __future__ import annotations

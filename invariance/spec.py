@@ -1,5 +1,5 @@
 """The one validated check request. :func:`invariance.check`, the CLI and the pytest plugin all
-build a :class:`CheckSpec`; nothing downstream re-validates (ARCHITECTURE.md, "Faces").
+build a :class:`CheckSpec`; nothing downstream re-validates (ARCHITECTURE.md, "Layers").
 
 Every type or range error is a ``ValueError`` naming the argument, the expected and the actual
 value. Asking for something the backend or the device cannot do (a head dim, a dtype, a device,

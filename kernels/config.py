@@ -1,7 +1,7 @@
 """The kernels' settings: the bit-defining contract and the bit-neutral schedule rules (pure
 functions of shapes; no tensor is touched, nothing is read from the device).
 
-Bit-defining (kernels/README.md, "The contract"): the KV tile width (``BLOCK_N``), the split and
+Bit-defining (kernels/README.md, "Bit-defining and bit-neutral settings"): the KV tile width (``BLOCK_N``), the split and
 lead-split sizes, the MMA family (fixed by :func:`tile_config` per dtype, head dim and GPU) and
 the fold order. They never depend on a batch.
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels._checks import Features
+from kernels._checks import _LOG2E, Features
 from kernels._device import _interpreting
 from kernels._triton.attention_kernels import (
     _merge_splits_kernel,
@@ -67,7 +67,8 @@ def _feature_args(f: Features, dummy: torch.Tensor) -> dict[str, Any]:
     """The features' kernel arguments: their tensors (``dummy``, never read, where a feature is
     off), scalars and ``HAS_*`` constexprs."""
     return dict(
-        sinks_ptr=dummy if f.sinks is None else f.sinks,
+        # log2 units, one float32 rounding here (see _row_features' NOTE).
+        sinks_ptr=dummy if f.sinks is None else f.sinks * _LOG2E,
         k_scale_ptr=dummy if f.k_scale is None else f.k_scale,
         v_scale_ptr=dummy if f.v_scale is None else f.v_scale,
         window_left=max(f.window_left, 0), cap=f.soft_cap or 1.0,

@@ -387,7 +387,13 @@ def _row_features(sinks_ptr, k_scale_ptr, i_kvh, g, m_row, qk_scale, cap, G: tl.
     that turns scores into log2 units, the soft-cap's argument scale, each row's sink in log2
     units). The FP8 cache's ``k_scale`` of the KV head scales the scores; soft-capped scores
     are in natural units, so their log2 scale is log2(e). Without sinks the sink is ``-inf``
-    (unused)."""
+    (unused).
+
+    NOTE: the sinks arrive in log2 units, converted on the host (kernels.launch). A product
+    ``sink * log2(e)`` here would feed the fold's ``sink2 - m`` and the compiler may contract
+    the two into one fma in one kernel and not in another: on an H200 the fused plan and the
+    merge then disagreed by up to 14 ULP in rows a sink dominates (the interpreter, which never
+    contracts, agreed)."""
     sm_scale2 = qk_scale
     if HAS_KV_SCALE:
         sm_scale2 = qk_scale * tl.load(k_scale_ptr + i_kvh)
@@ -399,7 +405,7 @@ def _row_features(sinks_ptr, k_scale_ptr, i_kvh, g, m_row, qk_scale, cap, G: tl.
         w_scale = 1.4426950408889634
     sink2 = tl.full(g.shape, float("-inf"), dtype=tl.float32)
     if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + i_kvh * G + g, mask=m_row, other=0.0) * 1.4426950408889634
+        sink2 = tl.load(sinks_ptr + i_kvh * G + g, mask=m_row, other=0.0)
     return w_scale, cap_scale, sink2
 
 
@@ -463,7 +469,7 @@ def _unified_attention_fused_kernel(
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
     slot_order_ptr,  # [num_slots] int32, a permutation of the slots (IS_SLOT_ORDER only)
-    sinks_ptr,  # [Hq] fp32 sink logits (HAS_SINKS only)
+    sinks_ptr,  # [Hq] fp32 sink logits in log2 units (HAS_SINKS only)
     k_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
     v_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
     # Outputs
@@ -667,7 +673,7 @@ def _unified_attention_split_kernel(
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
-    sinks_ptr,  # [Hq] fp32 sink logits (HAS_SINKS and IS_DIRECT only)
+    sinks_ptr,  # [Hq] fp32 sink logits in log2 units (HAS_SINKS and IS_DIRECT only)
     k_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
     v_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE and IS_DIRECT only)
     # Outputs
@@ -800,7 +806,7 @@ def _merge_splits_kernel(
     ws_ml_ptr,  # [T, Hq, num_splits, 2] fp32 (m in log2 units, l)
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
-    sinks_ptr,  # [Hq] fp32 sink logits (HAS_SINKS only)
+    sinks_ptr,  # [Hq] fp32 sink logits in log2 units (HAS_SINKS only)
     v_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
     # Outputs
     out_ptr,  # [T, Hq, D]
@@ -892,7 +898,7 @@ def _merge_splits_kernel(
                                      weights[c][1])
         ahead = nxt
     if HAS_SINKS:
-        sink2 = tl.load(sinks_ptr + o_h, mask=m_h, other=0.0) * 1.4426950408889634
+        sink2 = tl.load(sinks_ptr + o_h, mask=m_h, other=0.0)  # log2 units (_row_features)
         f_m, f_l, f_acc = state_fold_sink(f_m, f_l, f_acc, sink2)
     b_o, b_lse = state_normalize(f_acc, f_l, f_m)
     if HAS_KV_SCALE:

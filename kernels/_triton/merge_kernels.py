@@ -51,7 +51,7 @@ def state_weights(m_a, m_b):
     # NOTE: guard exp2(-inf - -inf) = NaN when both are empty.
     m_safe = tl.where(a_empty & b_empty, 0.0, m)
     # NOTE: -0.0 from its bits: Triton 3.6 turns a literal -0.0 into +0.0 (its scalar_constant
-    # tests value == 0), and x + +0.0 turns a -0.0 into +0.0 (ARCHITECTURE.md, item 3). A scalar
+    # tests value == 0), and x + +0.0 turns a -0.0 into +0.0 (kernels/README.md, "Math"). A scalar
     # cast, not tl.full([]): Gluon's full needs a layout, and the Gluon prefill kernel
     # (kernels/_gluon) compiles this function as it is.
     neg_zero = tl.cast(-2147483648, tl.float32, bitcast=True)
