@@ -79,8 +79,8 @@ def unified_attention(
         validate: read ``cu_seqlens_q``, ``kv_lens`` and ``block_table`` back to the host (one
             sync) and check every value; skipped while a CUDA graph is being captured. Type,
             shape, dtype and device checks always run. With ``validate=False`` the values are
-            trusted (kernels/README.md, "Validation and what validate=False trusts"): malformed values give
-            garbage rows but never an out-of-bounds access.
+            trusted (kernels/README.md, "Validation and what validate=False trusts"):
+            malformed values give garbage rows but never an out-of-bounds access.
         tuning: launch-setting overrides (:class:`Tuning`; its docstring says which are
             bit-neutral). Default: :func:`~kernels.config.batch_tuning` (shapes only).
         host_lens: optional host copies ``(q_lens, kv_lens)`` of the batch's lengths (an engine

@@ -1,9 +1,9 @@
 """The kernels' settings: the bit-defining contract and the bit-neutral schedule rules (pure
 functions of shapes; no tensor is touched, nothing is read from the device).
 
-Bit-defining (kernels/README.md, "Bit-defining and bit-neutral settings"): the KV tile width (``BLOCK_N``), the split and
-lead-split sizes, the MMA family (fixed by :func:`tile_config` per dtype, head dim and GPU) and
-the fold order. They never depend on a batch.
+Bit-defining (kernels/README.md, "Bit-defining and bit-neutral settings"): the KV tile width
+(``BLOCK_N``), the split and lead-split sizes, the MMA family (fixed by :func:`tile_config` per
+dtype, head dim and GPU) and the fold order. They never depend on a batch.
 
 Bit-neutral: everything else this module decides (plan, rows per program within one MMA family,
 warps, stages, V column blocks, tiles per loop step, loop structure, program order, the Gluon

@@ -1,6 +1,6 @@
 """Gluon kernels for Hopper: the fused plan's tile and, at 128 keys, the split plan's two
-(the 128-row tile and the keys-as-rows decode tile; kernels/README.md, "The 128-key contract and the Gluon kernels",
-"The keys-as-rows decode tile" and "The Gluon prefill tile"). This module is light
+(the 128-row tile and the keys-as-rows decode tile; kernels/README.md, "The 128-key contract
+and the Gluon kernels" and "The keys-as-rows decode tile"). This module is light
 (no Triton import); the kernel module (``attention_kernels``, Triton 3.6's Gluon) is imported
 where :func:`available` is first asked, which the launcher does only for half precision at head
 dim 128 on Hopper (the calls it could serve) or a ``Tuning(gluon=True)``."""

@@ -37,7 +37,7 @@ In both (and, with its one warpgroup, in the third):
   FA3's with ``AHEAD`` (``kernels.config.kt_scores_ahead``).
 
 Bits: per row the same operations in the same order as the Triton kernels (ARCHITECTURE.md,
-"Numerics contract"; kernels/README.md, "The 128-key contract and the Gluon kernels" and "The Gluon prefill tile"):
+"Numerics contract"; kernels/README.md, "The 128-key contract and the Gluon kernels"):
 the same tiles at absolute positions, a fresh state per split, raw scores masked by ``key <=
 pos`` on tiles some row does not fully see, the package's own ``_tile_weights`` and
 ``_tile_sum`` (``fma(l, alpha, sum(p))``), ``acc * alpha`` then ``p @ v`` on the same ``wgmma``
@@ -573,7 +573,8 @@ def _split_kernel(
     ``validate=False``, leave such a block, whose rows then stay unwritten where the Triton
     kernel writes the empty state).
 
-    Scheduling only, no arithmetic (kernels/README.md, "The 128-key contract and the Gluon kernels"): with
+    Scheduling only, no arithmetic (kernels/README.md, "The 128-key contract and the Gluon
+    kernels"): with
     ``VALUE_BLOCKS`` > 1 the programs of one (slot, KV head, split) compute the same scores,
     max and denominator and each the ``p @ v`` of its ``D / VALUE_BLOCKS`` V columns (only
     block 0 stores m, l and the LSE), as the Triton split kernel's ``BLOCK_DV``; with
