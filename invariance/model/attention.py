@@ -28,6 +28,7 @@ import torch
 
 from invariance.backends import ResolvedBackend, planner, resolve
 from invariance.batch import AttentionBatch, as_result
+from invariance.model.record import untraced
 
 __all__ = ["PAGE_SIZE", "attention_function", "swap_attention"]
 
@@ -70,80 +71,95 @@ def attention_function(backend: ResolvedBackend,
                   value: torch.Tensor, attention_mask: torch.Tensor | None,
                   dropout: float = 0.0, scaling: float | None = None,
                   **kwargs: Any) -> tuple[torch.Tensor, None]:
-        layer = f"layer {getattr(module, 'layer_idx', '?')} ({type(module).__name__})"
-        for name in _UNSUPPORTED:
-            if kwargs.get(name) is not None:
-                raise ValueError(f"attention of {layer}: backend {backend.name} computes plain "
-                                 f"softmax attention; the model asks for {name}")
-        if dropout and module.training:
-            raise ValueError(f"attention of {layer}: expected no dropout (eval mode), got "
-                             f"{dropout}")
-        B, Hq, Lq, D = query.shape
-        Hkv, Lk = key.shape[1], key.shape[2]
-        if value.shape[-1] != D:
-            raise ValueError(f"value of {layer}: expected head dim {D} (the query's), got "
-                             f"{value.shape[-1]}")
-        dev = query.device
-        allowed = _allowed(attention_mask, B, Lq, Lk, layer, dev)
-        q_pos = torch.arange(Lq, device=dev) + (Lk - Lq)
-        causal = torch.arange(Lk, device=dev)[None, :] <= q_pos[:, None]
-        real_q = allowed[:, torch.arange(Lq, device=dev), q_pos]  # sees its own key
-        real_k = (allowed & real_q[:, :, None]).any(1)  # [B, Lk]
-        expected = real_k[:, None, :] & causal[None]
-        if bool(((allowed != expected) & real_q[:, :, None]).any()):
-            window = kwargs.get("sliding_window")
-            why = f" (a sliding window of {window})" if window else ""
-            raise ValueError(
-                f"attention_mask of {layer}: backend {backend.name} computes causal attention "
-                f"over each request's keys [0, pos]; this layer's mask is another pattern{why}")
-        rq, rk = real_q.tolist(), real_k.tolist()
-        qs, ks, vs, q_lens, kv_lens, rows = [], [], [], [], [], []
-        for b in range(B):
-            qi = [i for i in range(Lq) if rq[b][i]]
-            if not qi:
-                continue
-            kj = [j for j in range(Lk) if rk[b][j]]
-            if kj[-len(qi):] != [Lk - Lq + i for i in qi]:
-                raise ValueError(f"attention_mask of {layer}: row {b}'s real queries are not "
-                                 f"its last real keys; the batch contract cannot place them")
-            qi_t = torch.tensor(qi, device=dev)
-            kj_t = torch.tensor(kj, device=dev)
-            qs.append(query[b].index_select(1, qi_t).transpose(0, 1))  # [n, Hq, D]
-            ks.append(key[b].index_select(1, kj_t).transpose(0, 1))  # [kv, Hkv, D]
-            vs.append(value[b].index_select(1, kj_t).transpose(0, 1))
-            q_lens.append(len(qi))
-            kv_lens.append(len(kj))
-            rows.append((b, qi_t))
-        out = query.new_zeros(B, Lq, Hq, D)
-        if not rows:
+        with untraced():
+            batch, rows, q_lens, out = _pack(module, query, key, value, attention_mask,
+                                             scaling, kwargs, backend.name, page_size)
+        if batch is None:
             return out, None
-        pages = [-(-n // page_size) for n in kv_lens]
-        k_cache = key.new_zeros(sum(pages), page_size, Hkv, D)
-        v_cache = torch.zeros_like(k_cache)
-        table = torch.zeros(len(rows), max(pages), dtype=torch.int32)
-        first = 0
-        for r, (n, p) in enumerate(zip(kv_lens, pages, strict=True)):
-            k_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = ks[r]
-            v_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = vs[r]
-            table[r, :p] = torch.arange(first, first + p, dtype=torch.int32)
-            first += p
-        cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-        batch = AttentionBatch(
-            q=torch.cat(qs).contiguous(), k_cache=k_cache, v_cache=v_cache,
-            cu_seqlens_q=cu.to(dev), kv_lens=torch.tensor(kv_lens, dtype=torch.int32,
-                                                          device=dev),
-            block_table=table.to(dev),
-            sm_scale=float(scaling) if scaling is not None else D ** -0.5).validate()
         if plan is not None:
             plan(batch, False)
         result = as_result(backend(batch), batch)
-        lo = 0
-        for (b, qi_t), n in zip(rows, q_lens, strict=True):
-            out[b].index_copy_(0, qi_t, result.out[lo:lo + n])
-            lo += n
+        with untraced():
+            lo = 0
+            for (b, qi_t), n in zip(rows, q_lens, strict=True):
+                out[b].index_copy_(0, qi_t, result.out[lo:lo + n])
+                lo += n
         return out, None
 
     return attention
+
+
+def _pack(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+          value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float | None,
+          kwargs: dict[str, Any], name: str, page_size: int
+          ) -> tuple[AttentionBatch | None, list[tuple[int, torch.Tensor]], list[int],
+                     torch.Tensor]:
+    """The call's real queries and keys as an :class:`AttentionBatch` (module docstring), the
+    (batch row, query indices) of each of its requests, their query counts, and the zero output
+    ``[B, Lq, Hq, D]`` to scatter the result into (``None`` for the batch when no query row is
+    real)."""
+    layer = f"layer {getattr(module, 'layer_idx', '?')} ({type(module).__name__})"
+    for feature in _UNSUPPORTED:
+        if kwargs.get(feature) is not None:
+            raise ValueError(f"attention of {layer}: backend {name} computes plain "
+                             f"softmax attention; the model asks for {feature}")
+    B, Hq, Lq, D = query.shape
+    Hkv, Lk = key.shape[1], key.shape[2]
+    if value.shape[-1] != D:
+        raise ValueError(f"value of {layer}: expected head dim {D} (the query's), got "
+                         f"{value.shape[-1]}")
+    dev = query.device
+    allowed = _allowed(attention_mask, B, Lq, Lk, layer, dev)
+    q_pos = torch.arange(Lq, device=dev) + (Lk - Lq)
+    causal = torch.arange(Lk, device=dev)[None, :] <= q_pos[:, None]
+    real_q = allowed[:, torch.arange(Lq, device=dev), q_pos]  # sees its own key
+    real_k = (allowed & real_q[:, :, None]).any(1)  # [B, Lk]
+    expected = real_k[:, None, :] & causal[None]
+    if bool(((allowed != expected) & real_q[:, :, None]).any()):
+        window = kwargs.get("sliding_window")
+        why = f" (a sliding window of {window})" if window else ""
+        raise ValueError(
+            f"attention_mask of {layer}: backend {name} computes causal attention "
+            f"over each request's keys [0, pos]; this layer's mask is another pattern{why}")
+    rq, rk = real_q.tolist(), real_k.tolist()
+    qs, ks, vs, q_lens, kv_lens, rows = [], [], [], [], [], []
+    for b in range(B):
+        qi = [i for i in range(Lq) if rq[b][i]]
+        if not qi:
+            continue
+        kj = [j for j in range(Lk) if rk[b][j]]
+        if kj[-len(qi):] != [Lk - Lq + i for i in qi]:
+            raise ValueError(f"attention_mask of {layer}: row {b}'s real queries are not "
+                             f"its last real keys; the batch contract cannot place them")
+        qi_t = torch.tensor(qi, device=dev)
+        kj_t = torch.tensor(kj, device=dev)
+        qs.append(query[b].index_select(1, qi_t).transpose(0, 1))  # [n, Hq, D]
+        ks.append(key[b].index_select(1, kj_t).transpose(0, 1))  # [kv, Hkv, D]
+        vs.append(value[b].index_select(1, kj_t).transpose(0, 1))
+        q_lens.append(len(qi))
+        kv_lens.append(len(kj))
+        rows.append((b, qi_t))
+    out = query.new_zeros(B, Lq, Hq, D)
+    if not rows:
+        return None, rows, q_lens, out
+    pages = [-(-n // page_size) for n in kv_lens]
+    k_cache = key.new_zeros(sum(pages), page_size, Hkv, D)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.zeros(len(rows), max(pages), dtype=torch.int32)
+    first = 0
+    for r, (n, p) in enumerate(zip(kv_lens, pages, strict=True)):
+        k_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = ks[r]
+        v_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = vs[r]
+        table[r, :p] = torch.arange(first, first + p, dtype=torch.int32)
+        first += p
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    batch = AttentionBatch(
+        q=torch.cat(qs).contiguous(), k_cache=k_cache, v_cache=v_cache,
+        cu_seqlens_q=cu.to(dev), kv_lens=torch.tensor(kv_lens, dtype=torch.int32,
+                                                      device=dev),
+        block_table=table.to(dev),
+        sm_scale=float(scaling) if scaling is not None else D ** -0.5).validate()
+    return batch, rows, q_lens, out
 
 
 def _full_mask(*args: Any, **kwargs: Any) -> Any:

@@ -101,11 +101,19 @@ def _first_layer(model: torch.nn.Module) -> tuple[Kind, int] | None:
     return None
 
 
+def _sequence_model(model: torch.nn.Module, params: Mapping[str, inspect.Parameter]) -> bool:
+    """Whether a float-input model mixes positions (takes a mask, or has attention layers)."""
+    return "attention_mask" in params or any(
+        isinstance(m, torch.nn.MultiheadAttention) or type(m).__name__.endswith("Attention")
+        for m in model.modules())
+
+
 def detect_interface(model: torch.nn.Module, inputs: str | None = None) -> ModelInterface:
     """The model's :class:`ModelInterface`: ``inputs`` (``kind:width``) or the model's
     ``invariance_inputs`` attribute when given, else a Hugging Face config's ``vocab_size`` or
-    the first layer (an ``Embedding``: tokens; a ``Linear`` or a norm: rows); the keywords from
-    the forward's signature."""
+    the first layer (an ``Embedding``: tokens; a ``Linear`` or a norm: rows, or sequences
+    ``[B, L, F]`` when the model takes an ``attention_mask`` or has attention layers); the
+    keywords from the forward's signature."""
     params = _parameters(model)
     declared = inputs if inputs is not None else getattr(model, "invariance_inputs", None)
     if declared is not None:
@@ -122,6 +130,8 @@ def detect_interface(model: torch.nn.Module, inputs: str | None = None) -> Model
                     f"Linear or norm layer); expected tokens:VOCAB, rows:FEATURES or "
                     f"sequence:FEATURES, got nothing")
             kind, width = found
+            if kind == "rows" and _sequence_model(model, params):
+                kind = "sequence"
     cache = next((k for k in _CACHE_KEYWORDS if k in params), None)
     input_name = "input_ids" if kind == "tokens" and "input_ids" in params else None
     return ModelInterface(

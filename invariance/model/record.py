@@ -31,7 +31,9 @@ inside it whose output differs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +56,7 @@ __all__ = [
     "cut",
     "diff_pieces",
     "leaves",
+    "untraced",
 ]
 
 #: ``(module path, call index of that module within one forward)``; the root module is ``""``.
@@ -122,6 +125,12 @@ def leaves(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, An
         yield prefix or "(value)", obj
 
 
+@functools.lru_cache(maxsize=256)
+def _index(index: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The layout's token indices as a tensor on ``device`` (made once, not per leaf)."""
+    return torch.tensor(index, dtype=torch.long, device=device)
+
+
 def cut(t: Any, lay: Layout) -> Piece | str:
     """The request's part of ``t`` under ``lay`` (module docstring), or why it cannot be cut."""
     if not isinstance(t, torch.Tensor):
@@ -138,13 +147,13 @@ def cut(t: Any, lay: Layout) -> Piece | str:
         if L is not None:
             for d in range(part.dim()):
                 if part.shape[d] == L:
-                    idx = torch.tensor(lay.index, dtype=torch.long, device=t.device)
+                    idx = _index(lay.index, t.device)
                     rows = part.index_select(d, idx).movedim(d, 0).contiguous()
                     return Piece(rows, lay.tokens, "shared" if shared else "batch", d)
         return Piece(part.clone(memory_format=torch.contiguous_format), None,
                      "shared" if shared else "request")
     if L is not None and L > 1 and t.shape[0] == B * L:
-        idx = torch.tensor(lay.index, dtype=torch.long, device=t.device)
+        idx = _index(lay.index, t.device)
         rows = t.reshape(B, L, *t.shape[1:])[lay.row].index_select(0, idx).contiguous()
         return Piece(rows, lay.tokens, "flat", 0)
     what = f"{B} (batch)" + (f" or {B * L} (batch x tokens)" if L is not None and L > 1 else "")
@@ -162,14 +171,14 @@ def write_back(t: torch.Tensor, piece: Piece, rows: torch.Tensor, lay: Layout) -
                 if piece.tokens is None or piece.dim is None:
                     part.copy_(rows)
                 else:
-                    idx = torch.tensor(lay.index, dtype=torch.long, device=t.device)
+                    idx = _index(lay.index, t.device)
                     part.index_copy_(piece.dim, idx, rows.movedim(0, piece.dim).to(t.dtype))
                 return True
             if piece.how == "request":
                 t[lay.row].copy_(rows)
                 return True
             if piece.how == "flat" and lay.length is not None:
-                idx = torch.tensor(lay.index, dtype=torch.long, device=t.device)
+                idx = _index(lay.index, t.device)
                 view = t.view(lay.batch, lay.length, *t.shape[1:])
                 view[lay.row].index_copy_(0, idx, rows.to(t.dtype))
                 return True
@@ -346,6 +355,21 @@ def compare_call(call: Call, step: int, ref: Recording, nsteps_equal: bool,
 # Op tracing
 # --------------------------------------------------------------------------------------------
 
+_UNTRACED: list[bool] = []
+
+
+@contextlib.contextmanager
+def untraced() -> Iterator[None]:
+    """Ops run inside this block are not recorded by an active :class:`OpTrace`: for glue code
+    that only moves bits (the attention swap's packing into an ``AttentionBatch``), whose
+    per-request loops would otherwise make every batch look like another code path."""
+    _UNTRACED.append(True)
+    try:
+        yield
+    finally:
+        _UNTRACED.pop()
+
+
 @dataclass
 class OpRecord:
     """One torch op run inside a traced call: its name (``aten::mm``), the innermost module call
@@ -380,7 +404,7 @@ class OpTrace(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.paused:
+        if self.paused or _UNTRACED:
             return out
         name = str(func._schema.name)
         shapes = [list(a.shape) for _, a in leaves(args) if isinstance(a, torch.Tensor)]
