@@ -648,7 +648,9 @@ def check_model(
     (weights of random-init models and request content), ``inputs`` (``tokens:VOCAB``,
     ``rows:FEATURES`` or ``sequence:FEATURES`` when the model's first layer does not tell),
     ``shrink`` (look for the smallest diverging batch). ``progress(done, total, label)`` is
-    called before each scenario, ``on_scenario(report)`` after each.
+    called before each scenario, ``on_scenario(report)`` after each. A module object is used
+    as it is: put in eval mode, and moved or cast in place when ``device``/``dtype`` say so;
+    its attention implementation is restored after a swap.
 
     Raises ``ValueError`` naming the argument on bad input, before anything runs."""
     torch_dtype = parse_model_dtype(dtype)

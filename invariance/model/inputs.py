@@ -190,7 +190,16 @@ class Plan:
         return next(i for i, m in enumerate(self.members) if m.rid == FOCUS)
 
     def describe(self) -> str:
-        lengths = ", ".join(f"{'*' if m.rid == FOCUS else ''}{m.length}" for m in self.members)
+        """E.g. ``batch of 16 [*8, 8 x15]``: the lengths in row order, the focus request
+        starred, runs of equal lengths counted."""
+        parts: list[list[object]] = []
+        for m in self.members:
+            label = f"*{m.length}" if m.rid == FOCUS else str(m.length)
+            if parts and parts[-1][0] == label and m.rid != FOCUS:
+                parts[-1][1] = int(str(parts[-1][1])) + 1
+            else:
+                parts.append([label, 1])
+        lengths = ", ".join(f"{label} x{n}" if n != 1 else str(label) for label, n in parts)
         text = f"batch of {self.batch_size} [{lengths}]"
         if len({m.length for m in self.members}) > 1:
             text += f", {self.padding}-padded"

@@ -23,6 +23,7 @@ __all__ = [
     "model_to_markdown",
     "origin_lines",
     "print_model_report",
+    "same_origin_line",
     "scenario_row",
     "ulp_curve_figure",
 ]
@@ -114,6 +115,19 @@ def origin_lines(s: ScenarioResult) -> list[str]:
     return lines
 
 
+def _origin_key(s: ScenarioResult) -> tuple[str, int, str] | None:
+    o = s.origin
+    return None if o is None else (o.path, o.call, o.op.name if o.op is not None else "")
+
+
+def same_origin_line(s: ScenarioResult, first: ScenarioResult) -> str:
+    """One line for a scenario whose origin (module call and op) an earlier one showed."""
+    r = s.reproducer
+    return (f"{s.name}: {s.variant} vs {s.reference}: the same origin as {first.name}; "
+            f"{_output_ulp(s)} ULP at the output"
+            + (f"; reproducer: batch of {r.batch_size}" if r is not None else ""))
+
+
 # --------------------------------------------------------------------------------------------
 # Console and text
 # --------------------------------------------------------------------------------------------
@@ -135,7 +149,14 @@ def print_model_report(report: ModelReport, console: Console, *,
                       *map(Text, cells[2:]))
     console.print(table)
     shown = False
+    seen: dict[tuple[str, int, str], ScenarioResult] = {}
     for s in report.diverged:
+        key = _origin_key(s)
+        if key is not None and key in seen:
+            console.print(Text(same_origin_line(s, seen[key]), style="dim"), soft_wrap=True)
+            continue
+        if key is not None:
+            seen[key] = s
         console.print()
         console.rule(Text(f"{s.name}: {WORD[s.status]}", style=_STYLE[s.status]), align="left")
         if s.status == "error":
@@ -180,10 +201,17 @@ def model_failure_text(report: ModelReport, nodeid: str = "") -> str:
     scenario found, and the first reproducer."""
     lines = [f"invariance model: {report.summary()}"]
     code = None
+    seen: dict[tuple[str, int, str], ScenarioResult] = {}
     for s in report.diverged:
         if s.status == "error":
             lines.append(f"  {s.name}: ERROR {s.reason}")
             continue
+        key = _origin_key(s)
+        if key is not None and key in seen:
+            lines.append(f"  {same_origin_line(s, seen[key])}")
+            continue
+        if key is not None:
+            seen[key] = s
         lines += [f"  {line}" for line in origin_lines(s)]
         if code is None and s.reproducer is not None:
             code = "\n".join(f"    {x}".rstrip() for x in s.reproducer.code.splitlines())
