@@ -193,6 +193,11 @@ def test_cut_maps_batch_token_flat_and_shared_tensors() -> None:
     assert isinstance(flat, Piece) and flat.how == "flat" and torch.equal(flat.tensor, x[1, 2:5])
     shared = cut(torch.ones(1, 4), lay)
     assert isinstance(shared, Piece) and shared.how == "shared" and shared.tokens is None
+    # A decode step (one token per row): a [B, ...] tensor holds that token's row.
+    step = Layout(batch=3, length=1, row=2, index=(0,), tokens=(7,))
+    rows = torch.arange(12.0).view(3, 4)
+    pd = cut(rows, step)
+    assert isinstance(pd, Piece) and pd.tokens == (7,) and torch.equal(pd.tensor, rows[2:3])
     assert cut(torch.ones(()), lay) == "a scalar"
     assert "no leading dim of size 3" in str(cut(torch.ones(7, 4), lay))
     assert "not a tensor" in str(cut(object(), lay))

@@ -10,7 +10,8 @@ request's part of it:
   whole batch, e.g. a batch statistic, compared as it is);
 - inside it, the first dim of size ``L`` holds the tokens: the request's indices, moved to the
   front, one row per token;
-- a dim 0 of size ``B * L`` is the tokens flattened (``[B * L, ...]``, e.g. router logits);
+- a dim 0 of size ``B * L`` is the tokens flattened (``[B * L, ...]``, e.g. router logits;
+  in a decode step, ``L = 1``, a row without a token dim is that token's);
 - anything else (a scalar, a weight, a cache object, a tensor over another request count) cannot
   be mapped and is listed by name, never compared by guess.
 
@@ -150,6 +151,9 @@ def cut(t: Any, lay: Layout) -> Piece | str:
                     idx = _index(lay.index, t.device)
                     rows = part.index_select(d, idx).movedim(d, 0).contiguous()
                     return Piece(rows, lay.tokens, "shared" if shared else "batch", d)
+            if L == 1:  # one token per row (a decode step): [B, ...] is [B * L, ...]
+                return Piece(part.unsqueeze(0).contiguous(), lay.tokens,
+                             "shared" if shared else "flat", 0)
         return Piece(part.clone(memory_format=torch.contiguous_format), None,
                      "shared" if shared else "request")
     if L is not None and L > 1 and t.shape[0] == B * L:
