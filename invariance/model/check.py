@@ -360,9 +360,10 @@ NEAR_PARTING = 8
 def first_differing_op(var_ops: list[OpRecord], ref_ops: list[OpRecord], key: CallKey,
                        skip: set[CallKey]) -> OpFinding | None:
     """The first op (in the variant's order) of the traced call ``key`` whose output differs
-    from its counterpart in the reference; ops inside the calls of ``skip`` (other independent
-    origins) are left out. When the two runs ran other ops (another code path), ops are matched
-    by name and the op where the sequences part is named in ``note``."""
+    from its counterpart in the reference; ops inside the sub-module calls of ``skip`` (other
+    independent origins, and calls whose outputs agreed) are left out. When the two runs ran
+    other ops (another code path), ops are matched by name and the op where the sequences part
+    is named in ``note``."""
     va = [op for op in var_ops if not set(_inside(op, key)) & skip]
     ra = [op for op in ref_ops if not set(_inside(op, key)) & skip]
     names_v, names_r = [op.name for op in va], [op.name for op in ra]
@@ -469,8 +470,7 @@ def _origin(flag: Flag, layout_tokens: Sequence[int], op: OpFinding | None,
                   flag.diff, differing, call.inputs_compared, flag.forced, op)
 
 
-def _trace(ctx: _Context, sc: Scenario, ref: Recording, flags: list[Flag],
-           target: Flag) -> OpFinding | None:
+def _trace(ctx: _Context, sc: Scenario, ref: Recording, target: Flag) -> OpFinding | None:
     nsteq = sc.reference.decode == sc.variant.decode
     key = target.call.key
     var = ctx.record(sc.variant, nsteq, reference=ref, trace=(target.step, key))
@@ -479,8 +479,17 @@ def _trace(ctx: _Context, sc: Scenario, ref: Recording, flags: list[Flag],
     if ref_step is None:
         return None
     rref = ctx.record(sc.reference, True, trace=(ref_step, key))
-    skip = {f.call.key for f in flags if f.step == target.step and f.call.key != key}
-    return first_differing_op(var.ops, rref.ops, key, skip)
+    # Sub-module calls that settled their own case: flagged (other independent origins, reset)
+    # or compared and bit-identical. Their ops took whatever path they took and changed nothing;
+    # ops inside sub-modules whose outputs could not be compared (rows gathered across the
+    # batch) stay in.
+    settled = {f.call.key for f in var.flags if f.step == target.step}
+    for c in var.recording.steps[target.step].calls:
+        if c.key != key and c.key not in settled:
+            cmp = compare_call(c, target.step, ref, nsteq)
+            if cmp.compared and cmp.equal:
+                settled.add(c.key)
+    return first_differing_op(var.ops, rref.ops, key, settled - {key})
 
 
 def _groups(flags: list[Flag]) -> list[tuple[str, list[Flag]]]:
@@ -574,7 +583,7 @@ def _scenario(ctx: _Context, sc: Scenario, loaded: LoadedModel, attention: str, 
     groups = _groups(flags)
     ops: dict[str, OpFinding | None] = {}
     for i, (kind, members) in enumerate(groups):
-        ops[kind] = _trace(ctx, sc, ref, flags, members[0]) if i < MAX_TRACED_GROUPS else None
+        ops[kind] = _trace(ctx, sc, ref, members[0]) if i < MAX_TRACED_GROUPS else None
     if flags:
         first = flags[0]
         tokens = forced.recording.steps[first.step].layout.tokens
