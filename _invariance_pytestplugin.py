@@ -5,7 +5,8 @@ the fixture ``invariance_check`` (:func:`invariance.check` with defaults from th
 marker; it fails the test with a readable summary and a minimal reproducer), the marker
 ``@pytest.mark.invariance(**defaults)``, the ``invariance_dtype`` parametrisation, the options
 ``--invariance-<setting>`` of every check setting (declared once, in ``_invariance_options``) plus
-``--invariance-report PATH``, the matching ini keys, and a terminal summary.
+``--invariance-report PATH``, the matching ini keys, a terminal summary, and the fixture
+``invariance_model`` (:func:`invariance.check_model` as a test step).
 
 # NOTE: this module lives outside the ``invariance`` package (as Hypothesis' plugin does) because
 # pytest loads it in every session of every project where invariance is installed: it imports
@@ -23,12 +24,14 @@ import pytest
 from _invariance_options import OPTIONS, OptionError, add_options, collect, dtype_names
 
 if TYPE_CHECKING:
+    from invariance.model.report import ModelReport
     from invariance.report import Report
 
-__all__ = ["MARKER", "InvarianceCheck", "Settings"]
+__all__ = ["MARKER", "InvarianceCheck", "InvarianceModel", "Settings"]
 
 MARKER = "invariance"
 FIXTURE = "invariance_check"
+MODEL_FIXTURE = "invariance_model"
 DTYPE_ARG = "invariance_dtype"
 PREFIX = "invariance-"
 INI = "invariance_"
@@ -171,7 +174,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests that call a check carry the marker, so that ``-m invariance`` selects them.
     for item in items:
         names = getattr(item, "fixturenames", ())
-        if (FIXTURE in names or DTYPE_ARG in names) and item.get_closest_marker(MARKER) is None:
+        if ((FIXTURE in names or MODEL_FIXTURE in names or DTYPE_ARG in names)
+                and item.get_closest_marker(MARKER) is None):
             item.add_marker(MARKER)
 
 
@@ -270,3 +274,38 @@ def invariance_check(request: pytest.FixtureRequest) -> InvarianceCheck:
     """
     return InvarianceCheck(request)
 
+
+class InvarianceModel:
+    """The ``invariance_model`` fixture's value: :func:`invariance.check_model` (same arguments)
+    as a test step, failing the test with what the check found when the model is not
+    batch-invariant; ``pytest.skip`` when CUDA is requested but absent."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+
+    def __call__(self, model: Any, **kwargs: Any) -> ModelReport:
+        import torch
+
+        dev = kwargs.get("device")
+        if dev is not None and str(dev).startswith("cuda") and not torch.cuda.is_available():
+            pytest.skip(CUDA_SKIP_REASON)
+        from invariance.model import check_model
+        from invariance.render.model import model_failure_text
+
+        try:
+            report = check_model(model, **kwargs)
+        except (TypeError, ValueError) as exc:
+            pytest.fail(f"{MODEL_FIXTURE}: {exc}", pytrace=False)
+        nodeid = self._request.node.nodeid
+        self._request.node.user_properties.append(("invariance_model", report.summary()))
+        if not report.passed:
+            pytest.fail(model_failure_text(report, nodeid), pytrace=False)
+        return report
+
+
+@pytest.fixture
+def invariance_model(request: pytest.FixtureRequest) -> InvarianceModel:
+    """:func:`invariance.check_model` as a test step: ``report = invariance_model("pkg:build",
+    device="cpu")``. The test fails with the origin (module and torch op), the per-layer ULP
+    curve and a reproducer when a request's bits change with the batch."""
+    return InvarianceModel(request)

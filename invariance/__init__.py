@@ -20,6 +20,7 @@ from invariance.backends import available as available_backends
 from invariance.backends import resolve as resolve_backend
 from invariance.batch import AttentionBatch, AttentionResult
 from invariance.compare import CaseComparison, TensorDiff, compare_bits, compare_outputs
+from invariance.model import ModelReport, check_model, replay_model
 from invariance.outputs import OutputError
 from invariance.perturb import PERTURBATIONS, SCALES, Case, Perturbation, Scale
 from invariance.replay import case_from_dict, case_to_dict, load_case, replay, reproducer
@@ -55,6 +56,7 @@ __all__ = [
     "Chunk",
     "Environment",
     "HeadConfig",
+    "ModelReport",
     "OutputError",
     "PageLayout",
     "Perturbation",
@@ -74,12 +76,14 @@ __all__ = [
     "case_from_dict",
     "case_to_dict",
     "check",
+    "check_model",
     "compare_bits",
     "compare_outputs",
     "load_case",
     "materialize",
     "measure_accuracy",
     "replay",
+    "replay_model",
     "reproducer",
     "resolve_backend",
     "run_schedule",

@@ -1,7 +1,8 @@
 """The ``invariance`` command: a thin face over :func:`invariance.check` and the renderers.
 
 ``check`` (run a check), ``report`` (re-render a saved report), ``compare`` (two saved reports),
-``replay`` (a saved case or a report's violation), ``list`` (backends, perturbations), ``env``.
+``replay`` (a saved case or a report's violation), ``list`` (backends, perturbations), ``env``,
+``model`` (find the first op that breaks batch invariance in a whole model).
 The check settings are declared once in ``_invariance_options`` (shared with the pytest plugin)
 and validated once by :class:`invariance.CheckSpec`; this module parses and renders.
 
@@ -135,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--device", choices=("cpu", "cuda"), help="default: the case's device")
     rp.add_argument("--index", type=int, default=0, metavar="N",
                     help="which violation of a report (default: 0, the first)")
+    rp.add_argument("--model", metavar="MODEL",
+                    help="model cases: the model to replay on (default: the case's)")
 
     bn = sub.add_parser(
         "bench", parents=[common], help="time backends on named workloads (CUDA)",
@@ -172,12 +175,60 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_outputs(bn, ("json", "markdown"))
 
+    _add_model_parser(sub, common)
+
     sub.add_parser("list", parents=[common], help="list backends and perturbations")
     e = sub.add_parser("env", parents=[common],
                        help="show GPU, driver, CUDA, torch, triton, Python, platform")
     e.add_argument("--device", choices=("cpu", "cuda"),
                    help="default: cuda when available, else cpu")
     return parser
+
+
+def _add_model_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    md = sub.add_parser(
+        "model", parents=[common], help="find the first op that breaks batch invariance in a "
+                                        "whole model",
+        description="Run one request through a model alone and inside batches (batch sizes, "
+                    "order, padding, KV-cache decode, decode vs prefill), compare every "
+                    "module's output for it bit for bit, and report the origin: the first "
+                    "module whose inputs agree and whose output does not, and the torch op "
+                    "inside it. Exit 0 invariant, 1 a divergence (or a scenario that errored), "
+                    "2 usage errors.")
+    md.add_argument("model", metavar="MODEL",
+                    help="a shipped config with random weights (llama, qwen2-sliding, mixtral; "
+                         "name:key=value,... overrides fields), module:attr or "
+                         "path/file.py:attr (a torch.nn.Module, a callable building one, or a "
+                         "transformers config), or a local Hugging Face directory; never "
+                         "downloads")
+    md.add_argument("--dtype", metavar="DTYPE",
+                    help="cast the model: float16, bfloat16, float32, float64 (default: its own)")
+    md.add_argument("--device", metavar="DEVICE",
+                    help="cpu or cuda (default: cuda when available, else cpu)")
+    md.add_argument("--attention", metavar="BACKEND",
+                    help="run a transformers model's attention through an invariance backend "
+                         "(kernels, reference, ... or module:attr); default: the model's own")
+    md.add_argument("--scenarios", metavar="LIST",
+                    help="comma list of batch, order, pad-left, pad-right, decode, "
+                         "decode-vs-prefill (default: all)")
+    md.add_argument("--batch-sizes", metavar="N,N,...",
+                    help="batch sizes of the batch scenarios (default 2,3,4,8,16)")
+    md.add_argument("--length", type=int, default=8, metavar="N",
+                    help="tokens of the request (default 8)")
+    md.add_argument("--decode-steps", type=int, default=3, metavar="N",
+                    help="decode steps of the decode scenarios (default 3)")
+    md.add_argument("--seed", type=int, default=0, metavar="N",
+                    help="seed of random weights and request content (default 0)")
+    md.add_argument("--inputs", metavar="KIND:WIDTH",
+                    help="what the model takes when its first layer does not tell: "
+                         "tokens:VOCAB, rows:FEATURES or sequence:FEATURES")
+    md.add_argument("--no-shrink", action="store_true",
+                    help="do not look for the smallest batch that still diverges")
+    md.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    md.add_argument("--cases", metavar="DIR", type=Path,
+                    help="save each diverged scenario's reproducer as a case file (replay it "
+                         "with 'invariance replay')")
+    _add_outputs(md, ("json", "markdown", "html"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,10 +367,38 @@ def _load(path: Path) -> Report:
     return Report.from_json(path)
 
 
+def _model_report(args: argparse.Namespace, out: Console) -> int | None:
+    """``invariance report`` of a saved ``invariance model`` report (``None``: not one)."""
+    import json
+
+    try:
+        with open(args.path, encoding="utf-8") as f:
+            head = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # Report.from_json says what is wrong with it
+    if not isinstance(head, dict) or head.get("schema") != "invariance.model-report":
+        return None
+    if args.junit is not None:
+        raise UsageError("--junit: a model report has no JUnit form; use --markdown or --html")
+    from invariance.model.report import ModelReport
+    from invariance.outputs import write_atomic
+    from invariance.render.model import model_to_html, model_to_markdown, print_model_report
+
+    report = ModelReport.from_json(args.path)
+    print_model_report(report, out)
+    for path, render in ((args.markdown, model_to_markdown), (args.html, model_to_html)):
+        if path is not None:
+            write_atomic(path, render(report))
+    return 0 if report.passed else 1
+
+
 def cmd_report(args: argparse.Namespace, out: Console) -> int:
     from invariance.render import print_report
 
     _check_outputs(args, [args.path])
+    status = _model_report(args, out)
+    if status is not None:
+        return status
     report = _load(args.path)
     print_report(report, out)
     _write_outputs(report, args)
@@ -348,6 +427,9 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
         data = json.loads(args.path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{args.path}: cannot read: {exc}") from None
+    if isinstance(data, dict) and data.get("schema") in ("invariance.model-case",
+                                                         "invariance.model-report"):
+        return _replay_model(data, args, out)
     if isinstance(data, dict) and data.get("schema") == SCHEMA:
         violations = _load(args.path).violations
         if not violations:
@@ -409,6 +491,79 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], out: Console,
     return 1 if report.errors() else 0
 
 
+def cmd_model(args: argparse.Namespace, argv: Sequence[str], out: Console,
+              err: Console) -> int:
+    import json
+
+    _check_outputs(args)
+    from invariance.model import check_model
+    from invariance.model.report import ModelReport
+    from invariance.outputs import write_atomic
+    from invariance.render.model import model_to_html, model_to_markdown, print_model_report
+
+    command = shlex.join([PROG, *argv])
+
+    def save_partial(partial: ModelReport) -> None:
+        if args.json is not None:
+            partial.command = command
+            partial.incomplete = f"running: {len(partial.scenarios)} scenarios done"
+            write_atomic(args.json, partial.to_json() + "\n")
+            partial.incomplete = None
+
+    bar, progress = _progress(err, not args.no_progress)
+    with bar:
+        report = check_model(
+            args.model, dtype=args.dtype, device=args.device, attention=args.attention,
+            scenarios=args.scenarios, batch_sizes=args.batch_sizes, length=args.length,
+            decode_steps=args.decode_steps, seed=args.seed, inputs=args.inputs,
+            shrink=not args.no_shrink, progress=progress, on_scenario=save_partial)
+    report.command = command
+    print_model_report(report, out)
+    written = []
+    render: tuple[tuple[Path | None, Callable[[ModelReport], str]], ...] = (
+        (args.json, lambda r: r.to_json() + "\n"), (args.markdown, model_to_markdown),
+        (args.html, model_to_html))
+    for path, text in render:
+        if path is not None:
+            write_atomic(path, text(report))
+            written.append(str(path))
+    if args.cases is not None:
+        args.cases.mkdir(parents=True, exist_ok=True)
+        for i, sc in enumerate(report.scenarios):
+            if sc.reproducer is not None:
+                case = args.cases / f"model-case-{i:02d}-{sc.name}.json"
+                write_atomic(case, json.dumps(sc.reproducer.case, indent=1) + "\n")
+                written.append(str(case))
+    for name in written:
+        err.print(Text(f"wrote {name}", style="dim"))
+    return 0 if report.passed else 1
+
+
+def _replay_model(data: dict[str, Any], args: argparse.Namespace, out: Console) -> int:
+    """``invariance replay`` of a model case (``invariance model --cases``) or of a model
+    report's diverged scenario (``--index``)."""
+    from invariance.model import CASE_SCHEMA, replay_model
+    from invariance.model.report import ModelReport
+
+    if data.get("schema") != CASE_SCHEMA:
+        cases = [s.reproducer.case for s in ModelReport.from_dict(data).scenarios
+                 if s.reproducer is not None]
+        if not 0 <= args.index < len(cases):
+            raise UsageError(f"--index: expected 0..{len(cases) - 1} (a diverged scenario), "
+                             f"got {args.index}" if cases else
+                             f"{args.path}: the report holds no diverged scenario to replay")
+        data = cases[args.index]
+    out.print(Text(f"replaying {data.get('scenario', 'case')} of model {data.get('model')!r}"))
+    try:
+        cmp = replay_model(data, model=args.model or None, device=args.device)
+    except AssertionError as exc:
+        out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"), soft_wrap=True)
+        return 1
+    out.print(Text(f"identical: {cmp.calls_compared} module calls agree bit for bit",
+                   style="bold green"))
+    return 0
+
+
 def cmd_list(out: Console) -> int:
     import invariance
     from invariance.render import print_listing
@@ -445,6 +600,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str], out: Console, err: Conso
         return cmd_replay(args, out)
     if args.command == "bench":
         return cmd_bench(args, argv, out, err)
+    if args.command == "model":
+        return cmd_model(args, argv, out, err)
     if args.command == "list":
         return cmd_list(out)
     return cmd_env(args, out)

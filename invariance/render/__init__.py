@@ -19,6 +19,12 @@ from invariance.render.console import print_comparison, print_report
 from invariance.render.html import to_html
 from invariance.render.junit import to_junit
 from invariance.render.markdown import comparison_to_markdown, to_markdown
+from invariance.render.model import (
+    model_failure_text,
+    model_to_html,
+    model_to_markdown,
+    print_model_report,
+)
 from invariance.render.tables import print_environment, print_listing
 from invariance.render.text import failure_text, summary_lines
 
@@ -29,10 +35,14 @@ __all__ = [
     "compare_reports",
     "comparison_to_markdown",
     "failure_text",
+    "model_failure_text",
+    "model_to_html",
+    "model_to_markdown",
     "print_bench",
     "print_comparison",
     "print_environment",
     "print_listing",
+    "print_model_report",
     "print_report",
     "summary_lines",
     "to_html",
