@@ -16,6 +16,8 @@
 #   peers     the full check of FlashInfer's variants and torch SDPA at bf16
 #   bench     the default and shapes grids: kernels (with and without host lengths), its
 #             control, FlashInfer's fastest variant per workload
+#   model     `invariance model` on a random-init Llama-like model (8 layers, hidden 1024, GQA
+#             8:2, head dim 128) at bf16: the default stack, then attention through `kernels`
 # FlashInfer (peers, bench) needs its wheels in .whl/ (see reports/README.md).
 set -u
 OUT=${OUT:-$PWD/evidence-out}
@@ -105,12 +107,23 @@ step_bench() {
     --iters 20 --no-progress --json "$C/bench.json" --markdown "$C/bench.md"
 }
 
-[ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
+step_model() {
+  m=llama:hidden_size=1024,intermediate_size=2816,num_hidden_layers=8,num_attention_heads=8
+  m=$m,num_key_value_heads=2,head_dim=128,vocab_size=32000,max_position_embeddings=4096
+  for att in default kernels; do
+    run "model-$att" 250 $INV model "$m" --dtype bfloat16 --device cuda \
+      --batch-sizes 2,3,4,8,16,32,64,128 --length 16 --decode-steps 4 --attention "$att" \
+      --no-progress --json "$C/llama-$att.json" --markdown "$C/llama-$att.md" \
+      --html "$C/llama-$att.html"
+  done
+}
+
+[ $# -ge 1 ] || { sed -n '2,24p' "$0"; exit 2; }
 mkdir -p "$OUT"
 for STEP in "$@"; do
   case "$STEP" in
-    check|features|gluon|sanitizer|peers|bench) ;;
-    *) echo "evidence.sh: unknown step '$STEP' (check|features|gluon|sanitizer|peers|bench)" >&2
+    check|features|gluon|sanitizer|peers|bench|model) ;;
+    *) echo "evidence.sh: unknown step '$STEP' (check|features|gluon|sanitizer|peers|bench|model)" >&2
        exit 2 ;;
   esac
   C=$OUT/$STEP
