@@ -55,7 +55,7 @@ step_check() {
   run control 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
     --no-progress --json "$C/control-bf16.json" --markdown "$C/control-bf16.md"
   run tests-gpu 240 python3 -m pytest -q -p no:cacheprovider -rfE \
-    tests/triton_kernels/test_gpu.py tests/triton_kernels/test_features.py
+    tests/triton_kernels/test_gpu.py tests/triton_kernels/test_feature_kernels.py
 }
 
 step_features() {
