@@ -22,7 +22,14 @@ from invariance.batch import AttentionBatch, AttentionResult
 from invariance.compare import CaseComparison, TensorDiff, compare_bits, compare_outputs
 from invariance.outputs import OutputError
 from invariance.perturb import PERTURBATIONS, SCALES, Case, Perturbation, Scale
-from invariance.replay import case_from_dict, case_to_dict, load_case, replay, reproducer
+from invariance.replay import (
+    ScheduleMismatch,
+    case_from_dict,
+    case_to_dict,
+    load_case,
+    replay,
+    reproducer,
+)
 from invariance.report import (
     AccuracyResult,
     Environment,
@@ -64,6 +71,7 @@ __all__ = [
     "Request",
     "Scale",
     "Schedule",
+    "ScheduleMismatch",
     "Step",
     "TensorDiff",
     "Violation",

@@ -217,25 +217,38 @@ class BackendInfo:
 
 def _import(module_name: str, target: str) -> object:
     """Import ``module_name``; a name ending in ``.py`` is a file path (a backend defined in a
-    script or a test file, so that its reproducer replays in another process)."""
+    script or a test file, so that its reproducer replays in another process). Whatever the
+    import raises (a missing module, a syntax error, an exception or ``sys.exit`` in the module's
+    own code) is a ``ValueError`` naming the target, the module or file, and the cause."""
     try:
         if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ImportError(f"no file {module_name}")
-            spec = importlib.util.spec_from_file_location(f"_invariance_backend_{path.stem}",
-                                                          path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {module_name}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-            return module
+            return _import_file(Path(module_name))
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(
             f"backend {target!r}: cannot import module {module_name!r}: {exc}"
         ) from exc
+    except (Exception, SystemExit) as exc:
+        what = f"file {module_name}" if module_name.endswith(".py") else \
+            f"module {module_name!r}"
+        raise ValueError(f"backend {target!r}: importing {what} raised "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(path: Path) -> object:
+    if not path.is_file():
+        raise ImportError(f"no file {path}")
+    spec = importlib.util.spec_from_file_location(f"_invariance_backend_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(spec.name, None)
+        raise
+    return module
 
 
 def _load(target: str) -> Backend:
@@ -263,11 +276,41 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _global_name(fn: object, module: str) -> str | None:
+    """The dotted name under which ``fn`` itself (an instance, a bound method of one) is a
+    global of ``module``, or ``None``: ``inst`` for ``inst = MyBackend()``, ``inst.run`` for
+    its bound method."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return None
+    owner = getattr(fn, "__self__", None)
+    for attr, value in list(vars(mod).items()):
+        if value is fn:
+            return attr
+        if owner is not None and value is owner and not inspect.ismodule(owner):
+            method = getattr(fn, "__name__", None)
+            if method and getattr(owner, method, None) == fn:
+                return f"{attr}.{method}"
+    return None
+
+
 def _callable_name(fn: object) -> str:
     """``module:qualname`` of a callable; ``path/file.py:qualname`` when its module cannot be
-    imported by name elsewhere (``__main__``, a test file), so that reproducers replay."""
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    imported by name elsewhere (``__main__``, a test file), so that reproducers replay.
+
+    A callable instance (or a bound method, a ``functools.partial``) is named by the global that
+    holds it (``module:inst``), never by its class or function, which are other callables:
+    replaying ``module:Class`` would call the class. One no global holds is named
+    ``module:<Class instance>``, which does not resolve: a reproducer that cannot name it says so
+    instead of calling something else."""
+    plain = inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)
     module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", None)
+    if plain:
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    else:
+        found = _global_name(fn, module) if module else None
+        kind = type(fn).__qualname__
+        name = found or f"<{kind} instance>"
     if not module:
         return name
     importable = module != "__main__" and not module.startswith("_invariance_backend_")
@@ -277,7 +320,8 @@ def _callable_name(fn: object) -> str:
         except (ImportError, ValueError):
             importable = False
     if not importable:
-        target = fn if inspect.isfunction(fn) else type(fn)
+        target = sys.modules.get(module) if module in sys.modules else (
+            fn if inspect.isfunction(fn) or inspect.isclass(fn) else type(fn))
         try:
             source = inspect.getsourcefile(target)  # type: ignore[arg-type]
         except TypeError:
