@@ -140,7 +140,8 @@ class Option:
             if not any(texts):
                 raise OptionError(f"{self.name}: expected at least one value, got "
                                   f"{_show(','.join(map(str, items)))}")
-            return [self.parse(t) for t in texts if t]
+            # Once each, in the given order: --dtype float32 --dtype fp32 is one dtype.
+            return list(dict.fromkeys(self.parse(t) for t in texts if t))
         return self.parse(str(values))
 
 

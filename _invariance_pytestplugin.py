@@ -7,6 +7,13 @@ marker; it fails the test with a readable summary and a minimal reproducer), the
 ``--invariance-<setting>`` of every check setting (declared once, in ``_invariance_options``) plus
 ``--invariance-report PATH``, the matching ini keys, and a terminal summary.
 
+The session's report combines every check, each cell keeping its test's node id. Its path is
+checked when the session starts; it is written when the session ends (an interrupted session's
+report, marked incomplete, goes beside it as ``PATH.partial``, so a complete earlier report is
+kept). Under pytest-xdist each worker hands its checks to the controller, which writes the one
+report (a worker that goes down is named, and the report marked incomplete). Ctrl-C (or SIGTERM)
+during a check stops the session, the check's finished cells kept in the report.
+
 # NOTE: this module lives outside the ``invariance`` package (as Hypothesis' plugin does) because
 # pytest loads it in every session of every project where invariance is installed: it imports
 # only pytest and the standard-library options module at load time, never torch, and its hooks
@@ -15,7 +22,12 @@ marker; it fails the test with a readable summary and a minimal reproducer), the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import json
+import os
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -45,6 +57,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(render it with `invariance report PATH`).")
     for o in OPTIONS:
         what = f"default of --{PREFIX}{o.flag}: {o.help}"
+        if o.switch:
+            value = "false" if o.switch_value else "true"
+            what = (f"true or false (default {value}): {o.name}; the ini form of "
+                    f"--{PREFIX}{o.flag}: {o.help}")
         if o.multiple:
             parser.addini(f"{INI}{o.name}", type="linelist", default=[], help=what)
         else:
@@ -77,7 +93,10 @@ class Settings:
             if value in (None, []):
                 value = config.getini(f"{INI}{o.name}") or None
                 if o.switch and value is not None:
-                    value = str(value).strip().lower() in ("1", "true", "yes")
+                    # The ini key holds the setting's value (invariance_shrink = false turns
+                    # shrinking off); the switch is on when that value is the switch's.
+                    value = True if _ini_bool(f"{INI}{o.name}", value) == o.switch_value \
+                        else None
             raw[o.name] = value
         try:
             kwargs = collect(raw)
@@ -87,28 +106,93 @@ class Settings:
         return cls(kwargs, str(report) if report else None)
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _ini_bool(key: str, value: object) -> bool:
+    """An ini boolean: true/false, yes/no, on/off, 1/0 (any case); anything else is a usage
+    error (``ture`` must not silently mean false)."""
+    word = str(value).strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise pytest.UsageError(f"invariance: ini {key}: expected true or false (yes/no, on/off, "
+                            f"1/0), got {value!r}")
+
+
+def _report_problem(path: str) -> str | None:
+    """Why the session's report could not be written at ``path`` when the session ends, or
+    ``None`` (checked at its start; the standard library only, so no torch is loaded)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name is not valid UTF-8 (the report could not be read back); choose another"
+    if path == "-":
+        return None
+    p = Path(path)
+    if p.is_dir():
+        return f"{path} is a directory"
+    if p.exists() and not p.is_file():  # a device, a pipe: written directly
+        return None if os.access(p, os.W_OK) else f"{path} is not writable"
+    parent = p.resolve().parent
+    if not parent.exists():
+        return f"directory {parent} does not exist"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create a file in {parent}: permission denied"
+    return None
+
+
 @dataclass
 class InvarianceSession:
     """What the plugin keeps for a session: settings and every (nodeid, report), in call
-    order."""
+    order (under xdist, the controller's holds the workers' checks too)."""
 
     settings: Settings
     checks: list[tuple[str, Report]] = field(default_factory=list)
     report_written: str | None = None
     report_error: str | None = None
+    #: Why the session stopped early (an interrupt), or ``None``.
+    interrupted: str | None = None
+    #: xdist workers that went down without handing over their checks.
+    lost_workers: list[str] = field(default_factory=list)
+
+    def combined(self) -> Report:
+        from invariance.report import Report
+
+        report = Report.combine([r for _, r in self.checks], ids=[n for n, _ in self.checks])
+        stopped = [s for s in (report.incomplete, self.interrupted) if s]
+        if self.lost_workers:
+            stopped.append(f"xdist worker(s) {', '.join(self.lost_workers)} went down; their "
+                           f"checks are missing")
+        report.incomplete = "; ".join(stopped) if stopped else None
+        return report
 
     def write_report(self) -> None:
         path = self.settings.report
-        if not path or not self.checks:
+        if not path or not (self.checks or self.lost_workers):
             return
-        from invariance.report import Report
+        if not self.checks:
+            self.report_error = (f"xdist worker(s) {', '.join(self.lost_workers)} went down "
+                                 f"before handing over any check")
+            return
+        from invariance.outputs import OutputError, partial_path, target, write_output
 
+        report = self.combined()
+        out = target(f"--{PREFIX}{REPORT}", path)
+        where = out.path if out.kind != "file" or report.complete else partial_path(out.path)
         try:
-            Report.combine([r for _, r in self.checks]).to_json(path)
-        except (OSError, ValueError) as exc:
-            self.report_error = f"cannot write {path}: {exc}"
-        else:
-            self.report_written = path
+            write_output(replace(out, path=where), report.to_json() + "\n")
+        except (OutputError, OSError) as exc:
+            self.report_error = str(exc)
+            return
+        if out.kind == "file" and report.complete:
+            with contextlib.suppress(OSError):
+                partial_path(out.path).unlink()
+        self.report_written = str(where) + (
+            "" if where == out.path else f" (the session is incomplete; {path} is written only "
+                                         f"by a complete one)")
 
 
 _SESSION = pytest.StashKey[InvarianceSession]()
@@ -121,7 +205,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "perturbations=, budget=, dtype=, ...) become defaults of the invariance_check fixture; "
         "a test taking an invariance_dtype argument runs once per configured dtype.",
     )
-    config.stash[_SESSION] = InvarianceSession(Settings.from_config(config))
+    settings = Settings.from_config(config)
+    config.stash[_SESSION] = InvarianceSession(settings)
+    if settings.report and not hasattr(config, "workerinput"):  # the controller writes it
+        problem = _report_problem(settings.report)
+        if problem is not None:
+            raise pytest.UsageError(f"invariance: --{PREFIX}{REPORT} {settings.report}: "
+                                    f"{problem}")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -175,10 +265,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(MARKER)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if hasattr(session.config, "workerinput"):  # pytest-xdist worker: the controller writes
+_WORKER_KEY = "invariance_checks"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = session.config.stash[_SESSION]
+    if exitstatus == pytest.ExitCode.INTERRUPTED and state.interrupted is None:
+        state.interrupted = "the session was interrupted"
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # pytest-xdist worker: hand the checks to the controller
+        if state.checks:
+            workeroutput[_WORKER_KEY] = json.dumps(
+                [[nodeid, r.to_dict()] for nodeid, r in state.checks])
         return
-    session.config.stash[_SESSION].write_report()
+    state.write_report()
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: present only with xdist
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: take over a worker's checks, or note that it lost them."""
+    state = node.config.stash[_SESSION]
+    data = getattr(node, "workeroutput", None) or {}
+    name = getattr(getattr(node, "gateway", None), "id", None) or str(node)
+    if _WORKER_KEY in data:
+        from invariance.report import Report
+
+        for nodeid, report in json.loads(data[_WORKER_KEY]):
+            state.checks.append((nodeid, Report.from_dict(report)))
+    elif error is not None and (state.settings.report or state.checks):
+        state.lost_workers.append(name)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
@@ -187,8 +302,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
     if not state.checks:
         if state.settings.report:
             terminalreporter.write_sep("-", "invariance")
-            terminalreporter.write_line(
-                f"no invariance check ran; no report written to {state.settings.report}")
+            why = state.report_error or "no invariance check ran"
+            terminalreporter.write_line(f"{why}; no report written to {state.settings.report}")
         return
     from invariance.render.text import summary_lines
 
@@ -196,6 +311,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
     seed = state.settings.check.get("seed", 0)
     for line in summary_lines(state.checks, seed):
         terminalreporter.write_line(line)
+    if state.lost_workers:
+        terminalreporter.write_line(
+            f"xdist worker(s) {', '.join(state.lost_workers)} went down: their checks are not "
+            f"in this summary or the report (marked incomplete)")
+    if state.interrupted:
+        terminalreporter.write_line(state.interrupted)
     if state.report_written:
         terminalreporter.write_line(f"report written to {state.report_written}")
     if state.report_error:
@@ -243,20 +364,48 @@ class InvarianceCheck:
         if dev is not None and str(dev).startswith("cuda") and not torch.cuda.is_available():
             pytest.skip(CUDA_SKIP_REASON)
         from invariance.render.text import failure_text
-        from invariance.runner import run_spec
+        from invariance.runner import CheckInterrupted, run_spec
         from invariance.spec import CheckSpec
 
         try:
             spec = CheckSpec.build(backend_spec, **kwargs)
         except ValueError as exc:
             pytest.fail(f"{FIXTURE}: {exc}", pytrace=False)
-        report = run_spec(spec, progress=progress)
         nodeid = self._request.node.nodeid
+        try:
+            with _terminating_interrupts():
+                report = run_spec(spec, progress=progress)
+        except CheckInterrupted as exc:
+            # The finished cells go into the session's report; the interrupt itself goes on to
+            # pytest, which stops the session (a KeyboardInterrupt is not a test failure).
+            self._session.checks.append((nodeid, exc.report))
+            self._session.interrupted = f"the session was interrupted during {nodeid}"
+            raise exc.cause from None
         self._session.checks.append((nodeid, report))
         self._request.node.user_properties.append(("invariance", report.summary()))
         if not report.passed:
             pytest.fail(failure_text(report, nodeid), pytrace=False)
         return report
+
+
+@contextlib.contextmanager
+def _terminating_interrupts() -> Any:
+    """While a check runs: SIGTERM ends it as Ctrl-C does (the check's finished cells kept, the
+    session stopped), from the main thread only; the previous handler is restored after."""
+    from invariance.runner import SignalInterrupt
+
+    def handle(signum: int, frame: object) -> None:
+        raise SignalInterrupt(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handle)
+    except (ValueError, AttributeError):  # not the main thread, or no SIGTERM here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture

@@ -403,7 +403,7 @@ def _write_cases(report: Report, directory: Path, written: _Written) -> None:
 
 def _report_written(written: _Written, err: Console) -> None:
     for line in written.lines:
-        err.print(Text(line, style="dim"))
+        err.print(Text(line, style="dim"), soft_wrap=True)
     for line in written.errors:
         err.print(Text(f"{PROG}: error: {line}", style="bold red"), soft_wrap=True)
 

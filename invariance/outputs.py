@@ -35,6 +35,7 @@ __all__ = [
     "check_directory",
     "check_outputs",
     "partial_path",
+    "shown",
     "target",
     "write_atomic",
     "write_output",
@@ -164,7 +165,8 @@ class Target:
 
     @property
     def name(self) -> str:
-        return STDOUT if self.kind == "stdout" and str(self.path) == STDOUT else str(self.path)
+        """The path as given, for messages."""
+        return shown(self.path)
 
     @property
     def rewritable(self) -> bool:
@@ -192,12 +194,32 @@ def target(option: str, path: str | Path) -> Target:
         st = os.stat(p)
     except OSError:
         return Target(option, p, "file")
+    if _is_null(st):  # a sink, whatever standard output is pointed at
+        return Target(option, p, "stream")
     for fd, kind in ((1, "stdout"), (2, "stderr")):
         if _same_inode(st, _fd_stat(fd)):
             return Target(option, p, kind)  # type: ignore[arg-type]
     if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
         return Target(option, p, "file")
     return Target(option, p, "stream")
+
+
+def _is_null(st: os.stat_result) -> bool:
+    try:
+        return _same_inode(st, os.stat(os.devnull))
+    except OSError:  # pragma: no cover - a system without a null device
+        return False
+
+
+def shown(path: str | Path) -> str:
+    """``path`` as text for messages: a name that is not valid UTF-8 shows its bytes escaped
+    (``r\\xff.json``)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text
 
 
 def partial_path(path: Path) -> Path:
@@ -245,12 +267,9 @@ def _same(a: Path, b: Path) -> bool:
 
 def _bad_name(path: Path) -> str | None:
     """Why ``path``'s name could not be written into a report and read back, or ``None``."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        shown = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        return (f"the name {shown!r} is not valid UTF-8 (a report records its outputs' names "
-                f"and must be readable back); choose a UTF-8 name")
+    if shown(path) != str(path):
+        return ("the name is not valid UTF-8 (a report records its outputs' names and must be "
+                "readable back); choose a UTF-8 name")
     return None
 
 
@@ -348,6 +367,8 @@ def _collide(a: Target, b: Target) -> bool:
         return False
     if a.kind == "stream" and _same(a.path, Path(os.devnull)):
         return False  # any number of outputs may be discarded
+    if a.kind != b.kind:
+        return False
     return _same(a.path, b.path)
 
 
@@ -363,14 +384,14 @@ def check_directory(option: str, path: str | Path) -> None:
         existing = p
         while not existing.exists() and existing != existing.parent:
             if existing.is_symlink():  # a dangling link
-                problem = f"{existing} is a broken symbolic link"
+                problem = f"{shown(existing)} is a broken symbolic link"
                 break
             existing = existing.parent
         if problem is None:
             if not existing.is_dir():
-                problem = (f"expected a directory, got the file {existing}" if existing == p
-                           else f"{existing} is not a directory")
+                problem = (f"expected a directory, got the file {shown(existing)}"
+                           if existing == p else f"{shown(existing)} is not a directory")
             else:
                 problem = _probe(existing)
     if problem is not None:
-        raise OutputError(f"{option} {p}: {problem}")
+        raise OutputError(f"{option} {shown(p)}: {problem}")

@@ -63,11 +63,11 @@ def summary_lines(checks: Sequence[tuple[str, Report]], seed: int) -> Iterator[s
     yield (f"{len(checks)} check(s): {passed} passed, {len(checks) - passed} failed "
            f"(seed {seed})")
     for nodeid, r in checks:
-        line = (f"{'PASSED' if r.passed else 'FAILED'} {nodeid}: backend {r.backend} on "
-                f"{r.device} [{', '.join(r.dtypes)}]")
+        word = "PASSED" if r.passed else "FAILED" if r.complete else r.verdict()
+        line = f"{word} {nodeid}: backend {r.backend} on {r.device} [{', '.join(r.dtypes)}]"
         cells = r.failed_cells()
-        failed = [cell_name(c) for c in cells if c.status == "failed"]
-        errors = [cell_name(c) for c in cells if c.status == "error"]
+        failed = [f"{c.perturbation}[{c.dtype}]" for c in cells if c.status == "failed"]
+        errors = [f"{c.perturbation}[{c.dtype}]" for c in cells if c.status == "error"]
         if failed:
             line += f"; not invariant under {', '.join(failed)}"
         if errors:
@@ -75,6 +75,8 @@ def summary_lines(checks: Sequence[tuple[str, Report]], seed: int) -> Iterator[s
         inaccurate = [a.dtype for a in r.accuracy if not a.passed]
         if inaccurate:
             line += f"; inaccurate at {', '.join(inaccurate)}"
-        if not (r.passed or cells or inaccurate):
+        if r.incomplete is not None:
+            line += f"; stopped early: {r.incomplete}"
+        elif not (r.passed or cells or inaccurate):
             line += "; no perturbation ran"
         yield line
