@@ -177,11 +177,11 @@ class InvarianceSession:
             self.report_error = (f"xdist worker(s) {', '.join(self.lost_workers)} went down "
                                  f"before handing over any check")
             return
-        from invariance.outputs import OutputError, partial_path, target, write_output
+        from invariance.outputs import OutputError, target, write_output
 
         report = self.combined()
         out = target(f"--{PREFIX}{REPORT}", path)
-        where = out.path if out.kind != "file" or report.complete else partial_path(out.path)
+        where = out.path if out.kind != "file" or report.complete else out.partial
         try:
             write_output(replace(out, path=where), report.to_json() + "\n")
         except (OutputError, OSError) as exc:
@@ -189,7 +189,7 @@ class InvarianceSession:
             return
         if out.kind == "file" and report.complete:
             with contextlib.suppress(OSError):
-                partial_path(out.path).unlink()
+                out.partial.unlink()
         self.report_written = str(where) + (
             "" if where == out.path else f" (the session is incomplete; {path} is written only "
                                          f"by a complete one)")
@@ -256,6 +256,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(DTYPE_ARG, dtypes, ids=dtypes)
 
 
+_PREVIOUS_SIGTERM = pytest.StashKey[Any]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With a report to write, SIGTERM (a CI timeout, ``kill``) stops the session as Ctrl-C
+    does, so that the checks that finished reach the report (as ``PATH.partial``) instead of
+    dying with the process. Controller only; the main thread only; restored at the end."""
+    config = session.config
+    if not config.stash[_SESSION].settings.report or hasattr(config, "workerinput"):
+        return
+    from_pytest = signal.getsignal(signal.SIGTERM) if hasattr(signal, "SIGTERM") else None
+    if from_pytest not in (signal.SIG_DFL, None):
+        return  # someone else handles it: leave it to them
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        config.stash[_PREVIOUS_SIGTERM] = signal.signal(signal.SIGTERM, stop)
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests that call a check carry the marker, so that ``-m invariance`` selects them.
@@ -269,6 +290,10 @@ _WORKER_KEY = "invariance_checks"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    previous = session.config.stash.get(_PREVIOUS_SIGTERM, None)
+    if previous is not None:
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, previous)
     state = session.config.stash[_SESSION]
     if exitstatus == pytest.ExitCode.INTERRUPTED and state.interrupted is None:
         state.interrupted = "the session was interrupted"

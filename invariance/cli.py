@@ -203,8 +203,9 @@ class _Stream:
     that Python's own flush at exit is quiet too); text the stream's encoding cannot hold is
     written with replacement characters."""
 
-    def __init__(self, stream: TextIO | None) -> None:
+    def __init__(self, stream: TextIO | None, name: str = "") -> None:
         self._stream = stream
+        self.name = name
         self.broken = False
 
     @property
@@ -230,8 +231,8 @@ class _Stream:
                 self._stream.write(text)
             except UnicodeEncodeError:
                 self._stream.write(text.encode(self.encoding, "replace").decode(self.encoding))
-        except (OSError, ValueError):  # a broken pipe, a closed or failing stream
-            self.silence()
+        except (OSError, ValueError) as exc:  # a broken pipe, a closed or failing stream
+            self._failed(exc)
         return len(text)
 
     def flush(self) -> None:
@@ -239,8 +240,18 @@ class _Stream:
             return
         try:
             self._stream.flush()
-        except (OSError, ValueError):
-            self.silence()
+        except (OSError, ValueError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """A reader that went away is its choice; another failure (a full disk behind a
+        redirection) is said once on stderr, and the command goes on to its exit status."""
+        self.silence()
+        if self.name and not isinstance(exc, BrokenPipeError):
+            with contextlib.suppress(Exception):
+                reason = getattr(exc, "strerror", None) or exc
+                sys.stderr.write(f"{PROG}: warning: cannot write to {self.name}: {reason}; "
+                                 f"its further output is dropped\n")
 
     def silence(self) -> None:
         """Drop further output, and point the descriptor at the null device."""
@@ -321,6 +332,9 @@ def _check_outputs(args: argparse.Namespace, inputs: Sequence[Path] = ()) -> dic
     cases = getattr(args, "cases", None)
     if cases is not None:
         check_directory("--cases", cases)
+        for t in targets.values():
+            if t.kind == "file" and Path(os.path.abspath(t.path)) == Path(os.path.abspath(cases)):
+                raise UsageError(f"--cases {t.name} and {t.option} {t.name} are the same path")
     return targets
 
 
@@ -342,7 +356,7 @@ def _write(target: Target, text: str, written: _Written, out: _Stream, *,
     incomplete run beside it as ``PATH.partial`` (a complete earlier report is kept); a stream
     directly. Failures are collected, never raised: every other output and the console report
     still come."""
-    from invariance.outputs import OutputError, partial_path, write_atomic, write_output
+    from invariance.outputs import OutputError, write_atomic, write_output
 
     try:
         if target.kind != "file":
@@ -350,7 +364,7 @@ def _write(target: Target, text: str, written: _Written, out: _Stream, *,
             if target.kind not in ("stdout", "stderr"):
                 written.lines.append(f"wrote {target.name}")
             return
-        partial = partial_path(target.path)
+        partial = target.partial
         if complete:
             write_atomic(target.path, text)
             with contextlib.suppress(OSError):
@@ -424,13 +438,12 @@ class _Progress:
     def __call__(self, partial: Report) -> None:
         if self.target is None:
             return
-        from invariance.outputs import OutputError, partial_path, write_atomic
+        from invariance.outputs import OutputError, write_atomic
 
         partial.command = self.command
         partial.incomplete = f"running: {len(partial.results)} of {self.cells} cells done"
         try:
-            path = partial_path(self.target.path)
-            write_atomic(path, partial.to_json() + "\n")
+            write_atomic(self.target.partial, partial.to_json() + "\n")
         except OutputError as exc:
             if not self.failed:
                 self.err.print(Text(f"{PROG}: warning: cannot save the run's progress: {exc}; "
@@ -724,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
-    stdout, stderr = _Stream(sys.stdout), _Stream(sys.stderr)
+    stdout, stderr = _Stream(sys.stdout, "standard output"), _Stream(sys.stderr)
     out = Console(file=stdout, highlight=False)  # type: ignore[arg-type]
     err = Console(file=stderr, highlight=False)  # type: ignore[arg-type]
     if args.version:

@@ -173,6 +173,12 @@ class Target:
         """Whether progress may be written before the end (regular files only)."""
         return self.kind == "file"
 
+    @property
+    def partial(self) -> Path:
+        """Where a file's progress goes until its report is complete (:func:`partial_path`;
+        beside a symlink's target, which is the file written)."""
+        return partial_path(self.path.resolve() if self.path.is_symlink() else self.path)
+
 
 def _fd_stat(fd: int) -> os.stat_result | None:
     try:
@@ -302,7 +308,7 @@ def _file_problem(path: Path) -> str | None:
         return f"directory {shown} does not exist"
     if not parent.is_dir():
         return f"{shown} is not a directory"
-    partial = partial_path(path.resolve() if path.is_symlink() else path)
+    partial = Target("", path, "file").partial
     if partial.is_dir():
         return f"{partial} (where the run's progress goes) is a directory"
     return _probe(parent)

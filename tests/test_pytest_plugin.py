@@ -580,3 +580,25 @@ def test_the_report_path_is_checked_when_the_session_starts(pytester: pytest.Pyt
     assert "never run" not in result.stdout.str()
     text = result.stderr.str()
     assert text.count(f"directory {missing.parent} does not exist") == 1
+
+
+def test_sigterm_between_checks_keeps_the_finished_ones(pytester: pytest.Pytester) -> None:
+    """With a report to write, SIGTERM outside any check (a CI timeout) stops the session as
+    Ctrl-C does: the finished check reaches PATH.partial instead of dying with the process."""
+    pytester.makepyfile("""
+        import os, signal, time
+
+        def test_one(invariance_check):
+            invariance_check("reference", perturbations=["uninitialized"], device="cpu")
+
+        def test_terminated():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+    """)
+    path = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(f"--invariance-report={path}")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert not path.exists()
+    partial = Report.from_json(pytester.path / "r.json.partial")
+    assert [c.perturbation for c in partial.results] == ["uninitialized"]
+    assert partial.incomplete == "the session was interrupted"

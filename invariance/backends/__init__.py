@@ -17,14 +17,16 @@ the call itself must then do device work only. :func:`planner` finds the hook.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from _invariance_options import DTYPE_NAMES
 from invariance.batch import AttentionBatch
@@ -166,13 +168,22 @@ BUILTIN: dict[str, _Builtin] = {
 
 @dataclass(frozen=True)
 class ResolvedBackend:
-    """A backend and the name it is reported under."""
+    """A backend and the name it is reported under. ``source`` is the string it was resolved
+    from (``None`` for a callable given as an object): it is pickled as that string and resolved
+    again on the other side (a child process of ``isolate`` builds a named backend as the
+    parent did, fresh), while a callable object is pickled by value."""
 
     name: str
     fn: Backend
+    source: str | None = field(default=None, compare=False, repr=False)
 
     def __call__(self, batch: AttentionBatch) -> object:
         return self.fn(batch)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.source is not None:
+            return (resolve, (self.source,))
+        return (ResolvedBackend, (self.name, self.fn))
 
 
 #: A backend's planning step as the harness calls it: ``plan(batch, graph)``.
@@ -305,12 +316,16 @@ def _callable_name(fn: object) -> str:
     instead of calling something else."""
     plain = inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)
     module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", None)
+    inner = getattr(fn, "func", None) if isinstance(fn, functools.partial) else None
+    if inner is not None:  # a partial lives where its function does
+        module = getattr(inner, "__module__", None) or module
     if plain:
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
     else:
         found = _global_name(fn, module) if module else None
-        kind = type(fn).__qualname__
-        name = found or f"<{kind} instance>"
+        kind = (f"partial of {getattr(inner, '__qualname__', type(inner).__name__)}"
+                if inner is not None else f"{type(fn).__qualname__} instance")
+        name = found or f"<{kind}>"
     if not module:
         return name
     importable = module != "__main__" and not module.startswith("_invariance_backend_")
@@ -351,7 +366,7 @@ def _with_options(spec: str, name: str, text: str) -> ResolvedBackend:
     configure = getattr(base, "with_options", None)
     if not callable(configure):  # pragma: no cover - a BUILTIN entry out of step with its target
         raise ValueError(f"backend {spec!r}: {name} takes no options")
-    return ResolvedBackend(spec, configure(parse_options(spec, text)))
+    return ResolvedBackend(spec, configure(parse_options(spec, text)), spec)
 
 
 def resolve(spec: str | Backend) -> ResolvedBackend:
@@ -367,15 +382,15 @@ def resolve(spec: str | Backend) -> ResolvedBackend:
     if not isinstance(spec, str):
         raise ValueError(f"backend: expected a name, 'module:attr' or a callable, got {spec!r}")
     if spec in BUILTIN:
-        return ResolvedBackend(spec, _load(BUILTIN[spec].target))
+        return ResolvedBackend(spec, _load(BUILTIN[spec].target), spec)
     eps = _entry_points()
     if spec in eps:
-        return ResolvedBackend(spec, _load(eps[spec]))
+        return ResolvedBackend(spec, _load(eps[spec]), spec)
     name, sep, text = spec.partition(":")
     if sep and name in BUILTIN and BUILTIN[name].options:
         return _with_options(spec, name, text)
     if ":" in spec:
-        return ResolvedBackend(spec, _load(spec))
+        return ResolvedBackend(spec, _load(spec), spec)
     known = sorted(set(BUILTIN) | set(eps))
     raise ValueError(
         f"backend: unknown name {spec!r}; expected one of {known} or 'module:attr'"
