@@ -210,8 +210,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.report and not hasattr(config, "workerinput"):  # the controller writes it
         problem = _report_problem(settings.report)
         if problem is not None:
-            raise pytest.UsageError(f"invariance: --{PREFIX}{REPORT} {settings.report}: "
-                                    f"{problem}")
+            where = (f"--{PREFIX}{REPORT}" if config.getoption(f"{INI}{REPORT}")
+                     else f"ini {INI}{REPORT}")
+            raise pytest.UsageError(f"invariance: {where} {settings.report}: {problem}")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -304,6 +305,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 [[nodeid, r.to_dict()] for nodeid, r in state.checks])
         return
     state.write_report()
+    if state.report_error and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the report asked for is missing
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: present only with xdist

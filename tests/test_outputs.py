@@ -222,16 +222,19 @@ def test_dash_and_dev_stdout_are_standard_output(tmp_path: Path) -> None:
 def test_a_file_behind_standard_output_is_written_through_it(tmp_path: Path) -> None:
     """``--json /dev/stdout > out.txt``: the file is standard output's own, so it is written
     through the descriptor (an atomic rename would unlink the file the shell redirected to)."""
-    out = tmp_path / "out.txt"
-    code = ("import sys; from invariance.outputs import target, write_output; "
-            "t = target('--json', sys.argv[1]); print('console', flush=True); "
-            "write_output(t, t.kind + '\\n')")
     import subprocess
     import sys
 
+    out = tmp_path / "out.txt"
+    # outputs.py is the standard library only: loaded by file, the child starts in a blink.
+    code = ("import importlib.util as u, sys; s = u.spec_from_file_location('o', sys.argv[1]); "
+            "o = sys.modules['o'] = u.module_from_spec(s); s.loader.exec_module(o); "
+            "t = o.target('--json', sys.argv[2]); print('console', flush=True); "
+            "o.write_output(t, t.kind + '\\n')")
     for name in ("/dev/stdout", str(out)):
         with open(out, "w") as f:
-            subprocess.run([sys.executable, "-c", code, name], stdout=f, check=True)
+            subprocess.run([sys.executable, "-c", code, outputs.__file__, name], stdout=f,
+                           check=True)
         assert out.read_text() == "console\nstdout\n", name  # nothing replaced or lost
 
 
