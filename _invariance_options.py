@@ -173,7 +173,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("shrink", "no-shrink", "do not shrink failing cases to a minimal reproducer",
            switch=True, switch_value=False),
     Option("isolate", "isolate", "run each cell in a child process: a crash of the backend "
-           "(segfault, CUDA illegal address) becomes an error cell and the run goes on",
+           "(segfault, CUDA illegal address) becomes an error cell and the run goes on (the "
+           "check is sent by value: a lambda or a closure is refused before the run)",
            switch=True, switch_value=True),
 )
 

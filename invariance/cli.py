@@ -293,8 +293,10 @@ class _Signals:
         try:
             for signum in (signal.SIGINT, *_TERMINATING):
                 previous = signal.getsignal(signum)
-                if signum == signal.SIGINT and previous is not signal.default_int_handler:
-                    continue  # SIGINT ignored or handled by the embedding program: leave it
+                default = (signal.default_int_handler if signum == signal.SIGINT
+                           else signal.SIG_DFL)
+                if previous is not default:
+                    continue  # ignored (nohup) or handled by an embedding program: leave it
                 self._previous[signum] = previous
                 signal.signal(signum, self._handle)
         except ValueError:  # not the main thread: signals stay as they are
@@ -391,7 +393,13 @@ def _write_reports(report: Report, targets: dict[str, Target], written: _Written
         "--json": lambda r: r.to_json() + "\n", "--markdown": to_markdown, "--html": to_html,
         "--junit": to_junit}
     for flag, target in targets.items():
-        _write(target, render[flag](report), written, out, complete=report.complete)
+        try:
+            text = render[flag](report)
+        except Exception as exc:  # a renderer's failure costs that output, not the others
+            written.errors.append(f"{flag} {target.name}: not written: cannot render it: "
+                                  f"{type(exc).__name__}: {exc}")
+            continue
+        _write(target, text, written, out, complete=report.complete)
 
 
 def _write_cases(report: Report, directory: Path, written: _Written) -> None:
@@ -444,7 +452,7 @@ class _Progress:
         partial.incomplete = f"running: {len(partial.results)} of {self.cells} cells done"
         try:
             write_atomic(self.target.partial, partial.to_json() + "\n")
-        except OutputError as exc:
+        except (OutputError, TypeError, ValueError) as exc:  # a full disk, unwritable data
             if not self.failed:
                 self.err.print(Text(f"{PROG}: warning: cannot save the run's progress: {exc}; "
                                     f"the run goes on, the report is tried again at its end",
@@ -503,8 +511,15 @@ class _IO:
     signals: _Signals
 
     def report_to_stderr(self, targets: dict[str, Target]) -> None:
-        """Standard output holds an output (``-``): the console report goes to stderr."""
+        """Standard output holds an output (``-``): the console report goes to stderr (which
+        then cannot hold an output too: the two would be interleaved)."""
         if _to_stdout(targets):
+            taken = [t for t in targets.values() if t.kind == "stderr"]
+            if taken:
+                raise UsageError(
+                    f"{taken[0].option} {taken[0].name}: standard error would hold both it and "
+                    f"the console report (standard output holds an output); write one of them "
+                    f"to a file")
             self.out = self.err
 
 

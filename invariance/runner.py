@@ -106,7 +106,9 @@ def check(
     - ``max_violations``: violations kept per cell (>= 0; all are counted); the first of each
       cell is shrunk (``shrink``) to the smallest batch that still disagrees.
     - ``isolate``: run each cell in a child process, so that a backend that crashes the process
-      (segfault, CUDA illegal address) yields an error cell and the run goes on.
+      (segfault, CUDA illegal address) yields an error cell and the run goes on. The check is
+      sent to the child by value (:mod:`invariance.isolate`); what cannot be (a lambda, a
+      closure) is a ``ValueError`` before anything runs.
     - ``progress``: called as ``progress(done, total, label)`` after each case.
     - ``on_cell``: called with the report so far after each finished cell.
 
