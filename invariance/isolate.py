@@ -142,7 +142,11 @@ def run_in_child(spec: CheckSpec, perturbation: Perturbation, dtype_name: str) -
     child_spec = replace(spec, isolate=False)
     blob, modules = _dump((child_spec, perturbation, dtype_name))
     header = pickle.dumps((list(sys.path), _module_files(modules | {"__main__"})))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The child finds this very invariance first, wherever the parent found it (a path the
+    # parent added to sys.path at run time included); the rest of sys.path follows on stdin.
+    here = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "invariance.isolate"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)

@@ -1070,6 +1070,9 @@ def _consistent_cell(v: Mapping[str, Any], path: str) -> None:
         if status == "passed" and v.get("error"):
             _inconsistent(where, "'error' (the cell holds an error)",
                           f"'passed' with error {_describe(v['error'])}")
+        if status == "passed" and v.get("cases") == 0:
+            _inconsistent(where, "'skipped' or a cell that ran (a passed cell ran at least one "
+                          "case)", "'passed' with 0 cases")
     elif status == "failed" and count is not None and count == 0 and not kept:
         _inconsistent(where, "'passed' or 'error' (a failed cell holds at least one violation)",
                       "'failed' with 0 violations")

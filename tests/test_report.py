@@ -626,11 +626,16 @@ def test_validator_cross_checks_the_file_against_itself(
     assert (info.value.field, info.value.expected) == (field, expected)
 
 
-def test_validator_failed_cell_needs_a_violation() -> None:
+def test_validator_failed_cell_needs_a_violation_and_a_pass_a_case() -> None:
     data = json.loads(_check("failed").to_json())
     Report.from_dict(copy.deepcopy(data))
     data["results"][0]["num_violations"] = 0
     with pytest.raises(ReportError, match="a failed cell holds at least one violation"):
+        Report.from_dict(data)
+    data = json.loads(_check("passed").to_json())
+    Report.from_dict(copy.deepcopy(data))
+    data["results"][0]["cases"] = 0
+    with pytest.raises(ReportError, match="a passed cell ran at least one case"):
         Report.from_dict(data)
 
 
