@@ -140,7 +140,8 @@ class Option:
             if not any(texts):
                 raise OptionError(f"{self.name}: expected at least one value, got "
                                   f"{_show(','.join(map(str, items)))}")
-            return [self.parse(t) for t in texts if t]
+            # Once each, in the given order: --dtype float32 --dtype fp32 is one dtype.
+            return list(dict.fromkeys(self.parse(t) for t in texts if t))
         return self.parse(str(values))
 
 
@@ -172,7 +173,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("shrink", "no-shrink", "do not shrink failing cases to a minimal reproducer",
            switch=True, switch_value=False),
     Option("isolate", "isolate", "run each cell in a child process: a crash of the backend "
-           "(segfault, CUDA illegal address) becomes an error cell and the run goes on",
+           "(segfault, CUDA illegal address) becomes an error cell and the run goes on (the "
+           "check is sent by value: a lambda or a closure is refused before the run)",
            switch=True, switch_value=True),
 )
 

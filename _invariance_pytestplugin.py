@@ -8,6 +8,13 @@ marker; it fails the test with a readable summary and a minimal reproducer), the
 ``--invariance-report PATH``, the matching ini keys, a terminal summary, and the fixture
 ``invariance_model`` (:func:`invariance.check_model` as a test step).
 
+The session's report combines every check, each cell keeping its test's node id. Its path is
+checked when the session starts; it is written when the session ends (an interrupted session's
+report, marked incomplete, goes beside it as ``PATH.partial``, so a complete earlier report is
+kept). Under pytest-xdist each worker hands its checks to the controller, which writes the one
+report (a worker that goes down is named, and the report marked incomplete). Ctrl-C (or SIGTERM)
+during a check stops the session, the check's finished cells kept in the report.
+
 # NOTE: this module lives outside the ``invariance`` package (as Hypothesis' plugin does) because
 # pytest loads it in every session of every project where invariance is installed: it imports
 # only pytest and the standard-library options module at load time, never torch, and its hooks
@@ -16,7 +23,12 @@ marker; it fails the test with a readable summary and a minimal reproducer), the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import json
+import os
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -48,6 +60,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(render it with `invariance report PATH`).")
     for o in OPTIONS:
         what = f"default of --{PREFIX}{o.flag}: {o.help}"
+        if o.switch:
+            value = "false" if o.switch_value else "true"
+            what = (f"true or false (default {value}): {o.name}; the ini form of "
+                    f"--{PREFIX}{o.flag}: {o.help}")
         if o.multiple:
             parser.addini(f"{INI}{o.name}", type="linelist", default=[], help=what)
         else:
@@ -80,7 +96,10 @@ class Settings:
             if value in (None, []):
                 value = config.getini(f"{INI}{o.name}") or None
                 if o.switch and value is not None:
-                    value = str(value).strip().lower() in ("1", "true", "yes")
+                    # The ini key holds the setting's value (invariance_shrink = false turns
+                    # shrinking off); the switch is on when that value is the switch's.
+                    value = True if _ini_bool(f"{INI}{o.name}", value) == o.switch_value \
+                        else None
             raw[o.name] = value
         try:
             kwargs = collect(raw)
@@ -90,28 +109,93 @@ class Settings:
         return cls(kwargs, str(report) if report else None)
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _ini_bool(key: str, value: object) -> bool:
+    """An ini boolean: true/false, yes/no, on/off, 1/0 (any case); anything else is a usage
+    error (``ture`` must not silently mean false)."""
+    word = str(value).strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise pytest.UsageError(f"invariance: ini {key}: expected true or false (yes/no, on/off, "
+                            f"1/0), got {value!r}")
+
+
+def _report_problem(path: str) -> str | None:
+    """Why the session's report could not be written at ``path`` when the session ends, or
+    ``None`` (checked at its start; the standard library only, so no torch is loaded)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name is not valid UTF-8 (the report could not be read back); choose another"
+    if path == "-":
+        return None
+    p = Path(path)
+    if p.is_dir():
+        return f"{path} is a directory"
+    if p.exists() and not p.is_file():  # a device, a pipe: written directly
+        return None if os.access(p, os.W_OK) else f"{path} is not writable"
+    parent = p.resolve().parent
+    if not parent.exists():
+        return f"directory {parent} does not exist"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create a file in {parent}: permission denied"
+    return None
+
+
 @dataclass
 class InvarianceSession:
     """What the plugin keeps for a session: settings and every (nodeid, report), in call
-    order."""
+    order (under xdist, the controller's holds the workers' checks too)."""
 
     settings: Settings
     checks: list[tuple[str, Report]] = field(default_factory=list)
     report_written: str | None = None
     report_error: str | None = None
+    #: Why the session stopped early (an interrupt), or ``None``.
+    interrupted: str | None = None
+    #: xdist workers that went down without handing over their checks.
+    lost_workers: list[str] = field(default_factory=list)
+
+    def combined(self) -> Report:
+        from invariance.report import Report
+
+        report = Report.combine([r for _, r in self.checks], ids=[n for n, _ in self.checks])
+        stopped = [s for s in (report.incomplete, self.interrupted) if s]
+        if self.lost_workers:
+            stopped.append(f"xdist worker(s) {', '.join(self.lost_workers)} went down; their "
+                           f"checks are missing")
+        report.incomplete = "; ".join(stopped) if stopped else None
+        return report
 
     def write_report(self) -> None:
         path = self.settings.report
-        if not path or not self.checks:
+        if not path or not (self.checks or self.lost_workers):
             return
-        from invariance.report import Report
+        if not self.checks:
+            self.report_error = (f"xdist worker(s) {', '.join(self.lost_workers)} went down "
+                                 f"before handing over any check")
+            return
+        from invariance.outputs import OutputError, target, write_output
 
+        report = self.combined()
+        out = target(f"--{PREFIX}{REPORT}", path)
+        where = out.path if out.kind != "file" or report.complete else out.partial
         try:
-            Report.combine([r for _, r in self.checks]).to_json(path)
-        except (OSError, ValueError) as exc:
-            self.report_error = f"cannot write {path}: {exc}"
-        else:
-            self.report_written = path
+            write_output(replace(out, path=where), report.to_json() + "\n")
+        except (OutputError, OSError) as exc:
+            self.report_error = str(exc)
+            return
+        if out.kind == "file" and report.complete:
+            with contextlib.suppress(OSError):
+                out.partial.unlink()
+        self.report_written = str(where) + (
+            "" if where == out.path else f" (the session is incomplete; {path} is written only "
+                                         f"by a complete one)")
 
 
 _SESSION = pytest.StashKey[InvarianceSession]()
@@ -124,7 +208,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "perturbations=, budget=, dtype=, ...) become defaults of the invariance_check fixture; "
         "a test taking an invariance_dtype argument runs once per configured dtype.",
     )
-    config.stash[_SESSION] = InvarianceSession(Settings.from_config(config))
+    settings = Settings.from_config(config)
+    config.stash[_SESSION] = InvarianceSession(settings)
+    if settings.report and not hasattr(config, "workerinput"):  # the controller writes it
+        problem = _report_problem(settings.report)
+        if problem is not None:
+            where = (f"--{PREFIX}{REPORT}" if config.getoption(f"{INI}{REPORT}")
+                     else f"ini {INI}{REPORT}")
+            raise pytest.UsageError(f"invariance: {where} {settings.report}: {problem}")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -169,6 +260,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(DTYPE_ARG, dtypes, ids=dtypes)
 
 
+_PREVIOUS_SIGTERM = pytest.StashKey[Any]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With a report to write, SIGTERM (a CI timeout, ``kill``) stops the session as Ctrl-C
+    does, so that the checks that finished reach the report (as ``PATH.partial``) instead of
+    dying with the process. Controller only; the main thread only; restored at the end."""
+    config = session.config
+    if not config.stash[_SESSION].settings.report or hasattr(config, "workerinput"):
+        return
+    from_pytest = signal.getsignal(signal.SIGTERM) if hasattr(signal, "SIGTERM") else None
+    if from_pytest not in (signal.SIG_DFL, None):
+        return  # someone else handles it: leave it to them
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        config.stash[_PREVIOUS_SIGTERM] = signal.signal(signal.SIGTERM, stop)
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests that call a check carry the marker, so that ``-m invariance`` selects them.
@@ -179,10 +291,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(MARKER)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if hasattr(session.config, "workerinput"):  # pytest-xdist worker: the controller writes
+_WORKER_KEY = "invariance_checks"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    previous = session.config.stash.get(_PREVIOUS_SIGTERM, None)
+    if previous is not None:
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, previous)
+    state = session.config.stash[_SESSION]
+    if exitstatus == pytest.ExitCode.INTERRUPTED and state.interrupted is None:
+        state.interrupted = "the session was interrupted"
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # pytest-xdist worker: hand the checks to the controller
+        if state.checks:
+            workeroutput[_WORKER_KEY] = json.dumps(
+                [[nodeid, r.to_dict()] for nodeid, r in state.checks])
         return
-    session.config.stash[_SESSION].write_report()
+    state.write_report()
+    if state.report_error and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the report asked for is missing
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: present only with xdist
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: take over a worker's checks, or note that it lost them."""
+    state = node.config.stash[_SESSION]
+    data = getattr(node, "workeroutput", None) or {}
+    name = getattr(getattr(node, "gateway", None), "id", None) or str(node)
+    if _WORKER_KEY in data:
+        from invariance.report import Report
+
+        for nodeid, report in json.loads(data[_WORKER_KEY]):
+            state.checks.append((nodeid, Report.from_dict(report)))
+    elif error is not None and (state.settings.report or state.checks):
+        state.lost_workers.append(name)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
@@ -191,8 +334,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
     if not state.checks:
         if state.settings.report:
             terminalreporter.write_sep("-", "invariance")
-            terminalreporter.write_line(
-                f"no invariance check ran; no report written to {state.settings.report}")
+            why = state.report_error or "no invariance check ran"
+            terminalreporter.write_line(f"{why}; no report written to {state.settings.report}")
         return
     from invariance.render.text import summary_lines
 
@@ -200,6 +343,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
     seed = state.settings.check.get("seed", 0)
     for line in summary_lines(state.checks, seed):
         terminalreporter.write_line(line)
+    if state.lost_workers:
+        terminalreporter.write_line(
+            f"xdist worker(s) {', '.join(state.lost_workers)} went down: their checks are not "
+            f"in this summary or the report (marked incomplete)")
+    if state.interrupted:
+        terminalreporter.write_line(state.interrupted)
     if state.report_written:
         terminalreporter.write_line(f"report written to {state.report_written}")
     if state.report_error:
@@ -247,20 +396,48 @@ class InvarianceCheck:
         if dev is not None and str(dev).startswith("cuda") and not torch.cuda.is_available():
             pytest.skip(CUDA_SKIP_REASON)
         from invariance.render.text import failure_text
-        from invariance.runner import run_spec
+        from invariance.runner import CheckInterrupted, run_spec
         from invariance.spec import CheckSpec
 
         try:
             spec = CheckSpec.build(backend_spec, **kwargs)
         except ValueError as exc:
             pytest.fail(f"{FIXTURE}: {exc}", pytrace=False)
-        report = run_spec(spec, progress=progress)
         nodeid = self._request.node.nodeid
+        try:
+            with _terminating_interrupts():
+                report = run_spec(spec, progress=progress)
+        except CheckInterrupted as exc:
+            # The finished cells go into the session's report; the interrupt itself goes on to
+            # pytest, which stops the session (a KeyboardInterrupt is not a test failure).
+            self._session.checks.append((nodeid, exc.report))
+            self._session.interrupted = f"the session was interrupted during {nodeid}"
+            raise exc.cause from None
         self._session.checks.append((nodeid, report))
         self._request.node.user_properties.append(("invariance", report.summary()))
         if not report.passed:
             pytest.fail(failure_text(report, nodeid), pytrace=False)
         return report
+
+
+@contextlib.contextmanager
+def _terminating_interrupts() -> Any:
+    """While a check runs: SIGTERM ends it as Ctrl-C does (the check's finished cells kept, the
+    session stopped), from the main thread only; the previous handler is restored after."""
+    from invariance.runner import SignalInterrupt
+
+    def handle(signum: int, frame: object) -> None:
+        raise SignalInterrupt(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handle)
+    except (ValueError, AttributeError):  # not the main thread, or no SIGTERM here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture

@@ -23,7 +23,14 @@ from invariance.compare import CaseComparison, TensorDiff, compare_bits, compare
 from invariance.model import ModelReport, check_model, replay_model
 from invariance.outputs import OutputError
 from invariance.perturb import PERTURBATIONS, SCALES, Case, Perturbation, Scale
-from invariance.replay import case_from_dict, case_to_dict, load_case, replay, reproducer
+from invariance.replay import (
+    ScheduleMismatch,
+    case_from_dict,
+    case_to_dict,
+    load_case,
+    replay,
+    reproducer,
+)
 from invariance.report import (
     AccuracyResult,
     Environment,
@@ -66,6 +73,7 @@ __all__ = [
     "Request",
     "Scale",
     "Schedule",
+    "ScheduleMismatch",
     "Step",
     "TensorDiff",
     "Violation",

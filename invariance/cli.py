@@ -8,21 +8,30 @@ and validated once by :class:`invariance.CheckSpec`; this module parses and rend
 
 Exit status: 0 invariant and accurate (``compare``: nothing got worse); 1 a violation, an
 accuracy failure, a backend error inside a cell or an incomplete run (``compare``: something got
-worse); 2 a usage or runtime error (one line on stderr; ``--debug`` shows the traceback);
-130 interrupted (the partial report is still written, marked incomplete).
+worse); 2 a usage or runtime error (one line on stderr; ``--debug`` shows the traceback), an
+output that could not be written included (the verdict is still printed); 130 interrupted by
+Ctrl-C, 128 + N by signal N (SIGTERM: 143, SIGHUP: 129), the partial report still written.
+
+Outputs are written completely before anything is printed. ``-`` (or ``/dev/stdout``) as an
+output path writes it to standard output, and the console report then goes to stderr. A reader
+that goes away (``invariance compare A B | head``) or a console that cannot encode a character
+ends nothing: the command finishes quietly with its own exit status.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
+import signal
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -30,13 +39,16 @@ from rich.text import Text
 from _invariance_options import OPTIONS, OptionError, add_options, collect
 
 if TYPE_CHECKING:
+    from invariance.model.report import ModelReport
+    from invariance.outputs import Target
     from invariance.report import Report
 
 __all__ = ["main"]
 
 PROG = "invariance"
 DEFAULT_BACKEND = "kernels"
-_OUTPUTS = (("json", "JSON (written after every cell; marked incomplete until the end)"),
+_OUTPUTS = (("json", "JSON (progress saved after every cell to PATH.partial, PATH written "
+                     "when the run completes)"),
             ("markdown", "Markdown"), ("html", "a self-contained HTML page"),
             ("junit", "JUnit XML"))
 
@@ -50,7 +62,8 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------------------------
 
 def _add_outputs(p: argparse.ArgumentParser, formats: Sequence[str]) -> None:
-    g = p.add_argument_group("outputs (checked before the run, written atomically)")
+    g = p.add_argument_group("outputs (checked before the run, written atomically before "
+                             "anything is printed; '-' is standard output)")
     for name, what in _OUTPUTS:
         if name in formats:
             g.add_argument(f"--{name}", metavar="PATH", type=Path,
@@ -94,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Prove attention kernels deterministic and batch-invariant, bit for bit.",
         epilog="exit status: 0 invariant and accurate, 1 violations, accuracy failures or an "
-               "incomplete run, 2 usage or runtime errors, 130 interrupted")
+               "incomplete run, 2 usage or runtime errors (an output not written included), "
+               "130 interrupted (Ctrl-C), 143 terminated (SIGTERM); an interrupted run keeps "
+               "its partial report")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -124,12 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("a", metavar="A.json", type=Path)
     cmp.add_argument("b", metavar="B.json", type=Path)
     cmp.add_argument("--all", action="store_true", help="show unchanged cells too")
+    cmp.add_argument("--allow-different-settings", action="store_true",
+                     help="compare reports whose heads, scale, budget or seed differ (their "
+                          "cells ran different cases; by default an error)")
     _add_outputs(cmp, ("markdown",))
 
     rp = sub.add_parser("replay", parents=[common], help="replay a saved case in this process",
                         description="Run the two schedules of a case file (check --cases) or "
                                     "of a report's violation and compare their bits. Exit 1 "
-                                    "when they still differ.")
+                                    "when they still differ, 2 when the backend or this "
+                                    "environment fails (not a difference) or the schedules "
+                                    "share no token.")
     rp.add_argument("path", metavar="CASE.json|REPORT.json", type=Path)
     rp.add_argument("--backend", metavar="NAME|module:attr",
                     help="default: the backend the case failed on")
@@ -232,6 +252,131 @@ def _add_model_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Consoles and signals
+# --------------------------------------------------------------------------------------------
+
+class _Stream:
+    """A console's text stream that never ends a command: when the reader goes away (a broken
+    pipe: ``| head``) further output is dropped and the descriptor pointed at the null device (so
+    that Python's own flush at exit is quiet too); text the stream's encoding cannot hold is
+    written with replacement characters."""
+
+    def __init__(self, stream: TextIO | None, name: str = "") -> None:
+        self._stream = stream
+        self.name = name
+        self.broken = False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def isatty(self) -> bool:
+        try:
+            return bool(self._stream is not None and self._stream.isatty())
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError("no stream")
+        return self._stream.fileno()
+
+    def write(self, text: str) -> int:
+        if self.broken or self._stream is None:
+            return len(text)
+        try:
+            try:
+                self._stream.write(text)
+            except UnicodeEncodeError:
+                self._stream.write(text.encode(self.encoding, "replace").decode(self.encoding))
+        except (OSError, ValueError) as exc:  # a broken pipe, a closed or failing stream
+            self._failed(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.broken or self._stream is None:
+            return
+        try:
+            self._stream.flush()
+        except (OSError, ValueError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """A reader that went away is its choice; another failure (a full disk behind a
+        redirection) is said once on stderr, and the command goes on to its exit status."""
+        self.silence()
+        if self.name and not isinstance(exc, BrokenPipeError):
+            with contextlib.suppress(Exception):
+                reason = getattr(exc, "strerror", None) or exc
+                sys.stderr.write(f"{PROG}: warning: cannot write to {self.name}: {reason}; "
+                                 f"its further output is dropped\n")
+
+    def silence(self) -> None:
+        """Drop further output, and point the descriptor at the null device."""
+        self.broken = True
+        with contextlib.suppress(OSError, ValueError):
+            fd = self.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+
+
+_TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+
+
+class _Signals:
+    """SIGTERM and SIGHUP end a command as Ctrl-C does (``SignalInterrupt``, a
+    ``KeyboardInterrupt``: the partial report is written). Once a run has ended, :meth:`defer`
+    makes every interrupt, Ctrl-C included, wait until the outputs are written: it is then only
+    remembered (:attr:`pending`) and sets the exit status."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._deferring = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        from invariance.runner import SignalInterrupt
+
+        if self._deferring:
+            self.pending = self.pending or signum
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SignalInterrupt(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Signals]:
+        try:
+            for signum in (signal.SIGINT, *_TERMINATING):
+                previous = signal.getsignal(signum)
+                default = (signal.default_int_handler if signum == signal.SIGINT
+                           else signal.SIG_DFL)
+                if previous is not default:
+                    continue  # ignored (nohup) or handled by an embedding program: leave it
+                self._previous[signum] = previous
+                signal.signal(signum, self._handle)
+        except ValueError:  # not the main thread: signals stay as they are
+            pass
+        try:
+            yield self
+        finally:
+            for signum, previous in self._previous.items():
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(signum, previous)
+
+    def defer(self) -> None:
+        self._deferring = True
+
+
+def _interrupt_status(exc: BaseException) -> int:
+    """The exit status of an interrupt: 128 + N for signal N, 130 for Ctrl-C (SIGINT)."""
+    signum = getattr(exc, "signum", None)
+    return 128 + signum if isinstance(signum, int) else 130
+
+
+# --------------------------------------------------------------------------------------------
 # Outputs
 # --------------------------------------------------------------------------------------------
 
@@ -239,45 +384,140 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path | None]:
     return {f"--{name}": getattr(args, name, None) for name, _ in _OUTPUTS}
 
 
-def _check_outputs(args: argparse.Namespace, inputs: Sequence[Path] = ()) -> None:
-    from invariance.outputs import check_outputs
+def _check_outputs(args: argparse.Namespace, inputs: Sequence[Path] = ()) -> dict[str, Target]:
+    """Check every requested output (and ``--cases``) before the run; their targets."""
+    from invariance.outputs import check_directory, check_outputs
 
-    paths: dict[str, Path | None] = _outputs(args)
+    targets = check_outputs(_outputs(args), inputs)
     cases = getattr(args, "cases", None)
-    if cases is not None and cases.exists() and not cases.is_dir():
-        raise UsageError(f"--cases: expected a directory, got the file {cases}")
-    check_outputs(paths, inputs)
+    if cases is not None:
+        check_directory("--cases", cases)
+        for t in targets.values():
+            if t.kind == "file" and Path(os.path.abspath(t.path)) == Path(os.path.abspath(cases)):
+                raise UsageError(f"--cases {t.name} and {t.option} {t.name} are the same path")
+    return targets
 
 
-def _write_outputs(report: Report, args: argparse.Namespace) -> list[str]:
-    """Write every requested format; returns the paths written."""
-    from invariance.outputs import write_atomic
+def _to_stdout(targets: dict[str, Target]) -> bool:
+    return any(t.kind == "stdout" for t in targets.values())
+
+
+class _Written:
+    """What the final writes did, for the messages after the console report."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+
+
+def _write(target: Target, text: str, written: _Written, out: _Stream, *,
+           complete: bool = True) -> None:
+    """Write one output: a file of a complete run atomically (its progress file removed), of an
+    incomplete run beside it as ``PATH.partial`` (a complete earlier report is kept); a stream
+    directly. Failures are collected, never raised: every other output and the console report
+    still come."""
+    from invariance.outputs import OutputError, write_atomic, write_output
+
+    try:
+        if target.kind != "file":
+            write_output(target, text)
+            if target.kind not in ("stdout", "stderr"):
+                written.lines.append(f"wrote {target.name}")
+            return
+        partial = target.partial
+        if complete:
+            write_atomic(target.path, text)
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            written.lines.append(f"wrote {target.name}")
+            return
+        write_atomic(partial, text)
+        kept = " and was left as it was" if target.path.exists() else ""
+        written.lines.append(f"wrote {partial} (the run is incomplete; {target.name} is written "
+                             f"only by a complete run{kept})")
+    except BrokenPipeError:  # the reader of a stream stopped reading: its choice
+        if target.kind == "stdout":
+            out.silence()
+    except OutputError as exc:
+        written.errors.append(f"{target.option} {target.name}: not written: {exc}")
+
+
+def _write_reports(report: Report, targets: dict[str, Target], written: _Written,
+                   out: _Stream) -> None:
+    """Write every requested format of ``report``."""
     from invariance.render import to_html, to_junit, to_markdown
 
     render: dict[str, Callable[[Report], str]] = {
         "--json": lambda r: r.to_json() + "\n", "--markdown": to_markdown, "--html": to_html,
         "--junit": to_junit}
-    written = []
-    for flag, path in _outputs(args).items():
-        if path is not None:
-            write_atomic(path, render[flag](report))
-            written.append(str(path))
-    return written
+    for flag, target in targets.items():
+        try:
+            text = render[flag](report)
+        except Exception as exc:  # a renderer's failure costs that output, not the others
+            written.errors.append(f"{flag} {target.name}: not written: cannot render it: "
+                                  f"{type(exc).__name__}: {exc}")
+            continue
+        _write(target, text, written, out, complete=report.complete)
 
 
-def _write_cases(report: Report, directory: Path) -> list[str]:
+def _write_cases(report: Report, directory: Path, written: _Written) -> None:
     import json
 
-    from invariance.outputs import write_atomic
+    from invariance.outputs import OutputError, write_atomic
 
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        written.errors.append(f"--cases {directory}: not written: {exc.strerror or exc}")
+        return
     for i, v in enumerate(report.violations):
         if v.case_data:
             path = directory / f"case-{i:02d}-{v.perturbation}-{v.dtype}.json"
-            write_atomic(path, json.dumps(v.case_data, indent=1) + "\n")
-            written.append(str(path))
-    return written
+            try:
+                write_atomic(path, json.dumps(v.case_data, indent=1) + "\n")
+            except OutputError as exc:
+                written.errors.append(f"--cases: not written: {exc}")
+            else:
+                written.lines.append(f"wrote {path}")
+
+
+def _report_written(written: _Written, err: Console) -> None:
+    for line in written.lines:
+        err.print(Text(line, style="dim"), soft_wrap=True)
+    for line in written.errors:
+        err.print(Text(f"{PROG}: error: {line}", style="bold red"), soft_wrap=True)
+
+
+class _Progress:
+    """``on_cell``: the report so far, after every cell, to ``PATH.partial`` beside a ``--json``
+    file (never over ``PATH``: a complete earlier report stays until the new one is complete;
+    nothing for a stream, written once at the end). A failed write is said once, and the run
+    goes on."""
+
+    def __init__(self, target: Target | None, command: str, cells: int, err: Console) -> None:
+        self.target = target if target is not None and target.rewritable else None
+        self.command = command
+        self.cells = cells
+        self.err = err
+        self.failed = False
+
+    def __call__(self, partial: Report) -> None:
+        if self.target is None:
+            return
+        from invariance.outputs import OutputError, write_atomic
+
+        partial.command = self.command
+        partial.incomplete = f"running: {len(partial.results)} of {self.cells} cells done"
+        try:
+            write_atomic(self.target.partial, partial.to_json() + "\n")
+        except (OutputError, TypeError, ValueError) as exc:  # a full disk, unwritable data
+            if not self.failed:
+                self.err.print(Text(f"{PROG}: warning: cannot save the run's progress: {exc}; "
+                                    f"the run goes on, the report is tried again at its end",
+                                    style="yellow"), soft_wrap=True)
+            self.failed = True
+        finally:
+            partial.incomplete = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,46 +558,67 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def cmd_check(args: argparse.Namespace, argv: Sequence[str], out: Console,
-              err: Console) -> int:
+@dataclass
+class _IO:
+    """A command's consoles: ``out`` the report (moved to stderr when an output is written to
+    standard output), ``err`` messages; their streams; the signal handling."""
+
+    out: Console
+    err: Console
+    stdout: _Stream
+    signals: _Signals
+
+    def report_to_stderr(self, targets: dict[str, Target]) -> None:
+        """Standard output holds an output (``-``): the console report goes to stderr (which
+        then cannot hold an output too: the two would be interleaved)."""
+        if _to_stdout(targets):
+            taken = [t for t in targets.values() if t.kind == "stderr"]
+            if taken:
+                raise UsageError(
+                    f"{taken[0].option} {taken[0].name}: standard error would hold both it and "
+                    f"the console report (standard output holds an output); write one of them "
+                    f"to a file")
+            self.out = self.err
+
+
+def cmd_check(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     kwargs = _settings(args)
-    _check_outputs(args)
+    targets = _check_outputs(args)
+    io.report_to_stderr(targets)
     from invariance.render import print_report
     from invariance.runner import CheckInterrupted, run_spec
     from invariance.spec import CheckSpec
 
     spec = CheckSpec.build(kwargs.pop("backend"), **kwargs)  # ValueError -> one line, exit 2
     if spec.scale.name == "large" and spec.device.type == "cpu":
-        err.print(Text(f"{PROG}: warning: --scale large on cpu runs production shapes "
-                       f"({spec.total_cases()} cases) on the CPU; expect a long run",
-                       style="yellow"))
+        io.err.print(Text(f"{PROG}: warning: --scale large on cpu runs production shapes "
+                          f"({spec.total_cases()} cases) on the CPU; expect a long run",
+                          style="yellow"))
     command = shlex.join([PROG, *argv])
-
-    def save_partial(partial: Report) -> None:
-        if args.json is not None:
-            partial.command = command
-            partial.incomplete = (f"running: {len(partial.results)} of "
-                                  f"{len(spec.dtypes) * len(spec.perturbations)} cells done")
-            from invariance.outputs import write_atomic
-
-            write_atomic(args.json, partial.to_json() + "\n")
-            partial.incomplete = None
-
-    bar, progress = _progress(err, not args.no_progress)
+    save_progress = _Progress(targets.get("--json"), command,
+                              len(spec.dtypes) * len(spec.perturbations), io.err)
+    bar, progress = _progress(io.err, not args.no_progress)
     status = 0
     try:
         with bar:
-            report = run_spec(spec, progress=progress, on_cell=save_partial)
+            report = run_spec(spec, progress=progress, on_cell=save_progress)
     except CheckInterrupted as exc:
-        report, status = exc.report, 130
+        report, status = exc.report, _interrupt_status(exc.cause)
+    io.signals.defer()  # the outputs are written whole, whatever arrives now
     report.command = command
-    print_report(report, out)
-    for path in _write_outputs(report, args) + (
-            _write_cases(report, args.cases) if args.cases is not None else []):
-        err.print(Text(f"wrote {path}", style="dim"))
+    written = _Written()
+    _write_reports(report, targets, written, io.stdout)
+    if args.cases is not None:
+        _write_cases(report, args.cases, written)
+    print_report(report, io.out)
+    _report_written(written, io.err)
     if status:
-        err.print(f"{PROG}: interrupted; the partial report is marked incomplete")
+        io.err.print(f"{PROG}: interrupted; the partial report is marked incomplete")
         return status
+    if written.errors:
+        return 2
+    if io.signals.pending is not None:
+        return 128 + io.signals.pending
     return 0 if report.passed else 1
 
 
@@ -367,60 +628,77 @@ def _load(path: Path) -> Report:
     return Report.from_json(path)
 
 
-def _model_report(args: argparse.Namespace, out: Console) -> int | None:
+def _model_report(args: argparse.Namespace, targets: dict[str, Target], io: _IO) -> int | None:
     """``invariance report`` of a saved ``invariance model`` report (``None``: not one)."""
     import json
 
     try:
         with open(args.path, encoding="utf-8") as f:
             head = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None  # Report.from_json says what is wrong with it
     if not isinstance(head, dict) or head.get("schema") != "invariance.model-report":
         return None
     if args.junit is not None:
         raise UsageError("--junit: a model report has no JUnit form; use --markdown or --html")
     from invariance.model.report import ModelReport
-    from invariance.outputs import write_atomic
-    from invariance.render.model import model_to_html, model_to_markdown, print_model_report
+    from invariance.render.model import print_model_report
 
     report = ModelReport.from_json(args.path)
-    print_model_report(report, out)
-    for path, render in ((args.markdown, model_to_markdown), (args.html, model_to_html)):
-        if path is not None:
-            write_atomic(path, render(report))
+    written = _Written()
+    _write_model_outputs(report, targets, written, io.stdout)
+    print_model_report(report, io.out)
+    _report_written(written, io.err)
+    if written.errors:
+        return 2
     return 0 if report.passed else 1
 
 
-def cmd_report(args: argparse.Namespace, out: Console) -> int:
+def cmd_report(args: argparse.Namespace, io: _IO) -> int:
     from invariance.render import print_report
 
-    _check_outputs(args, [args.path])
-    status = _model_report(args, out)
+    targets = _check_outputs(args, [args.path])
+    io.report_to_stderr(targets)
+    status = _model_report(args, targets, io)
     if status is not None:
         return status
     report = _load(args.path)
-    print_report(report, out)
-    _write_outputs(report, args)
+    written = _Written()
+    _write_reports(report, targets, written, io.stdout)
+    print_report(report, io.out)
+    _report_written(written, io.err)
+    if written.errors:
+        return 2
     return 0 if report.passed else 1
 
 
-def cmd_compare(args: argparse.Namespace, out: Console) -> int:
-    from invariance.outputs import write_atomic
+def cmd_compare(args: argparse.Namespace, io: _IO) -> int:
     from invariance.render import compare_reports, comparison_to_markdown, print_comparison
 
-    _check_outputs(args, [args.a, args.b])
+    targets = _check_outputs(args, [args.a, args.b])
+    io.report_to_stderr(targets)
     comparison = compare_reports(_load(args.a), _load(args.b))
-    print_comparison(comparison, out, all_cells=args.all)
-    if args.markdown is not None:
-        write_atomic(args.markdown, comparison_to_markdown(comparison))
+    if comparison.incomparable and not args.allow_different_settings:
+        raise UsageError(
+            "compare: A and B ran different cases ("
+            + "; ".join(s.text() for s in comparison.incomparable)
+            + "), so the same cell names are not comparable; pass --allow-different-settings "
+              "to compare them anyway")
+    written = _Written()
+    if "--markdown" in targets:
+        _write(targets["--markdown"], comparison_to_markdown(comparison), written, io.stdout)
+    print_comparison(comparison, io.out, all_cells=args.all)
+    _report_written(written, io.err)
+    if written.errors:
+        return 2
     return 1 if comparison.regressed else 0
 
 
-def cmd_replay(args: argparse.Namespace, out: Console) -> int:
+def cmd_replay(args: argparse.Namespace, io: _IO) -> int:
     import json
 
     import invariance
+    from invariance.replay import ReplayError, ScheduleMismatch
     from invariance.report import SCHEMA
 
     try:
@@ -429,7 +707,7 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
         raise UsageError(f"{args.path}: cannot read: {exc}") from None
     if isinstance(data, dict) and data.get("schema") in ("invariance.model-case",
                                                          "invariance.model-report"):
-        return _replay_model(data, args, out)
+        return _replay_model(data, args, io)
     if isinstance(data, dict) and data.get("schema") == SCHEMA:
         violations = _load(args.path).violations
         if not violations:
@@ -443,23 +721,39 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
     if not backend:
         raise UsageError("--backend: the case names no backend; give one")
     device = args.device or data.get("device") or "cpu"
-    out.print(Text(f"replaying {case.perturbation or 'case'} on {backend} ({device})"))
-    out.print(Text(f"  a: {case.a.describe()}\n  b: {case.b.describe()}"))
+    if not args.device and device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device: the case ran on {device}, and torch sees no CUDA GPU "
+                             f"here; pass --device cpu to replay it on the CPU")
+    from invariance.backends import resolve
+
+    fn = resolve(backend)  # ValueError -> one line, exit 2
+    io.out.print(Text(f"replaying {case.perturbation or 'case'} on {backend} ({device})"))
+    io.out.print(Text(f"  a: {case.a.describe()}\n  b: {case.b.describe()}"))
     try:
-        cmp = invariance.replay(backend, case.workload, case.a, case.b, device=device)
-    except AssertionError as exc:
-        out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"))
+        cmp = invariance.replay(fn, case.workload, case.a, case.b, device=device)
+    except ScheduleMismatch as exc:
+        io.out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"))
         return 1
-    out.print(Text(f"identical: {len(cmp.keys)} shared tokens agree bit for bit",
-                   style="bold green"))
+    except ReplayError:
+        raise
+    except Exception as exc:  # the backend's or the environment's error: not a difference
+        raise BackendError(
+            f"replay: the backend {backend} raised {type(exc).__name__}: {exc} (an error of the "
+            f"backend or this environment, not a difference between the schedules; --debug "
+            f"shows the traceback)") from exc
+    io.out.print(Text(f"identical: {len(cmp.keys)} shared tokens agree bit for bit",
+                      style="bold green"))
     return 0
 
 
-def cmd_bench(args: argparse.Namespace, argv: Sequence[str], out: Console,
-              err: Console) -> int:
-    from invariance.outputs import check_outputs, write_atomic
+def cmd_bench(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
+    from invariance.outputs import check_outputs
 
-    check_outputs({"--json": args.json, "--markdown": args.markdown})
+    targets = check_outputs({"--json": args.json, "--markdown": args.markdown})
+    io.report_to_stderr(targets)
     from invariance.bench import run_bench, select_workloads
     from invariance.workload import HeadConfig, parse_dtype
 
@@ -473,7 +767,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], out: Console,
 
     if not torch.cuda.is_available():
         raise UsageError("bench: needs a CUDA GPU; torch.cuda.is_available() is False here")
-    bar, progress = _progress(err, not args.no_progress)
+    bar, progress = _progress(io.err, not args.no_progress)
     with bar:
         report = run_bench(args.backend or [DEFAULT_BACKEND], workloads,
                            baseline=args.baseline, dtype=dtype, heads=heads,
@@ -482,67 +776,100 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], out: Console,
     report.command = shlex.join([PROG, *argv])
     from invariance.render import bench_to_markdown, print_bench
 
-    print_bench(report, out)
-    for path, text in ((args.json, report.to_json() + "\n"),
-                       (args.markdown, bench_to_markdown(report))):
-        if path is not None:
-            write_atomic(path, text)
-            err.print(Text(f"wrote {path}", style="dim"))
+    written = _Written()
+    texts = {"--json": lambda: report.to_json() + "\n",
+             "--markdown": lambda: bench_to_markdown(report)}
+    for flag, target in targets.items():
+        _write(target, texts[flag](), written, io.stdout)
+    print_bench(report, io.out)
+    _report_written(written, io.err)
+    if written.errors:
+        return 2
     return 1 if report.errors() else 0
 
 
-def cmd_model(args: argparse.Namespace, argv: Sequence[str], out: Console,
-              err: Console) -> int:
+def _write_model_outputs(report: ModelReport, targets: dict[str, Target], written: _Written,
+                         out: _Stream) -> None:
+    """Write every requested format of a model report (as :func:`_write_reports`)."""
+    from invariance.render.model import model_to_html, model_to_markdown
+
+    render: dict[str, Callable[[ModelReport], str]] = {
+        "--json": lambda r: r.to_json() + "\n", "--markdown": model_to_markdown,
+        "--html": model_to_html}
+    for flag, target in targets.items():
+        try:
+            text = render[flag](report)
+        except Exception as exc:  # a renderer's failure costs that output, not the others
+            written.errors.append(f"{flag} {target.name}: not written: cannot render it: "
+                                  f"{type(exc).__name__}: {exc}")
+            continue
+        _write(target, text, written, out, complete=report.incomplete is None)
+
+
+def cmd_model(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     import json
 
-    _check_outputs(args)
+    targets = _check_outputs(args)
+    io.report_to_stderr(targets)
     from invariance.model import check_model
-    from invariance.model.report import ModelReport
     from invariance.outputs import write_atomic
-    from invariance.render.model import model_to_html, model_to_markdown, print_model_report
+    from invariance.render.model import print_model_report
 
     command = shlex.join([PROG, *argv])
+    progress_file = targets.get("--json")
+    warned: list[str] = []
 
     def save_partial(partial: ModelReport) -> None:
-        if args.json is not None:
-            partial.command = command
-            partial.incomplete = f"running: {len(partial.scenarios)} scenarios done"
-            write_atomic(args.json, partial.to_json() + "\n")
+        """The report so far beside ``--json`` (as ``PATH.partial``), never over it."""
+        if progress_file is None or progress_file.kind != "file":
+            return
+        partial.command = command
+        partial.incomplete = f"running: {len(partial.scenarios)} scenarios done"
+        try:
+            write_atomic(progress_file.partial, partial.to_json() + "\n")
+        except OSError as exc:
+            if not warned:
+                warned.append(str(exc))
+                io.err.print(Text(f"{PROG}: warning: cannot save the run's progress: {exc}; "
+                                  f"the run goes on", style="yellow"))
+        finally:
             partial.incomplete = None
 
-    bar, progress = _progress(err, not args.no_progress)
+    bar, progress = _progress(io.err, not args.no_progress)
     with bar:
         report = check_model(
             args.model, dtype=args.dtype, device=args.device, attention=args.attention,
             scenarios=args.scenarios, batch_sizes=args.batch_sizes, length=args.length,
             decode_steps=args.decode_steps, seed=args.seed, inputs=args.inputs,
             shrink=not args.no_shrink, progress=progress, on_scenario=save_partial)
+    io.signals.defer()
     report.command = command
-    print_model_report(report, out)
-    written = []
-    render: tuple[tuple[Path | None, Callable[[ModelReport], str]], ...] = (
-        (args.json, lambda r: r.to_json() + "\n"), (args.markdown, model_to_markdown),
-        (args.html, model_to_html))
-    for path, text in render:
-        if path is not None:
-            write_atomic(path, text(report))
-            written.append(str(path))
+    written = _Written()
+    _write_model_outputs(report, targets, written, io.stdout)
     if args.cases is not None:
-        args.cases.mkdir(parents=True, exist_ok=True)
         for i, sc in enumerate(report.scenarios):
             if sc.reproducer is not None:
                 case = args.cases / f"model-case-{i:02d}-{sc.name}.json"
-                write_atomic(case, json.dumps(sc.reproducer.case, indent=1) + "\n")
-                written.append(str(case))
-    for name in written:
-        err.print(Text(f"wrote {name}", style="dim"))
+                try:
+                    args.cases.mkdir(parents=True, exist_ok=True)
+                    write_atomic(case, json.dumps(sc.reproducer.case, indent=1) + "\n")
+                    written.lines.append(f"wrote {case}")
+                except OSError as exc:
+                    written.errors.append(f"--cases {case}: not written: {exc}")
+    print_model_report(report, io.out)
+    _report_written(written, io.err)
+    if written.errors:
+        return 2
+    if io.signals.pending is not None:
+        return 128 + io.signals.pending
     return 0 if report.passed else 1
 
 
-def _replay_model(data: dict[str, Any], args: argparse.Namespace, out: Console) -> int:
+def _replay_model(data: dict[str, Any], args: argparse.Namespace, io: _IO) -> int:
     """``invariance replay`` of a model case (``invariance model --cases``) or of a model
     report's diverged scenario (``--index``)."""
     from invariance.model import CASE_SCHEMA, replay_model
+    from invariance.model.check import ModelMismatch
     from invariance.model.report import ModelReport
 
     if data.get("schema") != CASE_SCHEMA:
@@ -553,14 +880,22 @@ def _replay_model(data: dict[str, Any], args: argparse.Namespace, out: Console) 
                              f"got {args.index}" if cases else
                              f"{args.path}: the report holds no diverged scenario to replay")
         data = cases[args.index]
-    out.print(Text(f"replaying {data.get('scenario', 'case')} of model {data.get('model')!r}"))
+    io.out.print(Text(f"replaying {data.get('scenario', 'case')} of model "
+                      f"{data.get('model')!r}"))
     try:
         cmp = replay_model(data, model=args.model or None, device=args.device)
-    except AssertionError as exc:
-        out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"), soft_wrap=True)
+    except ModelMismatch as exc:
+        io.out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"), soft_wrap=True)
         return 1
-    out.print(Text(f"identical: {cmp.calls_compared} module calls agree bit for bit",
-                   style="bold green"))
+    except ValueError:
+        raise
+    except Exception as exc:  # the model's or the environment's error: not a difference
+        raise BackendError(
+            f"replay: the model raised {type(exc).__name__}: {exc} (an error of the model or "
+            f"this environment, not a difference between the runs; --debug shows the "
+            f"traceback)") from exc
+    io.out.print(Text(f"identical: {cmp.calls_compared} module calls agree bit for bit",
+                      style="bold green"))
     return 0
 
 
@@ -589,22 +924,27 @@ def cmd_env(args: argparse.Namespace, out: Console) -> int:
 # Entry point
 # --------------------------------------------------------------------------------------------
 
-def _run(args: argparse.Namespace, argv: Sequence[str], out: Console, err: Console) -> int:
+class BackendError(Exception):
+    """An error of the backend or the environment outside a check's cells (``replay``): one
+    line naming it, exit 2."""
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     if args.command == "check":
-        return cmd_check(args, argv, out, err)
+        return cmd_check(args, argv, io)
     if args.command == "report":
-        return cmd_report(args, out)
+        return cmd_report(args, io)
     if args.command == "compare":
-        return cmd_compare(args, out)
+        return cmd_compare(args, io)
     if args.command == "replay":
-        return cmd_replay(args, out)
+        return cmd_replay(args, io)
     if args.command == "bench":
-        return cmd_bench(args, argv, out, err)
+        return cmd_bench(args, argv, io)
     if args.command == "model":
-        return cmd_model(args, argv, out, err)
+        return cmd_model(args, argv, io)
     if args.command == "list":
-        return cmd_list(out)
-    return cmd_env(args, out)
+        return cmd_list(io.out)
+    return cmd_env(args, io.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -616,7 +956,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
-    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    stdout, stderr = _Stream(sys.stdout, "standard output"), _Stream(sys.stderr)
+    out = Console(file=stdout, highlight=False)  # type: ignore[arg-type]
+    err = Console(file=stderr, highlight=False)  # type: ignore[arg-type]
     if args.version:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -626,21 +968,27 @@ def main(argv: list[str] | None = None) -> int:
             out.print(f"{PROG} (not installed)")
         return 0
     if args.command is None:
-        parser.print_help(sys.stderr)
+        parser.print_help(stderr)  # type: ignore[arg-type]
         return 2
-    try:
-        return _run(args, argv, out, err)
-    except KeyboardInterrupt:
-        err.print(f"{PROG}: interrupted")
-        return 130
-    except Exception as exc:  # one line, no traceback: the user fixes input, not our code
-        if args.debug:
-            traceback.print_exc()
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if not isinstance(exc, (UsageError, ValueError)):
-            message = f"{type(exc).__name__}: {message}"
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2
+    signals = _Signals()
+    with signals.installed():
+        try:
+            return _run(args, argv, _IO(out, err, stdout, signals))
+        except KeyboardInterrupt as exc:
+            err.print(f"{PROG}: interrupted")
+            return _interrupt_status(exc)
+        except Exception as exc:  # one line, no traceback: the user fixes input, not our code
+            if args.debug:
+                traceback.print_exc(file=stderr)  # type: ignore[arg-type]
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if not isinstance(exc, (UsageError, ValueError, BackendError)):
+                message = f"{type(exc).__name__}: {message}"
+            stderr.write(f"{PROG}: error: {message}\n")
+            stderr.flush()
+            return 2
+        finally:
+            stdout.flush()
+            stderr.flush()
 
 
 if __name__ == "__main__":

@@ -1,41 +1,54 @@
 """The result of :func:`invariance.check`: a ``Report`` and its versioned, validated JSON form.
 
-JSON schema ``"schema": "invariance.report"``, ``"version": "1.1"`` (``"MAJOR.MINOR"``)::
+JSON schema ``"schema": "invariance.report"``, ``"version": "1.2"`` (``"MAJOR.MINOR"``)::
 
     {schema, version, backend, device, dtypes[], heads, scale, budget, seed, perturbations[],
      started_at, seconds, command, incomplete, passed, environment{...},
-     results[ {backend, perturbation, dtype, description, status, cases, compared_tokens,
+     checks[ {id, backend, device, dtypes[], heads, scale, budget, seed, perturbations[],
+              command, incomplete} ],
+     results[ {check, backend, perturbation, dtype, description, status, cases, compared_tokens,
                num_violations, max_ulp, seconds, error, points[{...}], coverage{...},
                violations[ {perturbation, dtype, case, schedule_a, schedule_b, request_id,
                             differing_tokens, compared_tokens, reproducer, shrunk,
                             classification, note, case_data{...},
                             diffs[{...}]} ]} ],
-     accuracy[ {backend, dtype, rows, max_abs_err_out, rel_err_out, max_abs_err_lse,
+     accuracy[ {check, backend, dtype, rows, max_abs_err_out, rel_err_out, max_abs_err_lse,
                 worst_ratio, atol, rtol, lse_atol, nan_rows, passed} ]}
+
+A report of one check has ``checks: []`` and every ``check`` is ``""``. A combined report
+(:meth:`Report.combine`, e.g. a pytest session's) lists each check's id and settings in
+``checks``, and each cell and accuracy row names its check: a cell is identified by (check,
+perturbation, dtype), an accuracy row by (check, dtype), and no two may share an identity.
 
 ``status`` is one of ``passed``, ``failed``, ``error`` (the backend raised) or ``skipped`` (the
 perturbation needs something absent here, e.g. CUDA; never counted as passed). ``incomplete`` is
 ``null`` when the run finished, else why it stopped. Non-finite floats are written as the strings
 ``"nan"``, ``"inf"``, ``"-inf"``.
 
-Versions: a MINOR version only adds fields. Reading checks every field's presence and type and
-raises :class:`ReportError` naming the file, the field path (``results[3].violations[0].diffs[1]
-.max_ulp``), what was expected and what was found. A file of a newer MINOR version loads: fields
-this version does not know are kept in each object's ``extra`` and written back on save. A newer
-MAJOR version is refused. Version 1.0 files (``"version": 1``) load as before: a field with a
-default may be absent.
+Versions: a MINOR version only adds fields (1.1: every field written; 1.2: ``check``,
+``checks``). Reading checks every field's presence and type, and that the file agrees with itself
+(a cell's status with its violations and error, an accuracy verdict with its errors, distinct
+cell identities), and raises :class:`ReportError` naming the file, the field path
+(``results[3].violations[0].diffs[1].max_ulp``), what was expected and what was found. A file
+of a newer MINOR version loads: fields this version does not know are kept in each object's
+``extra`` and written back on save. A newer MAJOR version is refused. Version 1.0 files
+(``"version": 1``) load as before: a field with a default may be absent. In a 1.0 or 1.1 file
+(which had no check ids) a cell or accuracy row repeating an earlier one's identity is given the
+check id ``#2``, ``#3``, ... in file order, so that every cell stays visible and is judged.
 """
 
 from __future__ import annotations
 
 import codecs
+import copy
 import importlib.metadata
 import json
+import os
 import platform
 import re
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Generic, Literal, NoReturn, TypeVar, cast
 
@@ -46,6 +59,7 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "AccuracyResult",
+    "CheckInfo",
     "Environment",
     "PerturbationResult",
     "Report",
@@ -55,8 +69,8 @@ __all__ = [
 
 SCHEMA = "invariance.report"
 #: The schema version written ("MAJOR.MINOR"); this version reads every 1.x.
-SCHEMA_VERSION = "1.1"
-_VERSION = (1, 1)
+SCHEMA_VERSION = "1.2"
+_VERSION = (1, 2)
 
 Status = Literal["passed", "failed", "error", "skipped"]
 _STATUSES: tuple[str, ...] = ("passed", "failed", "error", "skipped")
@@ -236,12 +250,20 @@ class PerturbationResult:
     violations: list[Violation] = field(default_factory=list)
     #: What the cell's cases covered (JSON-serialisable; filled by the check).
     coverage: dict[str, Any] = field(default_factory=dict)
+    #: The check this cell belongs to in a combined report (:meth:`Report.combine`); ``""`` in
+    #: a report of one check. A cell is identified by (check, perturbation, dtype).
+    check: str = ""
     #: Unknown fields of a newer schema: kept, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The cell's identity in its report: (check, perturbation, dtype)."""
+        return (self.check, self.perturbation, self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
         d = _plain(self)
@@ -274,8 +296,15 @@ class AccuracyResult:
     lse_atol: float = 0.0
     nan_rows: int = 0
     passed: bool = True
+    #: The check this row belongs to in a combined report; ``""`` in a report of one check.
+    check: str = ""
     #: Unknown fields of a newer schema: kept, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The row's identity in its report: (check, dtype)."""
+        return (self.check, self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return _with_extra(_plain(self), self.extra)
@@ -290,12 +319,25 @@ def _json_float(x: float) -> float | str:
     return x if x == x and abs(x) != float("inf") else str(x)
 
 
+def _text(x: str) -> str:
+    """``x``, with what is not valid Unicode (lone surrogates, e.g. from a file name that is not
+    UTF-8) escaped as ``\\udcff``: JSON would write them, and no reader accepts them."""
+    try:
+        x.encode("utf-8")
+    except UnicodeEncodeError:
+        return x.encode("utf-8", "backslashreplace").decode("utf-8")
+    return x
+
+
 def _jsonable(x: Any) -> Any:
-    """``x`` as plain JSON data: new containers, tuples as lists, non-finite floats as strings."""
+    """``x`` as plain JSON data: new containers, tuples as lists, non-finite floats as strings,
+    text escaped where it is not valid Unicode."""
     if isinstance(x, float):
         return _json_float(x)
+    if isinstance(x, str):
+        return _text(x)
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {_text(str(k)): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     return x
@@ -318,8 +360,32 @@ def _with_extra(d: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
+class CheckInfo:
+    """One check of a combined report (:meth:`Report.combine`): its id (e.g. a pytest node id)
+    and the settings it ran with, as :class:`Report` holds them for a single check."""
+
+    id: str
+    backend: str
+    device: str
+    dtypes: list[str]
+    heads: str
+    scale: str
+    budget: int
+    seed: int
+    perturbations: list[str]
+    command: str = ""
+    incomplete: str | None = None
+    #: Unknown fields of a newer schema: kept, written back on save.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _with_extra(_plain(self), self.extra)
+
+
+@dataclass
 class Report:
-    """Everything one :func:`invariance.check` run found."""
+    """Everything one :func:`invariance.check` run found (or, combined, several runs: see
+    :meth:`combine`)."""
 
     backend: str
     device: str
@@ -339,6 +405,9 @@ class Report:
     #: ``None`` when the run finished; otherwise why it stopped (e.g. ``"interrupted
     #: (KeyboardInterrupt) after 5 of 12 cells"``). An incomplete report never passes.
     incomplete: str | None = None
+    #: The checks of a combined report (:meth:`combine`), each cell naming one of them;
+    #: empty for a report of one check (its settings are the fields above).
+    checks: list[CheckInfo] = field(default_factory=list)
     #: Unknown top-level fields of a newer schema: kept, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -375,11 +444,28 @@ class Report:
             out[r.status] += 1
         return out
 
-    def cell(self, perturbation: str, dtype: str) -> PerturbationResult:
-        for r in self.results:
-            if r.perturbation == perturbation and r.dtype == dtype:
-                return r
-        raise KeyError(f"no result for perturbation {perturbation!r} at dtype {dtype!r}")
+    def cell(self, perturbation: str, dtype: str, check: str | None = None
+             ) -> PerturbationResult:
+        """The cell of ``perturbation`` at ``dtype`` (of ``check`` in a combined report).
+        ``KeyError`` when there is none, or when ``check`` is not given and several checks
+        have one."""
+        found = [r for r in self.results if r.perturbation == perturbation and r.dtype == dtype
+                 and (check is None or r.check == check)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            where = f" of check {check!r}" if check is not None else ""
+            raise KeyError(f"no result for perturbation {perturbation!r} at dtype {dtype!r}"
+                           f"{where}")
+        raise KeyError(f"perturbation {perturbation!r} at dtype {dtype!r} ran in several checks "
+                       f"({', '.join(repr(r.check) for r in found)}); give check=")
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        """Each check's settings by check id (``""``: the report's own, for a report of one
+        check): backend, device, dtypes, heads, scale, budget, seed, perturbations."""
+        if not self.checks:
+            return {"": {k: getattr(self, k) for k in _SETTING_FIELDS}}
+        return {c.id: {k: getattr(c, k) for k in _SETTING_FIELDS} for c in self.checks}
 
     def verdict(self) -> str:
         """``PASSED``, ``FAILED``, ``INCOMPLETE`` (stopped early, nothing failed so far) or
@@ -423,10 +509,13 @@ class Report:
             "incomplete": self.incomplete,
             "passed": self.passed,
             "environment": self.environment.to_dict(),
+            "checks": [c.to_dict() for c in self.checks],
             "results": [r.to_dict() for r in self.results],
             "accuracy": [a.to_dict() for a in self.accuracy],
         }
-        return _with_extra(d, self.extra)
+        # Text that is not valid Unicode (a file name from a non-UTF-8 argv) is escaped, so that
+        # the reader of this version accepts everything this version writes.
+        return cast(dict[str, Any], _jsonable(_with_extra(d, self.extra)))
 
     def to_json(self, path: str | Path | None = None, *, indent: int = 2) -> str:
         """The report as JSON text; also written to ``path`` when given, atomically (see
@@ -448,38 +537,86 @@ class Report:
             raise ReportError("nested too deeply") from None
 
     @classmethod
-    def from_json(cls, source: str | bytes | Path) -> Report:
-        """Read a report from JSON text (``str`` starting with ``{``, or ``bytes``) or from a
-        path to a JSON file. Raises :class:`ReportError`, naming the file, on an unreadable
-        file, invalid UTF-8, invalid JSON or an invalid report."""
+    def from_json(cls, path: str | os.PathLike[str] | bytes | None = None, *,
+                  text: str | bytes | None = None) -> Report:
+        """Read a report from the file ``path``, or from JSON ``text``.
+
+        The rule has no guessing: a ``str`` or path-like positional argument is always a file
+        name (``"[gpu0] report.json"`` and ``"{run}.json"`` included); JSON content is passed as
+        ``text=`` (``str`` or UTF-8 ``bytes``), or positionally as ``bytes``. Raises
+        :class:`ReportError`, naming the file, on an unreadable file, invalid UTF-8, invalid
+        JSON or an invalid report."""
+        if (path is None) == (text is None):
+            raise TypeError("Report.from_json: expected a path or text=, got "
+                            + ("both" if path is not None else "neither"))
+        if isinstance(path, bytes):
+            path, text = None, path
         file: str | None = None
         try:
-            if isinstance(source, bytes):
-                text = _decode(source)
-            elif isinstance(source, Path) or not source.lstrip().startswith(("{", "[")):
-                file = str(source)
+            if text is None:
+                file = os.fspath(cast("str | os.PathLike[str]", path))
+                if not isinstance(file, str):
+                    raise TypeError(f"Report.from_json: expected a str or path-like path, got "
+                                    f"{type(path).__name__}")
                 try:
-                    raw = Path(source).read_bytes()
+                    raw = Path(file).read_bytes()
                 except OSError as exc:
-                    raise ReportError(f"cannot read it: {exc.strerror or exc}") from None
-                text = _decode(raw)
+                    hint = (" (JSON text is read with Report.from_json(text=...))"
+                            if file.lstrip().startswith(("{", "[")) else "")
+                    raise ReportError(f"cannot read it: {exc.strerror or exc}{hint}") from None
+                content = _decode(raw)
+            elif isinstance(text, bytes):
+                content = _decode(text)
+            elif isinstance(text, str):
+                content = text
             else:
-                text = source
-            return cls.from_dict(_parse(text))
+                raise TypeError(f"Report.from_json: expected text= as str or bytes, got "
+                                f"{type(text).__name__}")
+            return cls.from_dict(_parse(content))
         except ReportError as exc:
-            raise (exc.in_file(file) if file else exc) from None
+            if file is None:
+                raise exc from None
+            shown = file if len(file) <= 200 and "\n" not in file else repr(file[:60]) + "..."
+            raise exc.in_file(shown) from None
 
     @classmethod
-    def combine(cls, reports: list[Report]) -> Report:
-        """One report holding the cells of several (e.g. a pytest session's checks); incomplete
-        when any of them is."""
+    def combine(cls, reports: Sequence[Report], *, ids: Sequence[str] | None = None
+                ) -> Report:
+        """One report holding the cells of several (e.g. a pytest session's checks), each
+        cell and accuracy row keeping the id of its check, so that two checks' cells of the same
+        perturbation and dtype stay distinct; incomplete when any of them is.
+
+        ``ids`` names the checks (e.g. pytest node ids; default ``check 1``, ``check 2``, ...);
+        a repeated id gets `` #2``, `` #3``, ... A combined report combined again keeps its
+        checks, their ids prefixed with its own (``outer / inner``)."""
         if not reports:
             raise ValueError("combine: expected at least one report")
+        if ids is not None and len(ids) != len(reports):
+            raise ValueError(f"combine: expected {len(reports)} ids (one per report), got "
+                             f"{len(ids)}")
+        names = _unique([str(i) for i in ids] if ids is not None
+                        else [f"check {n + 1}" for n in range(len(reports))])
         first = reports[0]
 
         def union(values: list[str]) -> list[str]:
             return list(dict.fromkeys(values))
 
+        checks: list[CheckInfo] = []
+        results: list[PerturbationResult] = []
+        accuracy: list[AccuracyResult] = []
+        for name, r in zip(names, reports, strict=True):
+            if r.checks:
+                def inner(check: str, name: str = name) -> str:
+                    return f"{name} / {check}"
+                checks += [replace(c, id=inner(c.id)) for c in r.checks]
+            else:
+                def inner(check: str, name: str = name) -> str:
+                    return name if not check else f"{name} / {check}"
+                checks.append(CheckInfo(
+                    id=name, **{k: copy.copy(getattr(r, k)) for k in _SETTING_FIELDS},
+                    command=r.command, incomplete=r.incomplete))
+            results += [replace(c, check=inner(c.check)) for c in r.results]
+            accuracy += [replace(a, check=inner(a.check)) for a in r.accuracy]
         stopped = [r.incomplete for r in reports if r.incomplete is not None]
         return cls(
             backend=", ".join(union([r.backend for r in reports])),
@@ -491,12 +628,32 @@ class Report:
             seed=first.seed,
             perturbations=union([p for r in reports for p in r.perturbations]),
             environment=first.environment,
-            results=[c for r in reports for c in r.results],
-            accuracy=[a for r in reports for a in r.accuracy],
+            results=results,
+            accuracy=accuracy,
             started_at=first.started_at,
             seconds=sum(r.seconds for r in reports),
             incomplete="; ".join(union(stopped)) if stopped else None,
+            checks=checks,
         )
+
+
+#: The settings of a check, as :meth:`Report.settings` and :class:`CheckInfo` hold them.
+_SETTING_FIELDS = ("backend", "device", "dtypes", "heads", "scale", "budget", "seed",
+                   "perturbations")
+
+
+def _unique(names: list[str]) -> list[str]:
+    """``names`` with a repeated name suffixed `` #2``, `` #3``, ... (never colliding)."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        candidate, n = name, 1
+        while candidate in seen:
+            n += 1
+            candidate = f"{name} #{n}"
+        seen.add(candidate)
+        out.append(candidate)
+    return out
 
 
 # --- reading and validation ---------------------------------------------------------------
@@ -717,28 +874,34 @@ _FLOAT = _Field(_FLOAT_EXPECTED, _float)
 _BOOL = _Field("bool", _bool)
 _OPT_STR = _opt(_STR)
 
-#: (type, may be absent in a 1.0 file) per field, in the order they are checked.
-_Spec = dict[str, tuple[_Field[Any], bool]]
+#: (type, the first version every file of which holds it) per field, in the order they are
+#: checked: a field may be absent from files older than its version (its default is used).
+_Spec = dict[str, tuple[_Field[Any], tuple[int, int]]]
+_ALWAYS = (1, 0)
+_V11 = (1, 1)  # 1.0 files may leave out a field with a default; from 1.1 on every field is written
+_V12 = (1, 2)  # check ids
 
 _ENVIRONMENT: _Spec = {
-    "device": (_STR, False), "device_name": (_STR, False), "gpu_count": (_INT, False),
-    "driver": (_OPT_STR, False), "cuda": (_OPT_STR, False), "torch": (_STR, False),
-    "triton": (_OPT_STR, False), "python": (_STR, False), "platform": (_STR, False),
+    "device": (_STR, _ALWAYS), "device_name": (_STR, _ALWAYS), "gpu_count": (_INT, _ALWAYS),
+    "driver": (_OPT_STR, _ALWAYS), "cuda": (_OPT_STR, _ALWAYS), "torch": (_STR, _ALWAYS),
+    "triton": (_OPT_STR, _ALWAYS), "python": (_STR, _ALWAYS), "platform": (_STR, _ALWAYS),
 }
 _DIFF: _Spec = {
-    "name": (_STR, False),
-    "shape": (_Field("list of int", lambda v, p: tuple(_list(_INT).read(v, p))), False),
-    "dtype": (_STR, False), "num_elements": (_INT, False), "num_different": (_INT, False),
-    "nan_mismatches": (_INT, False), "max_abs_diff": (_FLOAT, False), "max_ulp": (_INT, False),
-    "first_index": (_opt(_mapping(_INT)), False),
-    "first_values": (_opt(_Field("list of 2 str", _pair)), True),
+    "name": (_STR, _ALWAYS),
+    "shape": (_Field("list of int", lambda v, p: tuple(_list(_INT).read(v, p))), _ALWAYS),
+    "dtype": (_STR, _ALWAYS), "num_elements": (_INT, _ALWAYS),
+    "num_different": (_INT, _ALWAYS), "nan_mismatches": (_INT, _ALWAYS),
+    "max_abs_diff": (_FLOAT, _ALWAYS), "max_ulp": (_INT, _ALWAYS),
+    "first_index": (_opt(_mapping(_INT)), _ALWAYS),
+    "first_values": (_opt(_Field("list of 2 str", _pair)), _V11),
 }
 _ACCURACY: _Spec = {
-    "backend": (_STR, False), "dtype": (_STR, False), "rows": (_INT, True),
-    "max_abs_err_out": (_FLOAT, True), "rel_err_out": (_FLOAT, True),
-    "max_abs_err_lse": (_FLOAT, True), "worst_ratio": (_FLOAT, True), "atol": (_FLOAT, True),
-    "rtol": (_FLOAT, True), "lse_atol": (_FLOAT, True), "nan_rows": (_INT, True),
-    "passed": (_BOOL, True),
+    "backend": (_STR, _ALWAYS), "dtype": (_STR, _ALWAYS), "check": (_STR, _V12),
+    "rows": (_INT, _V11),
+    "max_abs_err_out": (_FLOAT, _V11), "rel_err_out": (_FLOAT, _V11),
+    "max_abs_err_lse": (_FLOAT, _V11), "worst_ratio": (_FLOAT, _V11), "atol": (_FLOAT, _V11),
+    "rtol": (_FLOAT, _V11), "lse_atol": (_FLOAT, _V11), "nan_rows": (_INT, _V11),
+    "passed": (_BOOL, _V11),
 }
 _POINTS = _list(_mapping(_Field(_FLOAT_EXPECTED, _number)))
 _OBJECT = _Field("object", _json_object)
@@ -749,19 +912,17 @@ class _Reader:
 
     def __init__(self, version: tuple[int, int]) -> None:
         self.version = version
-        #: 1.0 files may leave out a field with a default; from 1.1 on every field is written.
-        self.lenient = version < (1, 1)
 
     def fields(self, d: Any, path: str, spec: _Spec) -> tuple[dict[str, Any], dict[str, Any]]:
         """Read ``spec``'s fields of object ``d``; return them and the unknown fields."""
         if not isinstance(d, Mapping):
             _fail(path or "(report)", "object", d)
         values: dict[str, Any] = {}
-        for name, (f, optional) in spec.items():
+        for name, (f, since) in spec.items():
             where = f"{path}.{name}" if path else name
             value = d.get(name, _MISSING)
             if value is _MISSING:
-                if optional and self.lenient:
+                if self.version < since:
                     continue
                 raise ReportError(field=where, expected=f.expected,
                                   actual="nothing (field missing)")
@@ -783,12 +944,12 @@ class _Reader:
         diffs = _Field("list of object", lambda v, p: _list(
             _Field("object", self.diff)).read(v, p))
         spec: _Spec = {
-            "perturbation": (_STR, False), "dtype": (_STR, False), "case": (_INT, False),
-            "schedule_a": (_STR, False), "schedule_b": (_STR, False),
-            "request_id": (_INT, False), "differing_tokens": (_INT, False),
-            "compared_tokens": (_INT, False), "diffs": (diffs, False),
-            "reproducer": (_STR, False), "shrunk": (_BOOL, True), "classification": (_STR, True),
-            "note": (_STR, True), "case_data": (_OBJECT, True),
+            "perturbation": (_STR, _ALWAYS), "dtype": (_STR, _ALWAYS), "case": (_INT, _ALWAYS),
+            "schedule_a": (_STR, _ALWAYS), "schedule_b": (_STR, _ALWAYS),
+            "request_id": (_INT, _ALWAYS), "differing_tokens": (_INT, _ALWAYS),
+            "compared_tokens": (_INT, _ALWAYS), "diffs": (diffs, _ALWAYS),
+            "reproducer": (_STR, _ALWAYS), "shrunk": (_BOOL, _V11), "classification": (_STR, _V11),
+            "note": (_STR, _V11), "case_data": (_OBJECT, _V11),
         }
         values, extra = self.fields(d, path, spec)
         pairs = values.pop("diffs")
@@ -797,34 +958,132 @@ class _Reader:
 
     def result(self, d: Any, path: str) -> PerturbationResult:
         spec: _Spec = {
-            "backend": (_STR, False), "perturbation": (_STR, False), "dtype": (_STR, False),
-            "description": (_STR, False), "status": (_Field("status", _status), False),
-            "cases": (_INT, True), "compared_tokens": (_INT, True),
-            "num_violations": (_INT, True), "max_ulp": (_INT, True), "seconds": (_FLOAT, True),
-            "error": (_OPT_STR, True), "points": (_POINTS, True), "coverage": (_OBJECT, True),
-            "violations": (_list(_Field("object", self.violation)), True),
+            "backend": (_STR, _ALWAYS), "perturbation": (_STR, _ALWAYS), "dtype": (_STR, _ALWAYS),
+            "description": (_STR, _ALWAYS), "status": (_Field("status", _status), _ALWAYS),
+            "cases": (_INT, _V11), "compared_tokens": (_INT, _V11),
+            "num_violations": (_INT, _V11), "max_ulp": (_INT, _V11), "seconds": (_FLOAT, _V11),
+            "error": (_OPT_STR, _V11), "points": (_POINTS, _V11), "coverage": (_OBJECT, _V11),
+            "violations": (_list(_Field("object", self.violation)), _V11),
+            "check": (_STR, _V12),
         }
         values, extra = self.fields(d, path, spec)
+        _consistent_cell(values, path)
         return PerturbationResult(**values, extra=extra)
 
     def accuracy(self, d: Any, path: str) -> AccuracyResult:
         values, extra = self.fields(d, path, _ACCURACY)
+        _consistent_accuracy(values, path)
         return AccuracyResult(**values, extra=extra)
+
+    def check(self, d: Any, path: str) -> CheckInfo:
+        spec: _Spec = {
+            "id": (_STR, _ALWAYS), "backend": (_STR, _ALWAYS), "device": (_STR, _ALWAYS),
+            "dtypes": (_list(_STR), _ALWAYS), "heads": (_STR, _ALWAYS),
+            "scale": (_STR, _ALWAYS), "budget": (_INT, _ALWAYS), "seed": (_INT, _ALWAYS),
+            "perturbations": (_list(_STR), _ALWAYS), "command": (_STR, _ALWAYS),
+            "incomplete": (_OPT_STR, _ALWAYS),
+        }
+        values, extra = self.fields(d, path, spec)
+        return CheckInfo(**values, extra=extra)
+
+    def identities(self, report: Report) -> None:
+        """Distinct (check, perturbation, dtype) cells and (check, dtype) accuracy rows, each
+        naming a listed check. Files older than 1.2 had no check ids: a repeated identity there
+        (a combined report of that version) is told apart by ``#2``, ``#3``, ... in file
+        order."""
+        ids = [c.id for c in report.checks]
+        for i, c in enumerate(report.checks):
+            if c.id in ids[:i]:
+                raise ReportError(field=f"checks[{i}].id", expected="an id no other check has",
+                                  actual=_describe(c.id))
+        items: list[tuple[str, list[Any]]] = [("results", report.results),
+                                              ("accuracy", report.accuracy)]
+        for name, rows in items:
+            seen: dict[tuple[str, ...], int] = {}
+            for i, row in enumerate(rows):
+                if self.version < _V12:
+                    n = seen.get(row.key, 0) + 1
+                    seen[row.key] = n
+                    if n > 1:
+                        row.check = f"#{n}"
+                        seen[row.key] = n
+                    continue
+                if row.key in seen:
+                    what = " at ".join(repr(k) for k in row.key[1:])
+                    raise ReportError(
+                        field=f"{name}[{i}]", expected="a (check, perturbation, dtype) no other "
+                        "cell has" if name == "results" else "a (check, dtype) no other row has",
+                        actual=f"{what} of check {row.check!r} again (as {name}[{seen[row.key]}])")
+                seen[row.key] = i
+                if ids and row.check not in ids:
+                    raise ReportError(field=f"{name}[{i}].check",
+                                      expected="the id of a check listed in 'checks'",
+                                      actual=_describe(row.check))
+                if not ids and row.check:
+                    raise ReportError(field=f"{name}[{i}].check",
+                                      expected="'' (the report lists no checks)",
+                                      actual=_describe(row.check))
 
     def report(self, d: Mapping[str, Any]) -> Report:
         spec: _Spec = {
-            "schema": (_STR, False), "version": (_Field("version", lambda v, p: v), False),
-            "backend": (_STR, False), "device": (_STR, False), "dtypes": (_list(_STR), False),
-            "heads": (_STR, False), "scale": (_STR, False), "budget": (_INT, False),
-            "seed": (_INT, False), "perturbations": (_list(_STR), False),
-            "started_at": (_STR, True), "seconds": (_FLOAT, True), "command": (_STR, True),
-            "incomplete": (_OPT_STR, True),
-            "passed": (_BOOL, True),  # derived from the cells: checked, not trusted
-            "environment": (_Field("object", self.environment), False),
-            "results": (_list(_Field("object", self.result)), True),
-            "accuracy": (_list(_Field("object", self.accuracy)), True),
+            "schema": (_STR, _ALWAYS), "version": (_Field("version", lambda v, p: v), _ALWAYS),
+            "backend": (_STR, _ALWAYS), "device": (_STR, _ALWAYS), "dtypes": (_list(_STR), _ALWAYS),
+            "heads": (_STR, _ALWAYS), "scale": (_STR, _ALWAYS), "budget": (_INT, _ALWAYS),
+            "seed": (_INT, _ALWAYS), "perturbations": (_list(_STR), _ALWAYS),
+            "started_at": (_STR, _V11), "seconds": (_FLOAT, _V11), "command": (_STR, _V11),
+            "incomplete": (_OPT_STR, _V11),
+            "passed": (_BOOL, _V11),  # derived from the cells: checked, not trusted
+            "environment": (_Field("object", self.environment), _ALWAYS),
+            "checks": (_list(_Field("object", self.check)), _V12),
+            "results": (_list(_Field("object", self.result)), _V11),
+            "accuracy": (_list(_Field("object", self.accuracy)), _V11),
         }
         values, extra = self.fields(d, "", spec)
         for derived in ("schema", "version", "passed"):
             values.pop(derived, None)
-        return Report(**values, extra=extra)
+        report = Report(**values, extra=extra)
+        self.identities(report)
+        return report
+
+
+def _inconsistent(path: str, expected: str, actual: str) -> NoReturn:
+    raise ReportError(field=path, expected=expected, actual=actual)
+
+
+def _consistent_cell(v: Mapping[str, Any], path: str) -> None:
+    """A cell's status agrees with its counts, violations and error (a hand-edited ``"status":
+    "passed"`` that still holds violations is refused, not believed)."""
+    status = v["status"]
+    count = v.get("num_violations")
+    kept = len(v.get("violations", []))
+    where = f"{path}.status" if path else "status"
+    if count is not None and kept > count:
+        _inconsistent(f"{path}.num_violations", f"at least the {kept} violations kept",
+                      str(count))
+    if status in ("passed", "skipped"):
+        if count or kept:
+            _inconsistent(where, "'failed' (the cell holds violations)",
+                          f"{status!r} with {max(count or 0, kept)} violation(s)")
+        if status == "passed" and v.get("max_ulp"):
+            _inconsistent(where, "'failed' (the cell has a nonzero ULP distance)",
+                          f"'passed' with max_ulp {v['max_ulp']}")
+        if status == "passed" and v.get("error"):
+            _inconsistent(where, "'error' (the cell holds an error)",
+                          f"'passed' with error {_describe(v['error'])}")
+        if status == "passed" and v.get("cases") == 0:
+            _inconsistent(where, "'skipped' or a cell that ran (a passed cell ran at least one "
+                          "case)", "'passed' with 0 cases")
+    elif status == "failed" and count is not None and count == 0 and not kept:
+        _inconsistent(where, "'passed' or 'error' (a failed cell holds at least one violation)",
+                      "'failed' with 0 violations")
+
+
+def _consistent_accuracy(v: Mapping[str, Any], path: str) -> None:
+    """An accuracy verdict agrees with its numbers: passing means no NaN row and the worst error
+    within tolerance (``worst_ratio <= 1``)."""
+    if "passed" not in v or "nan_rows" not in v or "worst_ratio" not in v:
+        return
+    within = v["nan_rows"] == 0 and v["worst_ratio"] <= 1.0
+    if v["passed"] and not within:
+        _inconsistent(f"{path}.passed", "false (NaN rows or an error beyond the tolerance)",
+                      f"true with {v['nan_rows']} NaN row(s) and worst ratio {v['worst_ratio']}")

@@ -11,6 +11,7 @@ an interrupt leaves a report marked incomplete (ARCHITECTURE.md, "The driver").
 from __future__ import annotations
 
 import datetime as _dt
+import signal
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -21,9 +22,9 @@ from typing import Any
 import torch
 
 from invariance.accuracy import AccuracyAccumulator
-from invariance.backends import Backend
+from invariance.backends import Backend, capabilities
 from invariance.compare import CaseComparison, compare_outputs
-from invariance.perturb import Case, Perturbation, Scale
+from invariance.perturb import SCALES, Case, Perturbation, Scale
 from invariance.replay import case_to_dict, reproducer
 from invariance.report import Environment, PerturbationResult, Report, Violation
 from invariance.schedule import ScheduleOutput, run_schedule
@@ -31,12 +32,34 @@ from invariance.shrink import shrink
 from invariance.spec import CheckSpec
 from invariance.workload import HeadConfig, dtype_name
 
-__all__ = ["CheckInterrupted", "Progress", "check", "run_spec"]
+__all__ = ["CheckInterrupted", "Progress", "SignalInterrupt", "check", "run_spec"]
 
 #: ``progress(done, total, label)`` is called after every case.
 Progress = Callable[[int, int, str], None]
 #: ``on_cell(report)`` is called after every finished cell with the report so far.
 OnCell = Callable[[Report], None]
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """A termination signal (``SIGTERM``, ``SIGHUP``) turned into an interrupt by a face that
+    installs a handler raising it, so that it ends a check as Ctrl-C does: the partial report
+    is kept (:class:`CheckInterrupted`). ``signum`` is the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+
+#: Set by :mod:`invariance.isolate` while a child process imports the parent's script or test
+#: file to find the backend: a check started there is that file's unguarded top-level code.
+IMPORTING_FOR_CHILD: str | None = None
 
 
 class CheckInterrupted(Exception):
@@ -83,7 +106,9 @@ def check(
     - ``max_violations``: violations kept per cell (>= 0; all are counted); the first of each
       cell is shrunk (``shrink``) to the smallest batch that still disagrees.
     - ``isolate``: run each cell in a child process, so that a backend that crashes the process
-      (segfault, CUDA illegal address) yields an error cell and the run goes on.
+      (segfault, CUDA illegal address) yields an error cell and the run goes on. The check is
+      sent to the child by value (:mod:`invariance.isolate`); what cannot be (a lambda, a
+      closure) is a ``ValueError`` before anything runs.
     - ``progress``: called as ``progress(done, total, label)`` after each case.
     - ``on_cell``: called with the report so far after each finished cell.
 
@@ -100,11 +125,16 @@ def check(
 def run_spec(spec: CheckSpec, *, progress: Progress | None = None,
              on_cell: OnCell | None = None) -> Report:
     """Run a validated :class:`CheckSpec` (what :func:`check` does after validation)."""
+    if IMPORTING_FOR_CHILD is not None:
+        raise RuntimeError(
+            f"a check started while a child process of isolate imported {IMPORTING_FOR_CHILD} "
+            f"to find the backend: that file runs a check at import; guard its top-level code "
+            f"with 'if __name__ == \"__main__\":'")
     t_start = time.perf_counter()
     report = Report(
         backend=spec.backend.name, device=str(spec.device),
         dtypes=[dtype_name(d) for d in spec.dtypes], heads=str(spec.heads),
-        scale=spec.scale.name, budget=spec.budget, seed=spec.seed,
+        scale=_scale_name(spec), budget=spec.budget, seed=spec.seed,
         perturbations=[p.name for p in spec.perturbations],
         environment=Environment.capture(str(spec.device)),
         started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -124,11 +154,21 @@ def run_spec(spec: CheckSpec, *, progress: Progress | None = None,
                 report.accuracy.append(acc.result(spec.backend.name))
     except (KeyboardInterrupt, SystemExit) as exc:
         report.seconds = time.perf_counter() - t_start
-        report.incomplete = (f"interrupted ({type(exc).__name__}) after {len(report.results)} "
-                             f"of {cells} cells")
+        why = exc.name if isinstance(exc, SignalInterrupt) else type(exc).__name__
+        report.incomplete = f"interrupted ({why}) after {len(report.results)} of {cells} cells"
         raise CheckInterrupted(report, exc) from exc
     report.seconds = time.perf_counter() - t_start
     return report
+
+
+def _scale_name(spec: CheckSpec) -> str:
+    """The scale's name, marked ``(custom)`` when its sizes are not the stock scale's of that
+    name (reports that say ``small`` then ran the stock small cases)."""
+    stock = SCALES.get(spec.scale.name)
+    split = capabilities(spec.backend).split_tokens
+    if stock is not None and stock.for_split(split) == spec.scale:
+        return spec.scale.name
+    return f"{spec.scale.name} (custom)"
 
 
 @dataclass
@@ -266,50 +306,29 @@ def _violation(spec: CheckSpec, p: Perturbation, dt: torch.dtype, i: int, case: 
 
 
 # --------------------------------------------------------------------------------------------
-# Isolation: one child process per cell
+# Isolation: one child process per cell (invariance.isolate)
 # --------------------------------------------------------------------------------------------
-
-def _child(conn: Any, arguments: dict[str, Any], perturbation: str, dtype: str) -> None:
-    """In the child: rebuild the spec, run one cell, send back the cell and the accuracy."""
-    spec = CheckSpec.build(**{**arguments, "dtype": dtype, "perturbations": [perturbation]})
-    acc = AccuracyAccumulator(spec.dtypes[0])
-    cell = _run_cell(spec, spec.perturbations[0], spec.dtypes[0], acc, _Counter(0, None))
-    conn.send((cell.to_dict(), {k: v for k, v in vars(acc).items() if k != "dtype"}))
-    conn.close()
-
 
 def _run_isolated(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAccumulator,
                   counter: _Counter) -> PerturbationResult:
-    """:func:`_run_cell` in a child process; a child that dies becomes an error cell."""
-    import multiprocessing
-    import signal
+    """:func:`_run_cell` in a child process, the check sent by value; a child that fails or dies
+    becomes an error cell holding its reason."""
+    from invariance.isolate import run_in_child
 
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, spec.rebuild_arguments(), p.name,
-                                             dtype_name(dt)), daemon=True)
     t0 = time.perf_counter()
-    child.start()
-    send.close()
-    try:
-        message = receive.recv()
-    except EOFError:
-        message = None
-    child.join()
+    result = run_in_child(spec, p, dtype_name(dt))
     for _ in range(spec.budget * p.cases_per_budget):
         counter.step(f"{p.name} · {dtype_name(dt)}")
-    if message is None:
-        code = child.exitcode or 0
-        how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+    if result.cell is None or result.accuracy is None:
         return PerturbationResult(
             backend=spec.backend.name, perturbation=p.name, dtype=dtype_name(dt),
             description=p.description, status="error", seconds=time.perf_counter() - t0,
-            error=f"the backend's process died ({how}) before the cell finished (--isolate)")
-    cell_dict, acc_state = message
-    acc.rows += acc_state["rows"]
-    acc.nan_rows += acc_state["nan_rows"]
-    acc.err_sq += acc_state["err_sq"]
-    acc.ref_sq += acc_state["ref_sq"]
+            error=result.error or "the backend's process gave no answer (--isolate)")
+    state = result.accuracy
+    acc.rows += state["rows"]
+    acc.nan_rows += state["nan_rows"]
+    acc.err_sq += state["err_sq"]
+    acc.ref_sq += state["ref_sq"]
     for key in ("max_abs_out", "max_abs_lse", "worst"):
-        setattr(acc, key, max(getattr(acc, key), acc_state[key]))
-    return PerturbationResult.from_dict(cell_dict)
+        setattr(acc, key, max(getattr(acc, key), state[key]))
+    return PerturbationResult.from_dict(result.cell)

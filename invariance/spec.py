@@ -169,24 +169,18 @@ class CheckSpec:
         caps = capabilities(fn)
         _negotiate(fn.name, caps, dtypes, head_cfg, dev, perts, explicit)
         scale_obj = scale_obj.for_split(caps.split_tokens)
-        return cls(
+        spec = cls(
             backend=fn, dtypes=dtypes, heads=head_cfg, perturbations=perts,
             budget=check_int("budget", budget), seed=check_int("seed", seed), device=dev,
             scale=scale_obj, accuracy_rows=check_int("accuracy_rows", accuracy_rows),
             max_violations=check_int("max_violations", max_violations), shrink=shrink,
             isolate=isolate,
         )
+        if isolate:
+            from invariance.isolate import check_sendable
 
-    def rebuild_arguments(self) -> dict[str, Any]:
-        """Plain arguments of :meth:`build` that rebuild this spec in another process (the
-        backend by its name: a callable must be importable as ``module:attr`` or
-        ``file.py:attr``)."""
-        return {"backend": self.backend.name, "dtype": [str(d).removeprefix("torch.")
-                                                        for d in self.dtypes],
-                "heads": str(self.heads), "perturbations": [p.name for p in self.perturbations],
-                "budget": self.budget, "seed": self.seed, "device": str(self.device),
-                "scale": self.scale.name, "accuracy_rows": self.accuracy_rows,
-                "max_violations": self.max_violations, "shrink": self.shrink}
+            check_sendable(spec)  # what cannot reach a child process is refused now
+        return spec
 
     def skip_reason(self, p: Perturbation) -> str | None:
         """Why ``p`` cannot run here (it was asked for through ``"all"``), or ``None``."""

@@ -240,7 +240,8 @@ def test_interrupted_run_keeps_finished_cells(fn: str, tmp_path: Path,
                          "--perturb", "prefill_vs_decode,order,repeat", "--json", str(out)],
                         capsys)
     assert code == 130 and "partial report is marked incomplete" in err
-    report = invariance.Report.from_json(out)
+    assert not out.exists()  # only a complete run writes PATH; its progress goes beside it
+    report = invariance.Report.from_json(tmp_path / "partial.json.partial")
     assert [r.perturbation for r in report.results] == ["prefill_vs_decode"]
     assert report.incomplete and "after 1 of 3 cells" in report.incomplete
     assert not report.passed and report.verdict().startswith("INCOMPLETE")

@@ -106,7 +106,7 @@ def test_same_seed_same_cases_and_json_round_trip(tmp_path: object) -> None:
                          seed=3, dtype=["float32", "float16"])
     assert [r.points for r in a.results] == [r.points for r in b.results]
     text = a.to_json()
-    back = Report.from_json(text)
+    back = Report.from_json(text=text)
     assert back.to_dict() == a.to_dict()
     assert back.violations[0].diffs[0].first_index == a.violations[0].diffs[0].first_index
 

@@ -1,5 +1,7 @@
-"""Output files: atomic writes (all or nothing, no temporary left) and the checks made before a
-long run (directory, missing or read-only parent, duplicates, an output that is an input)."""
+"""Output files: atomic writes (all or nothing, no temporary left), what an output path names
+(a file, standard output, another stream) and the checks made before a long run (directory,
+missing or read-only parent, duplicates, an output that is an input, a name that cannot be read
+back, a directory for case files)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,16 @@ from typing import Any
 import pytest
 
 from invariance import outputs
-from invariance.outputs import OutputError, check_outputs, write_atomic
+from invariance.outputs import (
+    OutputError,
+    Target,
+    check_directory,
+    check_outputs,
+    partial_path,
+    target,
+    write_atomic,
+    write_output,
+)
 
 
 def _listing(d: Path) -> list[str]:
@@ -191,3 +202,112 @@ def test_unwritable_parent_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyP
         check_outputs({"--json": tmp_path / "r.json"})
     assert str(info.value) == (f"--json {tmp_path}/r.json: cannot create a file in {tmp_path}: "
                                "Permission denied")
+
+
+# --- what an output path names ---------------------------------------------------------------
+
+def test_dash_and_dev_stdout_are_standard_output(tmp_path: Path) -> None:
+    assert target("--json", "-").kind == "stdout"
+    assert target("--json", tmp_path / "new.json").kind == "file"
+    if Path("/dev/stdout").exists():
+        # Whatever standard output is here (a pipe, a file, a terminal), /dev/stdout names it.
+        assert target("--json", "/dev/stdout").kind == "stdout"
+        assert target("--json", "/dev/stderr").kind == "stderr"
+    # The null device is a sink whatever standard output is pointed at; any number may use it.
+    assert target("--json", os.devnull).kind == "stream"
+    targets = check_outputs({"--json": Path(os.devnull), "--markdown": Path(os.devnull)})
+    assert {t.kind for t in targets.values()} == {"stream"}
+
+
+def test_a_file_behind_standard_output_is_written_through_it(tmp_path: Path) -> None:
+    """``--json /dev/stdout > out.txt``: the file is standard output's own, so it is written
+    through the descriptor (an atomic rename would unlink the file the shell redirected to)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.txt"
+    # outputs.py is the standard library only: loaded by file, the child starts in a blink.
+    code = ("import importlib.util as u, sys; s = u.spec_from_file_location('o', sys.argv[1]); "
+            "o = sys.modules['o'] = u.module_from_spec(s); s.loader.exec_module(o); "
+            "t = o.target('--json', sys.argv[2]); print('console', flush=True); "
+            "o.write_output(t, t.kind + '\\n')")
+    for name in ("/dev/stdout", str(out)):
+        with open(out, "w") as f:
+            subprocess.run([sys.executable, "-c", code, outputs.__file__, name], stdout=f,
+                           check=True)
+        assert out.read_text() == "console\nstdout\n", name  # nothing replaced or lost
+
+
+def test_standard_output_twice_is_refused() -> None:
+    with pytest.raises(OutputError, match="--markdown - and --json - are the same file"):
+        check_outputs({"--json": "-", "--markdown": "-"})
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_pipe_is_written_directly_once(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    out = check_outputs({"--json": fifo})["--json"]
+    assert out.kind == "stream" and not out.rewritable
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_output(out, "{}\n")
+    reader.join(timeout=10)
+    assert got == [b"{}\n"] and _listing(tmp_path) == ["pipe"]  # no temporary, no rename
+
+
+def test_write_output_to_a_gone_reader_is_a_broken_pipe(tmp_path: Path) -> None:
+    """A reader that went away is the reader's choice: BrokenPipeError, not an OutputError."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        with pytest.raises(BrokenPipeError):
+            write_output(Target("--json", Path(f"/dev/fd/{w}"), "stream"), "x" * 100)
+    finally:
+        os.close(w)
+
+
+def test_non_utf8_names_are_refused_before_the_run(tmp_path: Path) -> None:
+    bad = Path(os.fsdecode(bytes(tmp_path) + b"/r\xff.json"))
+    with pytest.raises(OutputError, match=r"--json .*r\\xff\.json: the name is not valid UTF-8"):
+        check_outputs({"--json": bad})
+    with pytest.raises(OutputError, match="not valid UTF-8"):
+        check_directory("--cases", Path(os.fsdecode(bytes(tmp_path) + b"/c\xfe")))
+    assert _listing(tmp_path) == []
+
+
+def test_partial_path_sits_beside_the_report(tmp_path: Path) -> None:
+    assert partial_path(tmp_path / "r.json") == tmp_path / "r.json.partial"
+    (tmp_path / "r.json.partial").mkdir()
+    with pytest.raises(OutputError, match="where the run's progress goes"):
+        check_outputs({"--json": tmp_path / "r.json"})
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda d: d / "file.txt", "expected a directory, got the file"),
+    (lambda d: d / "file.txt" / "sub", "file.txt is not a directory"),
+    (lambda d: "-", "standard output cannot hold files"),
+], ids=["a-file", "under-a-file", "stdout"])
+def test_check_directory_rejects(tmp_path: Path, make: Any, message: str) -> None:
+    (tmp_path / "file.txt").write_text("")
+    with pytest.raises(OutputError, match=message):
+        check_directory("--cases", make(tmp_path))
+
+
+def test_check_directory_accepts_new_and_existing(tmp_path: Path) -> None:
+    check_directory("--cases", tmp_path)
+    check_directory("--cases", tmp_path / "new" / "deeper")
+    assert _listing(tmp_path) == []  # nothing created: the probe is removed
+
+
+def test_check_directory_unwritable_simulated(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(target: Path) -> tuple[int, Path]:
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(outputs, "_open_temp", denied)
+    with pytest.raises(OutputError, match=r"--cases .*: cannot create a file in .*Read-only"):
+        check_directory("--cases", tmp_path / "cases")

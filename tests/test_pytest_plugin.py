@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -463,3 +464,141 @@ def test_readme_example(pytester: pytest.Pytester) -> None:
         "2 check(s): 2 passed, 0 failed (seed 0)",
     ])
     assert Report.from_json(path).passed
+
+
+# ------------------------------------------------------------------------------------------
+# Edges: xdist, interrupts, ini booleans, repeated dtypes, the report path
+# ------------------------------------------------------------------------------------------
+
+TWO_CHECKS = """
+    import pytest
+
+    @pytest.mark.parametrize("p", ["order", "uninitialized"])
+    def test_it(invariance_check, p):
+        invariance_check("reference", perturbations=[p], device="cpu")
+"""
+
+
+def test_xdist_workers_reports_are_merged_on_the_controller(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(TWO_CHECKS)
+    path = pytester.path / "rx.json"
+    result = pytester.runpytest_subprocess("-n", "2", f"--invariance-report={path}")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["2 check(s): 2 passed, 0 failed (seed 0)",
+                                 f"report written to {path}"])
+    report = Report.from_json(path)
+    assert report.passed and report.complete
+    assert sorted(c.check for c in report.results) == [
+        "test_xdist_workers_reports_are_merged_on_the_controller.py::test_it[order]",
+        "test_xdist_workers_reports_are_merged_on_the_controller.py::test_it[uninitialized]"]
+
+
+STOPPED = """
+    import os, signal
+    from invariance.backends.reference import reference_backend
+
+    calls = {"n": 0}
+
+    def stops_in_its_second_cell(batch):
+        calls["n"] += 1
+        if calls["n"] > 4:  # "uninitialized" takes 4 calls: its cell is finished
+            STOP()
+        return reference_backend(batch)
+
+    def test_stopped(invariance_check):
+        invariance_check(stops_in_its_second_cell, device="cpu",
+                         perturbations=["uninitialized", "order"])
+
+    def test_never_reached(invariance_check):
+        invariance_check("reference", perturbations=["order"], device="cpu")
+"""
+
+
+@pytest.mark.parametrize("stop", ["raise KeyboardInterrupt", "os.kill(os.getpid(), "
+                                                             "signal.SIGTERM)"],
+                         ids=["KeyboardInterrupt", "SIGTERM"])
+def test_an_interrupt_stops_the_session_with_the_partial_report(
+        pytester: pytest.Pytester, stop: str) -> None:
+    pytester.makepyfile(STOPPED.replace("STOP()", stop))
+    path = pytester.path / "r.json"
+    path.write_text("the earlier complete report\n")
+    if stop.startswith("raise"):
+        result = pytester.runpytest_inprocess(f"--invariance-report={path}",
+                                              no_reraise_ctrlc=True)
+    else:
+        result = pytester.runpytest_subprocess(f"--invariance-report={path}")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert "test_never_reached" not in result.stdout.str()  # the session stopped
+    assert path.read_text() == "the earlier complete report\n"
+    partial = Report.from_json(pytester.path / "r.json.partial")
+    assert [c.perturbation for c in partial.results] == ["uninitialized"]
+    assert partial.incomplete is not None and "after 1 of 2 cells" in partial.incomplete
+    result.stdout.fnmatch_lines(["INCOMPLETE *::test_stopped: *stopped early: interrupted*"])
+
+
+@pytest.mark.parametrize(("ini", "expected"), [
+    ("invariance_isolate = ture", "invariance: ini invariance_isolate: expected true or false"),
+    ("invariance_shrink = 2", "invariance: ini invariance_shrink: expected true or false"),
+])
+def test_ini_booleans_are_validated(pytester: pytest.Pytester, ini: str, expected: str) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest_inprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{expected}*"])
+
+
+@pytest.mark.parametrize(("ini", "check"), [
+    ("invariance_shrink = false", {"shrink": False}),
+    ("invariance_shrink = TRUE", {}),
+    ("invariance_isolate = yes", {"isolate": True}),
+    ("invariance_isolate = off", {}),
+])
+def test_ini_booleans_hold_the_settings_value(pytester: pytest.Pytester, ini: str,
+                                              check: dict[str, Any]) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    assert Settings.from_config(pytester.parseconfig()).check == check
+
+
+def test_repeated_dtype_aliases_run_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        def test_per_dtype(invariance_dtype):
+            pass
+    """)
+    result = pytester.runpytest_inprocess("-v", "--invariance-dtype=float32",
+                                          "--invariance-dtype=fp32,f32", "--invariance-dtype=bf16")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_per_dtype[[]float32[]] PASSED*",
+                                 "*test_per_dtype[[]bfloat16[]] PASSED*"])
+
+
+def test_the_report_path_is_checked_when_the_session_starts(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_it(): raise AssertionError('never run')")
+    missing = pytester.path / "missing" / "r.json"
+    result = pytester.runpytest_inprocess(f"--invariance-report={missing}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "never run" not in result.stdout.str()
+    text = result.stderr.str()
+    assert text.count(f"directory {missing.parent} does not exist") == 1
+
+
+def test_sigterm_between_checks_keeps_the_finished_ones(pytester: pytest.Pytester) -> None:
+    """With a report to write, SIGTERM outside any check (a CI timeout) stops the session as
+    Ctrl-C does: the finished check reaches PATH.partial instead of dying with the process."""
+    pytester.makepyfile("""
+        import os, signal, time
+
+        def test_one(invariance_check):
+            invariance_check("reference", perturbations=["uninitialized"], device="cpu")
+
+        def test_terminated():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+    """)
+    path = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(f"--invariance-report={path}")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert not path.exists()
+    partial = Report.from_json(pytester.path / "r.json.partial")
+    assert [c.perturbation for c in partial.results] == ["uninitialized"]
+    assert partial.incomplete == "the session was interrupted"

@@ -189,7 +189,7 @@ def test_junit(mixed: Report) -> None:
 
 
 def test_json_round_trip_renders_the_same(variant: Report) -> None:
-    again = Report.from_json(variant.to_json())
+    again = Report.from_json(text=variant.to_json())
     assert to_markdown(again) == to_markdown(variant)
     assert to_junit(again) == to_junit(variant)
 

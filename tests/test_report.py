@@ -74,9 +74,9 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     r = sample()
     text = r.to_json()
     data = json.loads(text)
-    assert data["version"] == SCHEMA_VERSION == "1.1"
+    assert data["version"] == SCHEMA_VERSION == "1.2"
     assert data["incomplete"] == r.incomplete and data["passed"] is False
-    back = Report.from_json(text)
+    back = Report.from_json(text=text)
     assert back.to_dict() == data
     assert back.incomplete == r.incomplete
     assert back.results[0].coverage == {"batch_sizes": [1, 2], "paged": True}
@@ -129,8 +129,8 @@ def test_newer_minor_version_keeps_unknown_fields(tmp_path: Path) -> None:
     path = tmp_path / "again.json"
     r.to_json(path)
     again = json.loads(path.read_text(encoding="utf-8"))
-    assert again["version"] == "1.1"
-    data["version"] = "1.1"
+    assert again["version"] == SCHEMA_VERSION
+    data["version"] = SCHEMA_VERSION
     assert again == data
     assert Report.from_json(path).to_dict() == data
 
@@ -149,7 +149,7 @@ def test_old_integer_version_reads_as_1_0() -> None:
     r = Report.from_dict(data)
     assert r.incomplete is None and r.results[1].coverage == {} and r.results[1].cases == 0
     assert r.violations[0].classification == "" and r.accuracy[0].worst_ratio == 0.0
-    assert json.loads(r.to_json())["version"] == "1.1"
+    assert json.loads(r.to_json())["version"] == SCHEMA_VERSION
     assert Report.from_dict({**sample_dict(), "version": "1.0"}).incomplete is not None
 
 
@@ -215,9 +215,9 @@ MALFORMED: list[tuple[str, Mutation, str, str, str]] = [
     ("wrong-schema", _set(["schema"], "something else"), "schema", "'invariance.report'",
      "str 'something else'"),
     ("bad-version", _set(["version"], "1.x"), "version",
-     "a string 'MAJOR.MINOR' (this invariance writes '1.1')", "str '1.x'"),
+     "a string 'MAJOR.MINOR' (this invariance writes '1.2')", "str '1.x'"),
     ("float-version", _set(["version"], 1.1), "version",
-     "a string 'MAJOR.MINOR' (this invariance writes '1.1')", "float 1.1"),
+     "a string 'MAJOR.MINOR' (this invariance writes '1.2')", "float 1.1"),
     ("huge-int-for-float", _set(["seconds"], 10**400), "seconds",
      "number (or 'nan', 'inf', '-inf')", "int 1" + "0" * 56 + "..."),
     ("long-value", _set(["heads"], ["x" * 200]), "heads", "str",
@@ -270,7 +270,7 @@ def test_newer_major_version_is_refused(tmp_path: Path) -> None:
         (b'{"version": "1.1"}', "schema: expected 'invariance.report', got nothing (field "
          "missing; is this an invariance report?)"),
         (b'{"schema": "invariance.report"}', "version: expected a string 'MAJOR.MINOR' (this "
-         "invariance writes '1.1'), got nothing (field missing)"),
+         "invariance writes '1.2'), got nothing (field missing)"),
         (b'{"schema": "invariance.report", "version": "0.9"}',
          "version: expected 1.x, got str '0.9' (an unknown, older schema)"),
         (b'{"schema": "invariance.report", "version": "1.1", "backend": "\\ud800"}',
@@ -382,7 +382,7 @@ def test_fuzz_corrupted_json_loads_or_raises_report_error(raw: bytes) -> None:
         assert str(exc).startswith("report")
         return
     # Whatever loads is usable: it re-serialises, summarises and compares.
-    again = Report.from_json(r.to_json())
+    again = Report.from_json(text=r.to_json())
     assert again.to_dict() == r.to_dict()
     assert r.summary()
     assert not compare_reports(r, r).regressed or r.incomplete is not None
@@ -516,3 +516,194 @@ def test_sample_is_not_mutated_by_round_trip() -> None:
     before = copy.deepcopy(r.to_dict())
     Report.from_dict(r.to_dict())
     assert r.to_dict() == before
+
+
+# --- combined reports: every check's cells stay distinct ----------------------------------
+
+def _check(status: str, *, ulp: int = 0, acc: bool = True, backend: str = "b") -> Report:
+    """A one-cell report of ``mixed`` at float32 with the given status."""
+    r = make({("mixed", "float32"): status}, accuracy={"float32": acc})
+    r.backend = backend
+    cell = r.results[0]
+    if status == "failed":
+        cell.num_violations, cell.max_ulp = 1, ulp or 5
+    return r
+
+
+def test_combine_keeps_each_checks_cells_distinct(tmp_path: Path) -> None:
+    """Two checks with the same (perturbation, dtype): neither hides the other, in the table,
+    the verdict, the saved file, or a comparison."""
+    from rich.console import Console
+
+    from invariance.render import print_report, to_markdown
+
+    good = Report.combine([_check("passed"), _check("passed")], ids=["t::a", "t::b"])
+    bad = Report.combine([_check("passed"), _check("failed", acc=False)], ids=["t::a", "t::b"])
+    assert [c.key for c in bad.results] == [("t::a", "mixed", "float32"),
+                                            ("t::b", "mixed", "float32")]
+    assert [c.id for c in bad.checks] == ["t::a", "t::b"] and not bad.passed
+    console = Console(record=True, width=200)
+    print_report(bad, console)
+    text = console.export_text()
+    assert "t::a: mixed" in text and "t::b: mixed" in text and "FAIL · 1/1" in text
+    assert "| `t::b: mixed` | ❌ FAIL" in to_markdown(bad)
+    path = tmp_path / "combined.json"
+    bad.to_json(path)
+    back = Report.from_json(path)
+    assert [c.key for c in back.results] == [c.key for c in bad.results]
+    cmp = compare_reports(good, back)
+    assert cmp.regressed  # negative control below: the same pair keyed without ids is blind
+    assert {(c.name, c.kind) for c in cmp.worse} == {("t::b: mixed[float32]", "now fails"),
+                                                     ("t::b: accuracy[float32]", "now inaccurate")}
+    assert not compare_reports(good, good).regressed
+    blind = {(r.perturbation, r.dtype): r.status for r in back.results}
+    assert blind == {("mixed", "float32"): "failed"}  # what a (perturbation, dtype) key kept
+
+
+def test_combine_makes_ids_unique_and_nests() -> None:
+    r = Report.combine([_check("passed"), _check("failed")], ids=["t", "t"])
+    assert [c.id for c in r.checks] == ["t", "t #2"]
+    assert Report.combine([_check("passed")]).checks[0].id == "check 1"
+    outer = Report.combine([r, _check("passed")], ids=["gw0", "gw1"])
+    assert [c.check for c in outer.results] == ["gw0 / t", "gw0 / t #2", "gw1"]
+    assert [c.id for c in outer.checks] == ["gw0 / t", "gw0 / t #2", "gw1"]
+    assert r.cell("mixed", "float32", check="t #2").status == "failed"
+    with pytest.raises(KeyError, match="several checks"):
+        r.cell("mixed", "float32")
+    with pytest.raises(ValueError, match="expected 2 ids"):
+        Report.combine([_check("passed"), _check("passed")], ids=["one"])
+
+
+def test_old_combined_report_keeps_every_cell() -> None:
+    """A 1.1 combined report had no check ids: its repeated cells are told apart, not merged."""
+    data = json.loads(Report.combine([_check("passed"), _check("failed")]).to_json())
+    data["version"] = "1.1"
+    del data["checks"]
+    for row in data["results"] + data["accuracy"]:
+        del row["check"]
+    r = Report.from_dict(data)
+    assert [(c.check, c.status) for c in r.results] == [("", "passed"), ("#2", "failed")]
+    assert not r.passed and r.verdict() == "FAILED"
+
+
+def _edit(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(d: dict[str, Any]) -> None:
+        target = d
+        for key in path[:-1]:
+            target = target[key]
+        if value is _DROP:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+    return edit
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(("edit", "field", "expected"), [
+    (_edit(["results", 0, "status"], "passed"), "results[0].status",
+     "'failed' (the cell holds violations)"),
+    (_edit(["results", 1, "num_violations"], 2), "results[1].status",
+     "'failed' (the cell holds violations)"),
+    (_edit(["results", 0, "num_violations"], 0), "results[0].num_violations",
+     "at least the 1 violations kept"),
+    (_edit(["accuracy", 0, "passed"], True), "accuracy[0].passed",
+     "false (NaN rows or an error beyond the tolerance)"),
+    (_edit(["results", 1, "perturbation"], "batch_size"), "results[1]",
+     "a (check, perturbation, dtype) no other cell has"),
+    (_edit(["results", 1, "check"], "t::x"), "results[1].check",
+     "'' (the report lists no checks)"),
+], ids=["passed-with-violations", "skipped-with-count", "kept-more-than-counted",
+        "accurate-with-nan", "duplicate-cell", "unknown-check"])
+def test_validator_cross_checks_the_file_against_itself(
+        edit: Callable[[dict[str, Any]], None], field: str, expected: str) -> None:
+    data = sample_dict()
+    Report.from_dict(copy.deepcopy(data))  # negative control: the file as written reads
+    edit(data)
+    with pytest.raises(ReportError) as info:
+        Report.from_dict(data)
+    assert (info.value.field, info.value.expected) == (field, expected)
+
+
+def test_validator_failed_cell_needs_a_violation_and_a_pass_a_case() -> None:
+    data = json.loads(_check("failed").to_json())
+    Report.from_dict(copy.deepcopy(data))
+    data["results"][0]["num_violations"] = 0
+    with pytest.raises(ReportError, match="a failed cell holds at least one violation"):
+        Report.from_dict(data)
+    data = json.loads(_check("passed").to_json())
+    Report.from_dict(copy.deepcopy(data))
+    data["results"][0]["cases"] = 0
+    with pytest.raises(ReportError, match="a passed cell ran at least one case"):
+        Report.from_dict(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(status=st.sampled_from(["passed", "failed", "error", "skipped"]),
+       count=st.integers(0, 3), kept=st.integers(0, 2), ulp=st.integers(0, 2))
+def test_fuzz_a_cell_that_reads_is_judged_by_what_it_holds(status: str, count: int, kept: int,
+                                                          ulp: int) -> None:
+    """Whatever a hand edit leaves, a cell that loads never passes while holding a violation."""
+    data = sample_dict()
+    cell = data["results"][0]
+    cell.update(status=status, num_violations=count, max_ulp=ulp, error=None)
+    cell["violations"] = cell["violations"][:1] * kept
+    try:
+        r = Report.from_dict(data)
+    except ReportError:
+        return
+    c = r.results[0]
+    assert c.status != "passed" or (c.num_violations == 0 and not c.violations and not c.max_ulp)
+    assert len(c.violations) <= c.num_violations
+
+
+def test_from_json_takes_a_path_or_text(tmp_path: Path) -> None:
+    """A ``str`` is always a file name, however it looks; JSON content is ``text=``."""
+    text = sample().to_json()
+    for name in ("[gpu0] report.json", "{run}.json", " {odd"):
+        (tmp_path / name).write_text(text)
+        assert Report.from_json(str(tmp_path / name)).to_dict() == json.loads(text)
+    assert Report.from_json(text=text).to_dict() == json.loads(text)
+    assert Report.from_json(text=text.encode()).to_dict() == json.loads(text)
+    with pytest.raises(ReportError, match=r"cannot read it: .*\(JSON text is read with "
+                                          r"Report.from_json\(text=\.\.\.\)\)"):
+        Report.from_json(text)
+    with pytest.raises(TypeError, match="expected a path or text="):
+        Report.from_json(tmp_path / "[gpu0] report.json", text=text)
+    with pytest.raises(TypeError, match="expected a path or text="):
+        Report.from_json()
+
+
+def test_text_that_is_not_unicode_is_escaped_so_the_file_reads_back(tmp_path: Path) -> None:
+    r = sample()
+    r.command = "invariance check --json r\udcff.json"  # argv of a non-UTF-8 file name
+    r.results[0].description = "\ud800"
+    path = tmp_path / "r.json"
+    r.to_json(path)
+    back = Report.from_json(path)
+    assert back.command == "invariance check --json r\\udcff.json"
+    assert back.results[0].description == "\\ud800"
+
+
+# --- comparing settings --------------------------------------------------------------------
+
+def test_compare_shows_settings_and_flags_incomparable_ones() -> None:
+    a = _check("passed")
+    b = _check("passed", backend="b2")
+    cmp = compare_reports(a, b)
+    assert [s.text() for s in cmp.settings] == ["backend: b -> b2"]
+    assert not cmp.incomparable  # another backend is what a comparison is for
+    b.scale, b.budget = "large", 2
+    cmp = compare_reports(a, b)
+    assert [s.text() for s in cmp.incomparable] == ["scale: small -> large", "budget: 1 -> 2"]
+    b.environment = Environment(**{**ENV.to_dict(), "torch": "2.5.0"})
+    assert "torch: 2.4.0 -> 2.5.0" in [s.text() for s in compare_reports(a, b).settings]
+
+
+def test_compare_combined_reports_per_check_settings() -> None:
+    one, two = _check("passed"), _check("passed")
+    two.heads = "8:2:64"
+    a = Report.combine([_check("passed"), _check("passed")], ids=["x", "y"])
+    b = Report.combine([one, two], ids=["x", "y"])
+    assert [s.text() for s in compare_reports(a, b).incomparable] == ["heads (y): h -> 8:2:64"]

@@ -17,14 +17,16 @@ the call itself must then do device work only. :func:`planner` finds the hook.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from _invariance_options import DTYPE_NAMES
 from invariance.batch import AttentionBatch
@@ -166,13 +168,22 @@ BUILTIN: dict[str, _Builtin] = {
 
 @dataclass(frozen=True)
 class ResolvedBackend:
-    """A backend and the name it is reported under."""
+    """A backend and the name it is reported under. ``source`` is the string it was resolved
+    from (``None`` for a callable given as an object): it is pickled as that string and resolved
+    again on the other side (a child process of ``isolate`` builds a named backend as the
+    parent did, fresh), while a callable object is pickled by value."""
 
     name: str
     fn: Backend
+    source: str | None = field(default=None, compare=False, repr=False)
 
     def __call__(self, batch: AttentionBatch) -> object:
         return self.fn(batch)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.source is not None:
+            return (resolve, (self.source,))
+        return (ResolvedBackend, (self.name, self.fn))
 
 
 #: A backend's planning step as the harness calls it: ``plan(batch, graph)``.
@@ -217,25 +228,38 @@ class BackendInfo:
 
 def _import(module_name: str, target: str) -> object:
     """Import ``module_name``; a name ending in ``.py`` is a file path (a backend defined in a
-    script or a test file, so that its reproducer replays in another process)."""
+    script or a test file, so that its reproducer replays in another process). Whatever the
+    import raises (a missing module, a syntax error, an exception or ``sys.exit`` in the module's
+    own code) is a ``ValueError`` naming the target, the module or file, and the cause."""
     try:
         if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ImportError(f"no file {module_name}")
-            spec = importlib.util.spec_from_file_location(f"_invariance_backend_{path.stem}",
-                                                          path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {module_name}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-            return module
+            return _import_file(Path(module_name))
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(
             f"backend {target!r}: cannot import module {module_name!r}: {exc}"
         ) from exc
+    except (Exception, SystemExit) as exc:
+        what = f"file {module_name}" if module_name.endswith(".py") else \
+            f"module {module_name!r}"
+        raise ValueError(f"backend {target!r}: importing {what} raised "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(path: Path) -> object:
+    if not path.is_file():
+        raise ImportError(f"no file {path}")
+    spec = importlib.util.spec_from_file_location(f"_invariance_backend_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(spec.name, None)
+        raise
+    return module
 
 
 def _load(target: str) -> Backend:
@@ -263,11 +287,45 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _global_name(fn: object, module: str) -> str | None:
+    """The dotted name under which ``fn`` itself (an instance, a bound method of one) is a
+    global of ``module``, or ``None``: ``inst`` for ``inst = MyBackend()``, ``inst.run`` for
+    its bound method."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return None
+    owner = getattr(fn, "__self__", None)
+    for attr, value in list(vars(mod).items()):
+        if value is fn:
+            return attr
+        if owner is not None and value is owner and not inspect.ismodule(owner):
+            method = getattr(fn, "__name__", None)
+            if method and getattr(owner, method, None) == fn:
+                return f"{attr}.{method}"
+    return None
+
+
 def _callable_name(fn: object) -> str:
     """``module:qualname`` of a callable; ``path/file.py:qualname`` when its module cannot be
-    imported by name elsewhere (``__main__``, a test file), so that reproducers replay."""
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    imported by name elsewhere (``__main__``, a test file), so that reproducers replay.
+
+    A callable instance (or a bound method, a ``functools.partial``) is named by the global that
+    holds it (``module:inst``), never by its class or function, which are other callables:
+    replaying ``module:Class`` would call the class. One no global holds is named
+    ``module:<Class instance>``, which does not resolve: a reproducer that cannot name it says so
+    instead of calling something else."""
+    plain = inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)
     module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", None)
+    inner = getattr(fn, "func", None) if isinstance(fn, functools.partial) else None
+    if inner is not None:  # a partial lives where its function does
+        module = getattr(inner, "__module__", None) or module
+    if plain:
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    else:
+        found = _global_name(fn, module) if module else None
+        kind = (f"partial of {getattr(inner, '__qualname__', type(inner).__name__)}"
+                if inner is not None else f"{type(fn).__qualname__} instance")
+        name = found or f"<{kind}>"
     if not module:
         return name
     importable = module != "__main__" and not module.startswith("_invariance_backend_")
@@ -277,7 +335,8 @@ def _callable_name(fn: object) -> str:
         except (ImportError, ValueError):
             importable = False
     if not importable:
-        target = fn if inspect.isfunction(fn) else type(fn)
+        target = sys.modules.get(module) if module in sys.modules else (
+            fn if inspect.isfunction(fn) or inspect.isclass(fn) else type(fn))
         try:
             source = inspect.getsourcefile(target)  # type: ignore[arg-type]
         except TypeError:
@@ -307,7 +366,7 @@ def _with_options(spec: str, name: str, text: str) -> ResolvedBackend:
     configure = getattr(base, "with_options", None)
     if not callable(configure):  # pragma: no cover - a BUILTIN entry out of step with its target
         raise ValueError(f"backend {spec!r}: {name} takes no options")
-    return ResolvedBackend(spec, configure(parse_options(spec, text)))
+    return ResolvedBackend(spec, configure(parse_options(spec, text)), spec)
 
 
 def resolve(spec: str | Backend) -> ResolvedBackend:
@@ -323,15 +382,15 @@ def resolve(spec: str | Backend) -> ResolvedBackend:
     if not isinstance(spec, str):
         raise ValueError(f"backend: expected a name, 'module:attr' or a callable, got {spec!r}")
     if spec in BUILTIN:
-        return ResolvedBackend(spec, _load(BUILTIN[spec].target))
+        return ResolvedBackend(spec, _load(BUILTIN[spec].target), spec)
     eps = _entry_points()
     if spec in eps:
-        return ResolvedBackend(spec, _load(eps[spec]))
+        return ResolvedBackend(spec, _load(eps[spec]), spec)
     name, sep, text = spec.partition(":")
     if sep and name in BUILTIN and BUILTIN[name].options:
         return _with_options(spec, name, text)
     if ":" in spec:
-        return ResolvedBackend(spec, _load(spec))
+        return ResolvedBackend(spec, _load(spec), spec)
     known = sorted(set(BUILTIN) | set(eps))
     raise ValueError(
         f"backend: unknown name {spec!r}; expected one of {known} or 'module:attr'"

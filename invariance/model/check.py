@@ -737,6 +737,11 @@ def check_model(
 # Replay
 # --------------------------------------------------------------------------------------------
 
+class ModelMismatch(AssertionError):
+    """:func:`replay_model`: the case's two runs still diverge (a difference, not an error of
+    the model or the environment, which raise their own exceptions)."""
+
+
 def replay_model(case: dict[str, Any], *, model: ModelSpec | None = None,
                  device: object = None) -> RunComparison:
     """Run a case's reference and variant plans (a reproducer's ``case``) and raise
@@ -770,7 +775,7 @@ def replay_model(case: dict[str, Any], *, model: ModelSpec | None = None,
     cmp = compare_runs(ref, var, nsteq)
     if cmp.first is not None:
         step, call, leaves = cmp.first
-        raise AssertionError(
+        raise ModelMismatch(
             f"{case.get('scenario', 'case')}: still diverges: {var_plan.describe()} vs "
             f"{ref_plan.describe()}; first at {call.key[0] or '(model)'} [{call.type}] "
             f"(forward {step}): {leaves.diffs[0].summary()}")

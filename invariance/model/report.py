@@ -30,6 +30,7 @@ path, what was expected and what was found.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import Any, Literal, cast
 from invariance.compare import TensorDiff
 from invariance.outputs import write_atomic
 from invariance.report import (
+    _ALWAYS,
     _BOOL,
     _FLOAT,
     _INT,
@@ -345,23 +347,30 @@ class ModelReport:
             raise ReportError("nested too deeply") from None
 
     @classmethod
-    def from_json(cls, source: str | bytes | Path) -> ModelReport:
-        """Read a model report from JSON text or a file path; :class:`ReportError` naming the
-        file on an unreadable file, invalid JSON or an invalid report."""
+    def from_json(cls, path: str | os.PathLike[str] | bytes | None = None, *,
+                  text: str | bytes | None = None) -> ModelReport:
+        """Read a model report from the file ``path``, or from JSON ``text`` (the rule of
+        :meth:`invariance.Report.from_json`: a ``str`` or path-like positional argument is
+        always a file name; ``bytes`` are content). :class:`ReportError` naming the file on an
+        unreadable file, invalid JSON or an invalid report."""
+        if (path is None) == (text is None):
+            raise TypeError("ModelReport.from_json: expected a path or text=, got "
+                            + ("both" if path is not None else "neither"))
+        if isinstance(path, bytes):
+            path, text = None, path
         file: str | None = None
         try:
-            if isinstance(source, bytes):
-                text = _decode(source)
-            elif isinstance(source, Path) or not source.lstrip().startswith(("{", "[")):
-                file = str(source)
+            if text is None:
+                assert path is not None  # internal: checked above
+                file = os.fspath(path)
                 try:
-                    raw = Path(source).read_bytes()
+                    raw = Path(file).read_bytes()
                 except OSError as exc:
                     raise ReportError(f"cannot read it: {exc.strerror or exc}") from None
-                text = _decode(raw)
+                content = _decode(raw)
             else:
-                text = source
-            return cls.from_dict(_parse(text))
+                content = _decode(text) if isinstance(text, bytes) else text
+            return cls.from_dict(_parse(content))
         except ReportError as exc:
             raise (exc.in_file(file) if file else exc) from None
 
@@ -419,80 +428,81 @@ class _ModelReader(_Reader):
 
     def op(self, d: Any, path: str) -> OpFinding:
         spec: _Spec = {
-            "name": (_STR, False), "index": (_INT, False), "ops_traced": (_INT, False),
-            "arg_shapes": (_SHAPES, False), "reference_arg_shapes": (_SHAPES, False),
-            "cause": (_STR, False), "diff": (_opt(_Field("object", self._diff)), False),
-            "note": (_STR, False)}
+            "name": (_STR, _ALWAYS), "index": (_INT, _ALWAYS), "ops_traced": (_INT, _ALWAYS),
+            "arg_shapes": (_SHAPES, _ALWAYS), "reference_arg_shapes": (_SHAPES, _ALWAYS),
+            "cause": (_STR, _ALWAYS), "diff": (_opt(_Field("object", self._diff)), _ALWAYS),
+            "note": (_STR, _ALWAYS)}
         values, extra = self.fields(d, path, spec)
         return OpFinding(**values, extra=extra)
 
     def origin(self, d: Any, path: str) -> Origin:
         spec: _Spec = {
-            "path": (_STR, False), "module_type": (_STR, False), "call": (_INT, False),
-            "step": (_INT, False), "tokens": (_INTS, False),
-            "diff": (_Field("object", self._diff), False),
-            "differing_leaves": (_INT, False), "inputs_compared": (_INT, False),
-            "forced": (_BOOL, False), "op": (_opt(_Field("object", self.op)), False)}
+            "path": (_STR, _ALWAYS), "module_type": (_STR, _ALWAYS), "call": (_INT, _ALWAYS),
+            "step": (_INT, _ALWAYS), "tokens": (_INTS, _ALWAYS),
+            "diff": (_Field("object", self._diff), _ALWAYS),
+            "differing_leaves": (_INT, _ALWAYS), "inputs_compared": (_INT, _ALWAYS),
+            "forced": (_BOOL, _ALWAYS), "op": (_opt(_Field("object", self.op)), _ALWAYS)}
         values, extra = self.fields(d, path, spec)
         return Origin(**values, extra=extra)
 
     def group(self, d: Any, path: str) -> OriginGroup:
         spec: _Spec = {
-            "module_type": (_STR, False), "calls": (_INT, False), "paths": (_list(_STR), False),
-            "max_ulp": (_INT, False), "op": (_STR, False), "cause": (_STR, False)}
+            "module_type": (_STR, _ALWAYS), "calls": (_INT, _ALWAYS),
+            "paths": (_list(_STR), _ALWAYS),
+            "max_ulp": (_INT, _ALWAYS), "op": (_STR, _ALWAYS), "cause": (_STR, _ALWAYS)}
         values, extra = self.fields(d, path, spec)
         return OriginGroup(**values, extra=extra)
 
     def point(self, d: Any, path: str) -> LayerPoint:
         spec: _Spec = {
-            "label": (_STR, False), "path": (_STR, False), "max_ulp": (_INT, False),
-            "num_different": (_INT, False), "num_elements": (_INT, False)}
+            "label": (_STR, _ALWAYS), "path": (_STR, _ALWAYS), "max_ulp": (_INT, _ALWAYS),
+            "num_different": (_INT, _ALWAYS), "num_elements": (_INT, _ALWAYS)}
         values, extra = self.fields(d, path, spec)
         return LayerPoint(**values, extra=extra)
 
     def flip(self, d: Any, path: str) -> TokenFlip:
-        spec: _Spec = {"token": (_INT, False), "reference": (_INT, False),
-                       "variant": (_INT, False)}
+        spec: _Spec = {"token": (_INT, _ALWAYS), "reference": (_INT, _ALWAYS),
+                       "variant": (_INT, _ALWAYS)}
         values, extra = self.fields(d, path, spec)
         return TokenFlip(**values, extra=extra)
 
     def reproducer(self, d: Any, path: str) -> Reproducer:
         spec: _Spec = {
-            "plan": (_OBJECT, False), "batch_size": (_INT, False), "shrunk": (_BOOL, False),
-            "attempts": (_INT, False), "code": (_STR, False), "case": (_OBJECT, False)}
+            "plan": (_OBJECT, _ALWAYS), "batch_size": (_INT, _ALWAYS), "shrunk": (_BOOL, _ALWAYS),
+            "attempts": (_INT, _ALWAYS), "code": (_STR, _ALWAYS), "case": (_OBJECT, _ALWAYS)}
         values, extra = self.fields(d, path, spec)
         return Reproducer(**values, extra=extra)
 
     def scenario(self, d: Any, path: str) -> ScenarioResult:
         spec: _Spec = {
-            "name": (_STR, False), "family": (_STR, False), "description": (_STR, False),
-            "status": (_Field("status", _status), False), "reason": (_STR, False),
-            "reference": (_STR, False), "variant": (_STR, False),
-            "batch_size": (_INT, False), "classification": (_STR, False),
-            "calls_compared": (_INT, False), "clean_prefix": (_INT, False),
-            "first_divergence": (_STR, False), "seconds": (_FLOAT, False),
-            "unmapped": (_INT, False), "unmapped_examples": (_list(_STR), False),
-            "origin": (_opt(_Field("object", self.origin)), False),
-            "origins": (_list(_Field("object", self.group)), False),
-            "curve": (_list(_Field("object", self.point)), False),
-            "flips": (_list(_Field("object", self.flip)), False),
-            "reproducer": (_opt(_Field("object", self.reproducer)), False)}
+            "name": (_STR, _ALWAYS), "family": (_STR, _ALWAYS), "description": (_STR, _ALWAYS),
+            "status": (_Field("status", _status), _ALWAYS), "reason": (_STR, _ALWAYS),
+            "reference": (_STR, _ALWAYS), "variant": (_STR, _ALWAYS),
+            "batch_size": (_INT, _ALWAYS), "classification": (_STR, _ALWAYS),
+            "calls_compared": (_INT, _ALWAYS), "clean_prefix": (_INT, _ALWAYS),
+            "first_divergence": (_STR, _ALWAYS), "seconds": (_FLOAT, _ALWAYS),
+            "unmapped": (_INT, _ALWAYS), "unmapped_examples": (_list(_STR), _ALWAYS),
+            "origin": (_opt(_Field("object", self.origin)), _ALWAYS),
+            "origins": (_list(_Field("object", self.group)), _ALWAYS),
+            "curve": (_list(_Field("object", self.point)), _ALWAYS),
+            "flips": (_list(_Field("object", self.flip)), _ALWAYS),
+            "reproducer": (_opt(_Field("object", self.reproducer)), _ALWAYS)}
         values, extra = self.fields(d, path, spec)
         return ScenarioResult(**values, extra=extra)
 
     def report(self, d: Mapping[str, Any]) -> ModelReport:  # type: ignore[override]
         spec: _Spec = {
-            "schema": (_STR, False), "version": (_Field("version", lambda v, p: v), False),
-            "model": (_STR, False), "model_type": (_STR, False), "source": (_STR, False),
-            "parameters": (_INT, False), "dtype": (_STR, False), "device": (_STR, False),
-            "attention": (_STR, False), "inputs": (_STR, False), "seed": (_INT, False),
-            "length": (_INT, False), "decode_steps": (_INT, False),
-            "batch_sizes": (_INTS, False), "modules": (_INT, False),
-            "started_at": (_STR, False), "seconds": (_FLOAT, False), "command": (_STR, False),
-            "incomplete": (_OPT_STR, False),
-            "passed": (_BOOL, False),  # derived from the scenarios: checked, not trusted
-            "environment": (_Field("object", self.environment), False),
-            "scenarios": (_list(_Field("object", self.scenario)), False),
+            "schema": (_STR, _ALWAYS), "version": (_Field("version", lambda v, p: v), _ALWAYS),
+            "model": (_STR, _ALWAYS), "model_type": (_STR, _ALWAYS), "source": (_STR, _ALWAYS),
+            "parameters": (_INT, _ALWAYS), "dtype": (_STR, _ALWAYS), "device": (_STR, _ALWAYS),
+            "attention": (_STR, _ALWAYS), "inputs": (_STR, _ALWAYS), "seed": (_INT, _ALWAYS),
+            "length": (_INT, _ALWAYS), "decode_steps": (_INT, _ALWAYS),
+            "batch_sizes": (_INTS, _ALWAYS), "modules": (_INT, _ALWAYS),
+            "started_at": (_STR, _ALWAYS), "seconds": (_FLOAT, _ALWAYS), "command": (_STR, _ALWAYS),
+            "incomplete": (_OPT_STR, _ALWAYS),
+            "passed": (_BOOL, _ALWAYS),  # derived from the scenarios: checked, not trusted
+            "environment": (_Field("object", self.environment), _ALWAYS),
+            "scenarios": (_list(_Field("object", self.scenario)), _ALWAYS),
         }
         values, extra = self.fields(d, "", spec)
         for derived in ("schema", "version", "passed"):

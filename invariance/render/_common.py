@@ -19,6 +19,7 @@ __all__ = [
     "Grid",
     "accuracy_header",
     "accuracy_row",
+    "cell_name",
     "cell_text",
     "diff_rows",
     "environment_rows",
@@ -27,6 +28,7 @@ __all__ = [
     "more_violations",
     "plot_feature",
     "plural",
+    "row_label",
     "shown_violations",
     "verdict",
     "violation_heading",
@@ -83,7 +85,9 @@ def cell_text(cell: PerturbationResult) -> str:
 
 @dataclass
 class Grid:
-    """The perturbation x dtype table: ``cells[(perturbation, dtype)]``."""
+    """The perturbation x dtype table: ``cells[(row, dtype)]``. A row is a perturbation; in a
+    combined report (cells of several checks) it is ``check: perturbation``
+    (:func:`row_label`), so that no check's cell hides another's."""
 
     perturbations: list[str]
     dtypes: list[str]
@@ -94,25 +98,37 @@ class Grid:
         return self.cells.get((perturbation, dtype))
 
 
+def row_label(check: str, perturbation: str) -> str:
+    """A grid row: the perturbation, prefixed by its check's id in a combined report."""
+    return f"{check}: {perturbation}" if check else perturbation
+
+
+def cell_name(cell: PerturbationResult) -> str:
+    """``perturbation [dtype]``, prefixed by the check's id in a combined report."""
+    return f"{row_label(cell.check, cell.perturbation)} [{cell.dtype}]"
+
+
 def grid(report: Report) -> Grid:
-    perts: list[str] = list(report.perturbations)
+    combined = any(r.check for r in report.results)
+    rows: list[str] = [] if combined else list(report.perturbations)
     dtypes: list[str] = list(report.dtypes)
     cells: dict[tuple[str, str], PerturbationResult] = {}
     descriptions: dict[str, str] = {}
     for r in report.results:
-        if r.perturbation not in perts:
-            perts.append(r.perturbation)
+        row = row_label(r.check, r.perturbation)
+        if row not in rows:
+            rows.append(row)
         if r.dtype not in dtypes:
             dtypes.append(r.dtype)
-        cells[(r.perturbation, r.dtype)] = r
-        descriptions.setdefault(r.perturbation, r.description)
-    return Grid(perts, dtypes, cells, descriptions)
+        cells[(row, r.dtype)] = r
+        descriptions.setdefault(row, r.description)
+    return Grid(rows, dtypes, cells, descriptions)
 
 
 def violation_title(cell: PerturbationResult) -> str:
     if cell.status == "error":
-        return f"{cell.perturbation} [{cell.dtype}]: error after {cell.cases} cases"
-    return (f"{cell.perturbation} [{cell.dtype}]: {cell.num_violations} of {cell.cases} cases "
+        return f"{cell_name(cell)}: error after {cell.cases} cases"
+    return (f"{cell_name(cell)}: {cell.num_violations} of {cell.cases} cases "
             f"not bitwise identical (max {cell.max_ulp} ULP)")
 
 
@@ -187,7 +203,8 @@ def accuracy_row(a: AccuracyResult) -> tuple[str, ...]:
         result += f" ({a.nan_rows} NaN rows)"
     elif a.rows == 0:
         result += " (no rows)"
-    return (a.dtype, str(a.rows), fmt_float(a.max_abs_err_out), fmt_float(a.rel_err_out),
+    return (f"{a.check}: {a.dtype}" if a.check else a.dtype, str(a.rows),
+            fmt_float(a.max_abs_err_out), fmt_float(a.rel_err_out),
             fmt_float(a.max_abs_err_lse), fmt_float(a.worst_ratio), result)
 
 

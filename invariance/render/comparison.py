@@ -10,22 +10,32 @@ Nothing lost, nothing silently wrong: B is *worse* than A (``regressed``) when
 It is *better* when a failing cell passes, a skipped cell now runs and passes, an inaccurate dtype
 is accurate, or an incomplete A is complete in B. Other verdict changes (failed <-> error, a
 failing cell now skipped) are ``changed``; cells only B has are ``only in B``.
+
+Cells are matched by (check, perturbation, dtype), accuracy rows by (check, dtype): in combined
+reports (a pytest session's) every check's cells are compared with the same check's.
+
+Settings are compared too (:class:`SettingChange`): a different heads, scale, budget or seed means
+the same cell names ran different cases, so the two reports are *incomparable*
+(``ReportComparison.incomparable``; the CLI refuses them unless asked); a different backend,
+device or environment (torch, driver, GPU) is what a comparison is usually for, and is shown.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from invariance.render._common import STATUS_WORD
+from invariance.render._common import STATUS_WORD, row_label
 from invariance.report import Report
 
 __all__ = [
     "COMPARISON_HEADER",
+    "INCOMPARABLE_SETTINGS",
     "CellChange",
     "Change",
     "ReportComparison",
     "Scope",
+    "SettingChange",
     "compare_reports",
 ]
 
@@ -91,6 +101,8 @@ class CellChange:
     ulp_after: int | None = None
     scope: Scope = "cell"
     detail: str = ""
+    #: The check of a combined report the row belongs to (``""``: a report of one check).
+    check: str = ""
 
     @property
     def change(self) -> Change:
@@ -117,7 +129,7 @@ class CellChange:
             return "run"
         if self.scope == "dtype":
             return f"dtype {self.dtype}"
-        return f"{self.perturbation}[{self.dtype}]"
+        return f"{row_label(self.check, self.perturbation)}[{self.dtype}]"
 
     @staticmethod
     def word(status: str | None) -> str:
@@ -140,6 +152,27 @@ class CellChange:
                 self.ulp_text)
 
 
+#: Settings that change which cases a cell runs: reports differing in one are incomparable.
+INCOMPARABLE_SETTINGS = ("heads", "scale", "budget", "seed")
+
+
+@dataclass
+class SettingChange:
+    """A setting (or an environment entry) that differs between A and B, for ``check`` (``""``:
+    the reports' own). ``comparable`` is false for :data:`INCOMPARABLE_SETTINGS`: the same cell
+    names then stand for different cases."""
+
+    name: str
+    a: str
+    b: str
+    check: str = ""
+    comparable: bool = True
+
+    def text(self) -> str:
+        where = f" ({self.check})" if self.check else ""
+        return f"{self.name}{where}: {self.a} -> {self.b}"
+
+
 @dataclass
 class ReportComparison:
     """What changed from report ``a`` (before) to report ``b`` (after)."""
@@ -147,6 +180,13 @@ class ReportComparison:
     a: Report
     b: Report
     cells: list[CellChange] = field(default_factory=list)
+    #: Settings and environment entries that differ (see :class:`SettingChange`).
+    settings: list[SettingChange] = field(default_factory=list)
+
+    @property
+    def incomparable(self) -> list[SettingChange]:
+        """Differing settings that make the same cell names run different cases."""
+        return [s for s in self.settings if not s.comparable]
 
     @property
     def worse(self) -> list[CellChange]:
@@ -190,9 +230,36 @@ def _status(passed: bool) -> str:
     return "passed" if passed else "failed"
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "none"
+    return "-" if value is None or value == "" else str(value)
+
+
+def _settings(a: Report, b: Report) -> list[SettingChange]:
+    """The settings of every check both reports hold, then their environments."""
+    out: list[SettingChange] = []
+    sa, sb = a.settings(), b.settings()
+    for check in sa:
+        if check not in sb:
+            continue  # its cells show as lost
+        for name, va in sa[check].items():
+            vb = sb[check][name]
+            if name in ("dtypes", "perturbations"):
+                continue  # shown cell by cell (lost, only in B)
+            if va != vb:
+                out.append(SettingChange(name, _shown(va), _shown(vb), check,
+                                         name not in INCOMPARABLE_SETTINGS))
+    ea, eb = a.environment.to_dict(), b.environment.to_dict()
+    for name in dict.fromkeys([*ea, *eb]):
+        if name != "device" and ea.get(name) != eb.get(name):
+            out.append(SettingChange(name, _shown(ea.get(name)), _shown(eb.get(name))))
+    return out
+
+
 def compare_reports(a: Report, b: Report) -> ReportComparison:
-    """Compare the runs, the dtypes, every (perturbation, dtype) cell and every dtype's
-    accuracy of ``a`` and ``b``.
+    """Compare the runs, the dtypes, every (check, perturbation, dtype) cell, every (check,
+    dtype) accuracy row and the settings of ``a`` and ``b``.
 
     Rows: the run (only when either report is incomplete), each dtype of ``a`` that ``b`` lacks,
     the cells in ``a``'s order then those only in ``b``, then accuracy likewise. Render with
@@ -210,18 +277,19 @@ def compare_reports(a: Report, b: Report) -> ReportComparison:
     for dt in dtypes_a:
         if dt not in dtypes_b:
             out.cells.append(CellChange("dtype", dt, "present", None, scope="dtype"))
-    cells_a = {(r.perturbation, r.dtype): r for r in a.results}
-    cells_b = {(r.perturbation, r.dtype): r for r in b.results}
+    cells_a = {r.key: r for r in a.results}
+    cells_b = {r.key: r for r in b.results}
     for key in list(cells_a) + [k for k in cells_b if k not in cells_a]:
         ra, rb = cells_a.get(key), cells_b.get(key)
         out.cells.append(CellChange(
-            key[0], key[1], ra.status if ra else None, rb.status if rb else None,
-            ra.max_ulp if ra else None, rb.max_ulp if rb else None))
-    acc_a = {x.dtype: x for x in a.accuracy}
-    acc_b = {x.dtype: x for x in b.accuracy}
-    for dt in list(acc_a) + [d for d in acc_b if d not in acc_a]:
-        xa, xb = acc_a.get(dt), acc_b.get(dt)
+            key[1], key[2], ra.status if ra else None, rb.status if rb else None,
+            ra.max_ulp if ra else None, rb.max_ulp if rb else None, check=key[0]))
+    acc_a = {x.key: x for x in a.accuracy}
+    acc_b = {x.key: x for x in b.accuracy}
+    for akey in list(acc_a) + [k for k in acc_b if k not in acc_a]:
+        xa, xb = acc_a.get(akey), acc_b.get(akey)
         out.cells.append(CellChange(
-            "accuracy", dt, _status(xa.passed) if xa else None,
-            _status(xb.passed) if xb else None, scope="accuracy"))
+            "accuracy", akey[1], _status(xa.passed) if xa else None,
+            _status(xb.passed) if xb else None, scope="accuracy", check=akey[0]))
+    out.settings = _settings(a, b)
     return out

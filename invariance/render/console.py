@@ -111,6 +111,10 @@ def print_comparison(comparison: ReportComparison, console: Console, *,
     a, b = comparison.a, comparison.b
     console.print(Text(f"A: {a.summary()}"), soft_wrap=True)
     console.print(Text(f"B: {b.summary()}"), soft_wrap=True)
+    for s in comparison.settings:
+        note = "" if s.comparable else " (different cases: not comparable)"
+        console.print(Text(f"differs: {s.text()}{note}",
+                           style="" if s.comparable else "bold yellow"), soft_wrap=True)
     rows = comparison.cells if all_cells else comparison.differences
     if rows:
         table = Table(title="cells whose verdict changed" if not all_cells else "all cells",

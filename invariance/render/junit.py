@@ -20,8 +20,10 @@ __all__ = ["to_junit"]
 
 
 def _cell_case(parent: ET.Element, classname: str, cell: PerturbationResult) -> None:
+    name = f"{cell.perturbation}[{cell.dtype}]"
     case = ET.SubElement(parent, "testcase", classname=classname,
-                         name=f"{cell.perturbation}[{cell.dtype}]", time=f"{cell.seconds:.3f}")
+                         name=f"{cell.check}: {name}" if cell.check else name,
+                         time=f"{cell.seconds:.3f}")
     if cell.status == "failed":
         shown = shown_violations(cell)
         lines = [violation_title(cell), cell.description, ""]
@@ -42,8 +44,9 @@ def _cell_case(parent: ET.Element, classname: str, cell: PerturbationResult) -> 
 
 
 def _accuracy_case(parent: ET.Element, classname: str, a: AccuracyResult) -> None:
-    case = ET.SubElement(parent, "testcase", classname=classname, name=f"accuracy[{a.dtype}]",
-                         time="0.000")
+    name = f"accuracy[{a.dtype}]"
+    case = ET.SubElement(parent, "testcase", classname=classname,
+                         name=f"{a.check}: {name}" if a.check else name, time="0.000")
     if not a.passed:
         row = accuracy_row(a)
         message = (f"{a.dtype} not within tolerance of the float64 reference: worst "

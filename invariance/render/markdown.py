@@ -96,7 +96,11 @@ def to_markdown(report: Report) -> str:
 def comparison_to_markdown(comparison: ReportComparison) -> str:
     """The cells whose verdict changed between two reports, as Markdown."""
     out = [f"# invariance compare: {_esc(comparison.summary())}", "",
-           f"- A: {_esc(comparison.a.summary())}", f"- B: {_esc(comparison.b.summary())}", ""]
+           f"- A: {_esc(comparison.a.summary())}", f"- B: {_esc(comparison.b.summary())}"]
+    out += [f"- differs: {_esc(s.text())}" + ("" if s.comparable else
+                                               " (different cases: not comparable)")
+            for s in comparison.settings]
+    out.append("")
     rows = [c.columns() for c in comparison.differences]
     out += _table(list(COMPARISON_HEADER), rows) if rows else ["No cell changed verdict."]
     return "\n".join(out) + "\n"

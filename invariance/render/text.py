@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from invariance.render._common import fmt_float, violation_lines
+from invariance.render._common import cell_name, fmt_float, violation_lines
 from invariance.report import Report
 
 __all__ = ["failure_text", "summary_lines"]
@@ -23,11 +23,11 @@ def failure_text(report: Report, nodeid: str = "") -> str:
     reproducer: str | None = None
     for cell in report.failed_cells():
         if cell.status == "error":
-            lines.append(f"  {cell.perturbation} [{cell.dtype}]: ERROR {cell.error}")
+            lines.append(f"  {cell_name(cell)}: ERROR {cell.error}")
             continue
         worst = max((d.max_abs_diff for v in cell.violations for d in v.diffs), default=0.0)
         lines.append(
-            f"  {cell.perturbation} [{cell.dtype}]: {cell.num_violations} of {cell.cases} "
+            f"  {cell_name(cell)}: {cell.num_violations} of {cell.cases} "
             f"case(s) differ, max {cell.max_ulp} ULP, max |diff| {fmt_float(worst)} "
             f"({cell.description})")
         if not cell.violations:
@@ -37,7 +37,7 @@ def failure_text(report: Report, nodeid: str = "") -> str:
         if reproducer is None:
             shrunk = "shrunk " if v.shrunk else ""
             code = "\n".join(f"    {line}".rstrip() for line in v.reproducer.splitlines())
-            reproducer = (f"minimal reproducer ({shrunk}{cell.perturbation} [{cell.dtype}]; "
+            reproducer = (f"minimal reproducer ({shrunk}{cell_name(cell)}; "
                           f"raises with the diff):\n{code}")
     for acc in report.accuracy:
         if acc.passed:
@@ -63,8 +63,8 @@ def summary_lines(checks: Sequence[tuple[str, Report]], seed: int) -> Iterator[s
     yield (f"{len(checks)} check(s): {passed} passed, {len(checks) - passed} failed "
            f"(seed {seed})")
     for nodeid, r in checks:
-        line = (f"{'PASSED' if r.passed else 'FAILED'} {nodeid}: backend {r.backend} on "
-                f"{r.device} [{', '.join(r.dtypes)}]")
+        word = "PASSED" if r.passed else "FAILED" if r.complete else r.verdict()
+        line = f"{word} {nodeid}: backend {r.backend} on {r.device} [{', '.join(r.dtypes)}]"
         cells = r.failed_cells()
         failed = [f"{c.perturbation}[{c.dtype}]" for c in cells if c.status == "failed"]
         errors = [f"{c.perturbation}[{c.dtype}]" for c in cells if c.status == "error"]
@@ -75,6 +75,8 @@ def summary_lines(checks: Sequence[tuple[str, Report]], seed: int) -> Iterator[s
         inaccurate = [a.dtype for a in r.accuracy if not a.passed]
         if inaccurate:
             line += f"; inaccurate at {', '.join(inaccurate)}"
-        if not (r.passed or cells or inaccurate):
+        if r.incomplete is not None:
+            line += f"; stopped early: {r.incomplete}"
+        elif not (r.passed or cells or inaccurate):
             line += "; no perturbation ran"
         yield line
