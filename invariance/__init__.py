@@ -20,6 +20,7 @@ from invariance.backends import available as available_backends
 from invariance.backends import resolve as resolve_backend
 from invariance.batch import AttentionBatch, AttentionResult
 from invariance.compare import CaseComparison, TensorDiff, compare_bits, compare_outputs
+from invariance.features import Features
 from invariance.outputs import OutputError
 from invariance.perturb import PERTURBATIONS, SCALES, Case, Perturbation, Scale
 from invariance.replay import case_from_dict, case_to_dict, load_case, replay, reproducer
@@ -54,6 +55,7 @@ __all__ = [
     "CheckSpec",
     "Chunk",
     "Environment",
+    "Features",
     "HeadConfig",
     "OutputError",
     "PageLayout",

@@ -15,6 +15,7 @@ import torch
 
 from invariance.backends import Backend, resolve
 from invariance.compare import CaseComparison, compare_outputs
+from invariance.features import Features
 from invariance.perturb import Case
 from invariance.schedule import Chunk, PageLayout, Schedule, Step, run_schedule
 from invariance.workload import HeadConfig, Request, Workload, dtype_name, parse_dtype
@@ -30,7 +31,9 @@ def reproducer(case: Case, backend: str, device: str) -> str:
     return "\n".join([
         "import torch",
         "import invariance",
-        "from invariance import Chunk, HeadConfig, PageLayout, Request, Schedule, Step, Workload",
+        "from invariance import (Chunk, Features, HeadConfig, PageLayout, Request, Schedule, "
+        "Step,",
+        "                        Workload)",
         "",
         f"workload = {wl!r}",
         f"a = {case.a!r}",
@@ -90,7 +93,8 @@ def case_to_dict(case: Case, *, backend: str = "", device: str = "") -> dict[str
         "workload": {"heads": str(wl.heads), "dtype": dtype_name(wl.dtype), "seed": wl.seed,
                      "requests": [[r.id, r.length, r.padding, r.family,
                                    list(r.prefix) if r.prefix else None]
-                                  for r in wl.requests]},
+                                  for r in wl.requests],
+                     "features": wl.features.to_dict()},
         "a": _schedule_to_dict(case.a), "b": _schedule_to_dict(case.b),
         "focus": list(case.focus),
     }
@@ -113,7 +117,8 @@ def case_from_dict(d: dict[str, Any], *, source: str = "case") -> Case:
         w = d["workload"]
         workload = Workload(
             tuple(_request(r) for r in w["requests"]),
-            HeadConfig.parse(w["heads"]), parse_dtype(w["dtype"]), int(w["seed"]))
+            HeadConfig.parse(w["heads"]), parse_dtype(w["dtype"]), int(w["seed"]),
+            Features.from_dict(w.get("features", {})))
         return Case(str(d.get("perturbation", "")), workload, _schedule_from_dict(d["a"]),
                     _schedule_from_dict(d["b"]), tuple(int(x) for x in d.get("focus", ())))
     except (KeyError, TypeError, ValueError) as exc:

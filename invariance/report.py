@@ -1,9 +1,9 @@
 """The result of :func:`invariance.check`: a ``Report`` and its versioned, validated JSON form.
 
-JSON schema ``"schema": "invariance.report"``, ``"version": "1.1"`` (``"MAJOR.MINOR"``)::
+JSON schema ``"schema": "invariance.report"``, ``"version": "1.2"`` (``"MAJOR.MINOR"``)::
 
     {schema, version, backend, device, dtypes[], heads, scale, budget, seed, perturbations[],
-     started_at, seconds, command, incomplete, passed, environment{...},
+     features{...}, started_at, seconds, command, incomplete, passed, environment{...},
      results[ {backend, perturbation, dtype, description, status, cases, compared_tokens,
                num_violations, max_ulp, seconds, error, points[{...}], coverage{...},
                violations[ {perturbation, dtype, case, schedule_a, schedule_b, request_id,
@@ -23,7 +23,9 @@ raises :class:`ReportError` naming the file, the field path (``results[3].violat
 .max_ulp``), what was expected and what was found. A file of a newer MINOR version loads: fields
 this version does not know are kept in each object's ``extra`` and written back on save. A newer
 MAJOR version is refused. Version 1.0 files (``"version": 1``) load as before: a field with a
-default may be absent.
+default may be absent. ``features`` (1.2) holds the check's attention features as
+``invariance.Features.to_dict`` writes them (``{}``: none; a combined report of checks with
+different features holds ``{"per_check": [...]}``); files before 1.2 read as ``{}``.
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ __all__ = [
     "Report",
     "ReportError",
     "Violation",
+    "describe_features",
 ]
 
 SCHEMA = "invariance.report"
 #: The schema version written ("MAJOR.MINOR"); this version reads every 1.x.
-SCHEMA_VERSION = "1.1"
-_VERSION = (1, 1)
+SCHEMA_VERSION = "1.2"
+_VERSION = (1, 2)
 
 Status = Literal["passed", "failed", "error", "skipped"]
 _STATUSES: tuple[str, ...] = ("passed", "failed", "error", "skipped")
@@ -286,6 +289,30 @@ class AccuracyResult:
         return _Reader((1, 0)).accuracy(d, "")
 
 
+def describe_features(features: Mapping[str, Any]) -> str:
+    """A report's ``features`` in words, e.g. ``"window 128, sinks, softcap 50, fp8_e4m3 KV
+    (per-tensor scales)"`` (``"none"`` for ``{}``; checks of a combined report joined by
+    ``" | "``)."""
+    if "per_check" in features and isinstance(features["per_check"], list):
+        return " | ".join(describe_features(f) if isinstance(f, Mapping) else str(f)
+                          for f in features["per_check"])
+    words = []
+    for key, value in features.items():
+        if key == "sinks":
+            words.append("sinks" if value else "no sinks")
+        elif key == "kv_dtype":
+            scale = features.get("kv_scale", "tensor")
+            words.append(f"{value} KV ({'per-head' if scale == 'head' else 'per-tensor'} "
+                         "scales)")
+        elif key == "kv_scale":
+            continue
+        elif isinstance(value, float):
+            words.append(f"{key} {value:g}")
+        else:
+            words.append(f"{key} {value}")
+    return ", ".join(words) or "none"
+
+
 def _json_float(x: float) -> float | str:
     return x if x == x and abs(x) != float("inf") else str(x)
 
@@ -339,6 +366,9 @@ class Report:
     #: ``None`` when the run finished; otherwise why it stopped (e.g. ``"interrupted
     #: (KeyboardInterrupt) after 5 of 12 cells"``). An incomplete report never passes.
     incomplete: str | None = None
+    #: The attention features every batch of the check used (``Features.to_dict``; ``{}``:
+    #: none).
+    features: dict[str, Any] = field(default_factory=dict)
     #: Unknown top-level fields of a newer schema: kept, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -397,8 +427,11 @@ class Report:
         acc = ("" if not self.accuracy else
                "accurate; " if self.accurate else "INACCURATE; ")
         errors = f"{c['error']} error{'' if c['error'] == 1 else 's'}"
+        what = ", ".join(self.dtypes)
+        if self.features:
+            what += f"; {describe_features(self.features)}"
         text = (f"{self.verdict()}: backend {self.backend} on {self.device} "
-                f"({', '.join(self.dtypes)}): {c['passed']} passed, {c['failed']} failed, "
+                f"({what}): {c['passed']} passed, {c['failed']} failed, "
                 f"{errors}, {c['skipped']} skipped; {acc}{self.seconds:.1f}s")
         if self.incomplete is not None:
             text += f"; stopped early: {self.incomplete}"
@@ -417,6 +450,7 @@ class Report:
             "budget": self.budget,
             "seed": self.seed,
             "perturbations": list(self.perturbations),
+            "features": _jsonable(self.features),
             "started_at": self.started_at,
             "seconds": _json_float(self.seconds),
             "command": self.command,
@@ -481,6 +515,8 @@ class Report:
             return list(dict.fromkeys(values))
 
         stopped = [r.incomplete for r in reports if r.incomplete is not None]
+        distinct = list({json.dumps(r.features, sort_keys=True): r.features
+                         for r in reports}.values())
         return cls(
             backend=", ".join(union([r.backend for r in reports])),
             device=", ".join(union([r.device for r in reports])),
@@ -496,6 +532,7 @@ class Report:
             started_at=first.started_at,
             seconds=sum(r.seconds for r in reports),
             incomplete="; ".join(union(stopped)) if stopped else None,
+            features=distinct[0] if len(distinct) == 1 else {"per_check": distinct},
         )
 
 
@@ -717,8 +754,9 @@ _FLOAT = _Field(_FLOAT_EXPECTED, _float)
 _BOOL = _Field("bool", _bool)
 _OPT_STR = _opt(_STR)
 
-#: (type, may be absent in a 1.0 file) per field, in the order they are checked.
-_Spec = dict[str, tuple[_Field[Any], bool]]
+#: (type, may be absent in a 1.0 file) per field, in the order they are checked; a version
+#: ``(MAJOR, MINOR)`` in place of the flag: may be absent in files older than that version.
+_Spec = dict[str, tuple[_Field[Any], bool | tuple[int, int]]]
 
 _ENVIRONMENT: _Spec = {
     "device": (_STR, False), "device_name": (_STR, False), "gpu_count": (_INT, False),
@@ -748,9 +786,9 @@ class _Reader:
     """Validates and reads report data of one schema version."""
 
     def __init__(self, version: tuple[int, int]) -> None:
+        #: 1.0 files may leave out a field with a default; from 1.1 on every field is written
+        #: (fields added later may be absent from files older than their version, ``_Spec``).
         self.version = version
-        #: 1.0 files may leave out a field with a default; from 1.1 on every field is written.
-        self.lenient = version < (1, 1)
 
     def fields(self, d: Any, path: str, spec: _Spec) -> tuple[dict[str, Any], dict[str, Any]]:
         """Read ``spec``'s fields of object ``d``; return them and the unknown fields."""
@@ -761,7 +799,8 @@ class _Reader:
             where = f"{path}.{name}" if path else name
             value = d.get(name, _MISSING)
             if value is _MISSING:
-                if optional and self.lenient:
+                since = optional if isinstance(optional, tuple) else (1, 1)
+                if optional and self.version < since:
                     continue
                 raise ReportError(field=where, expected=f.expected,
                                   actual="nothing (field missing)")
@@ -817,6 +856,7 @@ class _Reader:
             "backend": (_STR, False), "device": (_STR, False), "dtypes": (_list(_STR), False),
             "heads": (_STR, False), "scale": (_STR, False), "budget": (_INT, False),
             "seed": (_INT, False), "perturbations": (_list(_STR), False),
+            "features": (_OBJECT, (1, 2)),
             "started_at": (_STR, True), "seconds": (_FLOAT, True), "command": (_STR, True),
             "incomplete": (_OPT_STR, True),
             "passed": (_BOOL, True),  # derived from the cells: checked, not trusted

@@ -74,7 +74,7 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     r = sample()
     text = r.to_json()
     data = json.loads(text)
-    assert data["version"] == SCHEMA_VERSION == "1.1"
+    assert data["version"] == SCHEMA_VERSION == "1.2"
     assert data["incomplete"] == r.incomplete and data["passed"] is False
     back = Report.from_json(text)
     assert back.to_dict() == data
@@ -129,8 +129,8 @@ def test_newer_minor_version_keeps_unknown_fields(tmp_path: Path) -> None:
     path = tmp_path / "again.json"
     r.to_json(path)
     again = json.loads(path.read_text(encoding="utf-8"))
-    assert again["version"] == "1.1"
-    data["version"] = "1.1"
+    assert again["version"] == "1.2"
+    data["version"] = "1.2"
     assert again == data
     assert Report.from_json(path).to_dict() == data
 
@@ -149,7 +149,7 @@ def test_old_integer_version_reads_as_1_0() -> None:
     r = Report.from_dict(data)
     assert r.incomplete is None and r.results[1].coverage == {} and r.results[1].cases == 0
     assert r.violations[0].classification == "" and r.accuracy[0].worst_ratio == 0.0
-    assert json.loads(r.to_json())["version"] == "1.1"
+    assert json.loads(r.to_json())["version"] == "1.2"
     assert Report.from_dict({**sample_dict(), "version": "1.0"}).incomplete is not None
 
 
@@ -215,9 +215,9 @@ MALFORMED: list[tuple[str, Mutation, str, str, str]] = [
     ("wrong-schema", _set(["schema"], "something else"), "schema", "'invariance.report'",
      "str 'something else'"),
     ("bad-version", _set(["version"], "1.x"), "version",
-     "a string 'MAJOR.MINOR' (this invariance writes '1.1')", "str '1.x'"),
+     "a string 'MAJOR.MINOR' (this invariance writes '1.2')", "str '1.x'"),
     ("float-version", _set(["version"], 1.1), "version",
-     "a string 'MAJOR.MINOR' (this invariance writes '1.1')", "float 1.1"),
+     "a string 'MAJOR.MINOR' (this invariance writes '1.2')", "float 1.1"),
     ("huge-int-for-float", _set(["seconds"], 10**400), "seconds",
      "number (or 'nan', 'inf', '-inf')", "int 1" + "0" * 56 + "..."),
     ("long-value", _set(["heads"], ["x" * 200]), "heads", "str",
@@ -270,7 +270,7 @@ def test_newer_major_version_is_refused(tmp_path: Path) -> None:
         (b'{"version": "1.1"}', "schema: expected 'invariance.report', got nothing (field "
          "missing; is this an invariance report?)"),
         (b'{"schema": "invariance.report"}', "version: expected a string 'MAJOR.MINOR' (this "
-         "invariance writes '1.1'), got nothing (field missing)"),
+         "invariance writes '1.2'), got nothing (field missing)"),
         (b'{"schema": "invariance.report", "version": "0.9"}',
          "version: expected 1.x, got str '0.9' (an unknown, older schema)"),
         (b'{"schema": "invariance.report", "version": "1.1", "backend": "\\ud800"}',
