@@ -173,10 +173,12 @@ def token_content(
     kind, t, h, d, num_heads, head_dim, dtype, family, large, fp8)``.
 
     ``fp8`` (K and V of an FP8 cache): each element is multiplied by ``2**e``, ``e`` uniform in
-    ``[-10, 8.75)`` from the low byte of its first hash, clamped to ``±448`` and rounded to
-    ``float8_e4m3fn`` (round to nearest even): the stored values span the format, zeros and
-    subnormals (``< 2**-6``) to saturated ones, and the result is a ``float8_e4m3fn`` tensor
-    whatever ``dtype`` is.
+    ``[-10, 7)`` from the low byte of its first hash, clamped to ``±448`` and rounded to
+    ``float8_e4m3fn`` (round to nearest even): the stored values span the format, zeros (about
+    7%) and subnormals (``< 2**-6``, about 23%) to its top binade (``[256, 448]``, about one
+    element in 2000; saturation about one in 10^6), so the largest value of a page or a batch
+    varies with the tokens in it. The result is a ``float8_e4m3fn`` tensor whatever ``dtype``
+    is.
     """
     raw = _raw_content(seed, request_id, kind, start, stop, num_heads, head_dim, device, family,
                        large, fp8 and kind in ("k", "v"))
@@ -210,7 +212,7 @@ def _raw_content(seed: int, request_id: int, kind: Kind, start: int, stop: int, 
     u2 = ((h2 >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
     normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
     if spread:  # FP8: magnitudes spread over the format's range (the low byte of h1 is unused)
-        normal = normal * torch.exp2((h1 & 0xFF).to(torch.float32) * (18.75 / 256.0) - 10.0)
+        normal = normal * torch.exp2((h1 & 0xFF).to(torch.float32) * (17.0 / 256.0) - 10.0)
     x = normal.view(stop - start, num_heads, head_dim)
     return _shape(x, family, kind, start, large)
 
