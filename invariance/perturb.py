@@ -15,7 +15,11 @@ Coverage is by construction, not by luck:
   ``batch_size``, ``neighbors``, ``paging``, ``repeat`` and ``spec_verify``;
 - ``mixed`` compares a decode target and a prefill target in every case;
 - request content cycles through :data:`invariance.workload.FAMILIES` (exact zeros, ties,
-  large magnitudes, alternating signs) by case and request.
+  large magnitudes, alternating signs) by case and request;
+- with attention features (:class:`invariance.Features`, in every case's workload), a sliding
+  window's edge is crossed in every perturbation (:meth:`Scale.for_window`,
+  :meth:`CaseContext.short_len`), sinks, soft-cap and FP8 content shape every request
+  (``invariance.features``).
 
 Sizes come from a :class:`Scale`: ``small`` keeps every call tiny (CPU, Triton interpreter),
 ``large`` uses production shapes (32k-token requests, batches up to 257) for GPUs.

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from invariance.backends import Backend, resolve
+from invariance.backends import Backend, capabilities, resolve
 from invariance.compare import CaseComparison, compare_outputs
 from invariance.features import Features
 from invariance.perturb import Case
@@ -46,9 +46,14 @@ def replay(backend: str | Backend, workload: Workload, a: Schedule, b: Schedule,
            device: str | torch.device = "cpu") -> CaseComparison:
     """Run two schedules and raise ``AssertionError`` with the diff if any shared token differs.
 
-    Returns the comparison when they agree.
+    Returns the comparison when they agree. A workload with attention features needs a backend
+    that declares them (``ValueError`` otherwise, before anything runs).
     """
     fn = resolve(backend)
+    why = capabilities(fn).lacks(workload.features.required)
+    if why:
+        raise ValueError(f"features: backend {fn.name} {why} (its capabilities say so), got a "
+                         f"case with {workload.features.describe()}")
     dev = torch.device(device)
     cache: dict[tuple[int, str], torch.Tensor] = {}
     cmp = compare_outputs(run_schedule(fn, workload, a, dev, cache),

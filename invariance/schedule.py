@@ -262,6 +262,8 @@ def materialize(
             full, rem = divmod(c.stop, P)
             for kind, cache in (("k", k_cache), ("v", v_cache)):
                 kv = _full_content(workload, c.request_id, kind, device, content_cache)[:c.stop]
+                if cache.element_size() == 1:  # FP8: written as bytes (the same bits; byte
+                    cache, kv = cache.view(torch.uint8), kv.view(torch.uint8)  # indexing)
                 # Only the chunk's own slots: the tail of its last page keeps the layout's fill,
                 # or a longer sharer's tokens when prefix pages are shared (writing whole pages
                 # would overwrite those with fill).

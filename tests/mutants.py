@@ -433,7 +433,9 @@ FEATURE_DEFECTS: dict[str, tuple[str, dict[str, object]]] = {
 FEATURE_FIXED: dict[str, tuple[Callable[[], FeaturePlanted], dict[str, object]]] = {
     "features_split32": (lambda: FeaturePlanted(), ALL),
     "features_window_aligned_splits": (lambda: FeaturePlanted(window_aligned=True), ALL),
-    "features_sink_first_split16": (lambda: FeaturePlanted(split=16, sink_first=True), ALL),
+    "features_sink_first_split16": (lambda: FeaturePlanted(split=16, sink_first=True),
+                                    {"features": {"window": 64, "sinks": True, "softcap": 20.0},
+                                     "kv_dtype": "fp8_e4m3"}),
     "features_reverse_window0": (lambda: FeaturePlanted(reverse=True),
                                  {"features": {"window": 0, "sinks": True, "softcap": 5.0}}),
 }

@@ -531,6 +531,9 @@ def test_case_files_and_reproducers_keep_the_features() -> None:
     assert case_from_dict(without).workload.features == Features()  # older case files
     with pytest.raises(ValueError, match="malformed case: features: expected keys"):
         case_from_dict({**data, "workload": {**data["workload"], "features": {"wndow": 3}}})
+    with pytest.raises(ValueError, match="features: backend sdpa takes no features, not "
+                                         "fp8_kv_head, sinks, softcap, window"):
+        invariance.replay("sdpa", back.workload, back.a, back.b)
     code = reproducer(case, "reference", "cpu")
     assert "features=Features(window=3, sinks=True, softcap=7.0" in code
     exec(compile(code, "<reproducer>", "exec"), {})  # replays (and agrees) in a fresh namespace
