@@ -22,14 +22,20 @@ from typing import Any
 __all__ = [
     "DTYPE_ALIASES",
     "DTYPE_NAMES",
+    "FEATURE_KEYS",
+    "KV_DTYPE_ALIASES",
+    "KV_DTYPE_NAMES",
     "OPTIONS",
     "Option",
     "OptionError",
     "add_options",
     "canonical_dtype",
+    "canonical_kv_dtype",
     "check_int",
     "collect",
     "dtype_names",
+    "feature_settings",
+    "parse_feature",
 ]
 
 #: The dtypes the toolkit knows, by their public names, in the order reports show them.
@@ -68,6 +74,123 @@ def dtype_names(values: object, *, what: str = "dtype") -> list[str]:
     if not names:
         raise OptionError(f"{what}: expected at least one dtype, got none")
     return list(dict.fromkeys(names))
+
+
+#: KV cache dtypes other than the query's, by their public names (``--kv-dtype``).
+KV_DTYPE_NAMES: tuple[str, ...] = ("fp8_e4m3",)
+#: Accepted spellings of those names.
+KV_DTYPE_ALIASES: dict[str, str] = {
+    "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "fp8e4m3": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3", "float8_e4m3": "fp8_e4m3",
+}
+
+
+def canonical_kv_dtype(value: object, *, what: str = "kv_dtype") -> str:
+    """The public name of a KV cache dtype (``"fp8_e4m3"``) given as a name or an alias."""
+    name = str(value).strip().removeprefix("torch.").lower()
+    name = KV_DTYPE_ALIASES.get(name, name)
+    if name not in KV_DTYPE_NAMES:
+        raise OptionError(f"{what}: expected one of {', '.join(KV_DTYPE_NAMES)} (or an alias: "
+                          f"{', '.join(KV_DTYPE_ALIASES)}), got {_show(value)}")
+    return name
+
+
+#: The keys of ``--feature KEY[=VALUE]`` / ``features={...}`` and what each takes:
+#: ``window`` (``window_left``: an int >= 0, a query at position p sees keys
+#: ``[p - window, p]``), ``sinks`` (per-head attention-sink logits: a switch), ``softcap`` (the
+#: logit soft-cap: a finite float > 0), ``kv_scale`` (the FP8 KV cache's dequantization scales:
+#: ``tensor``, one per cache, or ``head``, one per KV head; with ``--kv-dtype`` only).
+FEATURE_KEYS: dict[str, str] = {
+    "window": "window=N (an int >= 0)",
+    "sinks": "sinks (or sinks=true|false)",
+    "softcap": "softcap=X (a finite float > 0)",
+    "kv_scale": "kv_scale=tensor|head",
+}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _feature_value(key: str, value: object) -> object:
+    """``value`` of feature ``key`` checked and typed (text from a face, or a typed value)."""
+    expected = FEATURE_KEYS[key]
+    text = value.strip().lower() if isinstance(value, str) else None
+    if key == "sinks":
+        if isinstance(value, bool):
+            return value
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    elif key == "window":
+        number: object = value
+        if text is not None and text.lstrip("+").isdigit():
+            number = int(text)
+        if isinstance(number, int) and not isinstance(number, bool) and number >= 0:
+            return number
+    elif key == "softcap":
+        cap: object = value
+        if text is not None:
+            try:
+                cap = float(text)
+            except ValueError:
+                cap = None
+        if isinstance(cap, (int, float)) and not isinstance(cap, bool) and (
+                cap == cap and abs(cap) != float("inf") and cap > 0):
+            return float(cap)
+    elif key == "kv_scale" and (text if text is not None else value) in ("tensor", "head"):
+        return text if text is not None else value
+    raise OptionError(f"feature {key}: expected {expected}, got {_show(value)}")
+
+
+def parse_feature(text: str) -> tuple[str, object]:
+    """One ``--feature`` item, ``KEY`` or ``KEY=VALUE`` (:data:`FEATURE_KEYS`), as ``(key,
+    value)``; a bare ``KEY`` is a switch (``sinks``)."""
+    key, sep, value = (part.strip() for part in str(text).partition("="))
+    key = key.lower()
+    if key not in FEATURE_KEYS:
+        raise OptionError(f"feature: expected one of {', '.join(FEATURE_KEYS.values())}, got "
+                          f"{_show(text)}")
+    if not sep:
+        if key != "sinks":
+            raise OptionError(f"feature {key}: expected {FEATURE_KEYS[key]}, got "
+                              f"{_show(text)}")
+        return key, True
+    return key, _feature_value(key, value)
+
+
+def feature_settings(values: object) -> dict[str, object]:
+    """Features as a dict ``{key: value}`` from what a face or an API caller gave: a mapping,
+    ``KEY[=VALUE]`` strings, ``(key, value)`` pairs, or a list mixing them. A key given twice
+    is an error (repeated ``--feature`` flags combine; they never override each other)."""
+    items: list[tuple[str, object]] = []
+    if isinstance(values, Mapping):
+        for key, value in values.items():
+            name = str(key).strip().lower()
+            if name not in FEATURE_KEYS:
+                raise OptionError(f"feature: expected one of {', '.join(FEATURE_KEYS)}, got "
+                                  f"{_show(key)}")
+            items.append((name, _feature_value(name, value)))
+    elif isinstance(values, (str, list, tuple)):
+        for item in [values] if isinstance(values, str) else values:
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+                name = item[0].strip().lower()
+                if name not in FEATURE_KEYS:
+                    raise OptionError(f"feature: expected one of {', '.join(FEATURE_KEYS)}, "
+                                      f"got {_show(item[0])}")
+                items.append((name, _feature_value(name, item[1])))
+            elif isinstance(item, str):
+                items += [parse_feature(t) for t in item.split(",") if t.strip()]
+            else:
+                raise OptionError(f"features: expected KEY[=VALUE] strings, got {_show(item)}")
+    else:
+        raise OptionError(f"features: expected a dict or KEY[=VALUE] strings, got "
+                          f"{_show(values)}")
+    out: dict[str, object] = {}
+    for key, value in items:
+        if key in out:
+            raise OptionError(f"feature {key}: given twice ({_show(out[key])} and "
+                              f"{_show(value)})")
+        out[key] = value
+    return out
 
 
 #: Smallest allowed value of each integer setting (:class:`invariance.CheckSpec` enforces them
@@ -119,6 +242,8 @@ class Option:
     - ``parse``: text -> value; raises :class:`OptionError` naming the option.
     - ``multiple``: repeatable and comma-separated; the value is a list.
     - ``switch``: a flag without a value that sets ``switch_value``.
+    - ``combine``: for a ``multiple`` option, turns the parsed list into the setting's value
+      (``features``: one dict).
     """
 
     name: str
@@ -129,6 +254,7 @@ class Option:
     multiple: bool = False
     switch: bool = False
     switch_value: Any = None
+    combine: Callable[[list[Any]], Any] | None = None
 
     def parse_all(self, values: object) -> Any:
         """Parse what a face collected (a string, a list of strings, or a typed value)."""
@@ -141,7 +267,10 @@ class Option:
                 raise OptionError(f"{self.name}: expected at least one value, got "
                                   f"{_show(','.join(map(str, items)))}")
             # Once each, in the given order: --dtype float32 --dtype fp32 is one dtype.
-            return list(dict.fromkeys(self.parse(t) for t in texts if t))
+            parsed = [self.parse(t) for t in texts if t]
+            if self.combine is not None:
+                return self.combine(parsed)
+            return list(dict.fromkeys(parsed))
         return self.parse(str(values))
 
 
@@ -176,6 +305,14 @@ OPTIONS: tuple[Option, ...] = (
            "(segfault, CUDA illegal address) becomes an error cell and the run goes on (the "
            "check is sent by value: a lambda or a closure is refused before the run)",
            switch=True, switch_value=True),
+    Option("features", "feature", "an attention feature to check with: window=N (sliding "
+           "window, window_left), sinks (attention sinks), softcap=X (logit soft-cap), "
+           "kv_scale=tensor|head (FP8 scales); repeatable or comma-separated, they combine "
+           "(default: none)", "KEY[=VALUE]", parse_feature, multiple=True,
+           combine=feature_settings),
+    Option("kv_dtype", "kv-dtype", "KV cache dtype: fp8_e4m3 (an FP8 cache with "
+           "dequantization scales; queries float16/bfloat16) (default: the query dtype)",
+           "DTYPE", canonical_kv_dtype),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}

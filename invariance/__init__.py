@@ -20,6 +20,7 @@ from invariance.backends import available as available_backends
 from invariance.backends import resolve as resolve_backend
 from invariance.batch import AttentionBatch, AttentionResult
 from invariance.compare import CaseComparison, TensorDiff, compare_bits, compare_outputs
+from invariance.features import Features
 from invariance.model import ModelReport, check_model, replay_model
 from invariance.outputs import OutputError
 from invariance.perturb import PERTURBATIONS, SCALES, Case, Perturbation, Scale
@@ -62,6 +63,7 @@ __all__ = [
     "CheckSpec",
     "Chunk",
     "Environment",
+    "Features",
     "HeadConfig",
     "ModelReport",
     "OutputError",

@@ -24,6 +24,33 @@ content, and held to a bound derived from the dtype's unit roundoff ``u`` (2^-11
 - no NaN in a row whose reference is finite.
 
 The worst error is reported as a ratio to this bound (``<= 1`` passes).
+
+**Features** (``invariance.features``; the reference computes each exactly, in float64). Both
+bounds are built from a *score error* ``e``: the LSE's error is at most the largest error of a
+term of its sum, the output's at most twice that (numerator and normalisation), so::
+
+    |out - ref| <= (C_OUT * u + L * u32 + 2 * e) * vmax,    |lse - ref| <= C_LSE * u + L * u32 + e
+    e = max(2 * D * u32 * s_abs [+ terms below], 2 * |sink| * u32)
+
+- **window**: ``L``, ``vmax`` and ``s_abs`` are taken over the keys the row sees,
+  ``[max(0, pos - window), pos]`` (a window makes the bound tighter, never looser).
+- **sinks**: the sink is one more term of the denominator (``L + 1``), a float32 logit whose
+  only rounding is its conversion in the kernel's exponent (``sink * log2(e)``: ``2 |sink|
+  u32``); it has no value vector, so ``vmax`` is unchanged. A dominant sink makes the output
+  small, not less accurate in absolute terms.
+- **softcap**: ``cap * tanh(s / cap)`` has slope at most 1, so the score's own error passes
+  through undamped, plus the tanh's: ``+ cap * (TANH_ERR + 2 u32)`` with ``TANH_ERR = 2^-10``,
+  the absolute error of a hardware tanh approximation (PTX ``tanh.approx.f32``, relative error
+  ``2^-10.987``, which FlashInfer and FA3 use) with a factor 2 of margin, and two float32
+  roundings (``s / cap``, ``cap * t``). ``s_abs`` is the score before the cap.
+- **FP8 KV**: the reference attends over the same dequantized values ``float(fp8) * scale``
+  (exact in float64), so the bound covers only the kernel's arithmetic. Converting an e4m3
+  value to float16, bfloat16 or float32 is exact; the scale enters as one more float32
+  product (on K or V, or folded into the softmax scale or the output: ``u32``-sized, within the
+  terms above), and a kernel may round the scaled K and V to the query dtype before its matrix
+  products (vLLM's Triton attention does): ``u * s_abs`` more score error and ``u * vmax`` more
+  output error. ``s_abs`` and ``vmax`` are computed from the dequantized values, so a wrong
+  scale is an error the bound does not hide.
 """
 
 from __future__ import annotations
@@ -33,6 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from invariance.backends.reference import reference_rows
+from invariance.features import Features
 from invariance.report import AccuracyResult
 from invariance.schedule import ScheduleOutput
 from invariance.workload import Workload, dtype_name
@@ -40,6 +68,7 @@ from invariance.workload import Workload, dtype_name
 __all__ = [
     "C_LSE",
     "C_OUT",
+    "TANH_ERR",
     "TOLERANCES",
     "UNIT_ROUNDOFF",
     "AccuracyAccumulator",
@@ -57,6 +86,9 @@ U32 = 2.0**-24
 #: Multiples of the unit roundoff allowed for the output (per unit of the largest V entry) and
 #: for the LSE (see the module docstring).
 C_OUT, C_LSE = 4.0, 2.0
+#: Absolute error allowed of the soft-cap's tanh (a value in [-1, 1]): twice the relative error
+#: bound of PTX ``tanh.approx.f32``, 2^-10.987 (module docstring, "softcap").
+TANH_ERR = 2.0**-10
 
 #: The dtype part of the bound, as ``(C_OUT * u, u32, C_LSE * u)``: what reports show as
 #: ``atol`` (times max |v|), ``rtol`` (times L) and ``lse_atol``.
@@ -75,24 +107,42 @@ def _picks(n: int, max_rows: int) -> list[int]:
 
 
 def accuracy_bound(q: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   sm_scale: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                   sm_scale: float, dtype: torch.dtype,
+                   features: Features | None = None,
+                   sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The bound of the module docstring for query rows ``q`` ``[n, Hq, D]`` at absolute
-    positions ``pos`` ``[n]`` over a request's keys ``k, v`` ``[L, Hkv, D]`` (row ``i`` sees
-    ``[0, pos[i]]``): ``(out_bound, lse_bound)``, each ``[n, Hq]`` float64 (the output bound
-    applies to every element of the row)."""
+    positions ``pos`` ``[n]`` over a request's keys ``k, v`` ``[L, Hkv, D]`` (as the attention
+    sees them: dequantized for an FP8 cache; row ``i`` sees ``[0, pos[i]]``, or its window)
+    with ``features`` and the heads' ``sinks`` ``[Hq]``: ``(out_bound, lse_bound)``, each
+    ``[n, Hq]`` float64 (the output bound applies to every element of the row)."""
+    feats = features if features is not None else Features()
     c_out, u32, c_lse = TOLERANCES[dtype]
+    u = UNIT_ROUNDOFF[dtype]
     G = q.shape[1] // k.shape[1]
     k64, v64 = k.to(torch.float64), v.to(torch.float64)
-    # max |v| over keys [0, pos] and dims, per KV head -> per query head  [n, Hq]
-    vmax = v64.abs().amax(-1).cummax(0).values[pos].repeat_interleave(G, dim=1)
-    # sm_scale * max_j sum_d |q_d k_jd| over keys [0, pos]  [n, Hq]
+    keys = torch.arange(k.shape[0], device=q.device)
+    visible = keys[None, :] <= pos[:, None]  # [n, L]
+    if feats.window is not None:
+        visible &= keys[None, :] >= (pos - feats.window)[:, None]
+    # max |v| over the visible keys and dims, per KV head -> per query head  [n, Hq]
+    vabs = v64.abs().amax(-1)  # [L, Hkv]
+    vmax = (vabs[None] * visible[..., None]).amax(1).repeat_interleave(G, dim=1)
+    # sm_scale * max_j sum_d |q_d k_jd| over the visible keys  [n, Hq]
     dots = torch.einsum("nhd,lhd->nhl", q.to(torch.float64).abs(),
                         k64.abs().repeat_interleave(G, dim=1))
-    visible = torch.arange(k.shape[0], device=q.device)[None, None, :] <= pos[:, None, None]
-    s_abs = sm_scale * dots.masked_fill(~visible, 0.0).amax(-1)
-    L = (pos + 1).to(torch.float64)[:, None]
-    dot_err = 2 * q.shape[2] * u32 * s_abs  # fp32 dot products  [n, Hq]
-    return (c_out + L * u32 + 2 * dot_err) * vmax, c_lse + L * u32 + dot_err
+    s_abs = sm_scale * dots.masked_fill(~visible[:, None, :], 0.0).amax(-1)
+    L = visible.sum(1).to(torch.float64)[:, None]  # keys each row sees  [n, 1]
+    score_err = 2 * q.shape[2] * u32 * s_abs  # fp32 dot products  [n, Hq]
+    if feats.kv_dtype is not None:  # scaled K rounded to q's dtype, V likewise
+        score_err = score_err + u * s_abs
+        c_out += u
+    if feats.softcap is not None:
+        score_err = score_err + feats.softcap * (TANH_ERR + 2 * u32)
+    if sinks is not None:
+        L = L + 1
+        sink_err = 2 * u32 * sinks.to(device=q.device, dtype=torch.float64).abs()[None, :]
+        score_err = torch.maximum(score_err, sink_err)
+    return (c_out + L * u32 + 2 * score_err) * vmax, c_lse + L * u32 + score_err
 
 
 @dataclass
@@ -128,12 +178,17 @@ class AccuracyAccumulator:
         dev = out.out.device
         tokens = [out.keys[i][1] for i in rows]
         stop = max(tokens) + 1
-        k = workload.content(rid, "k", 0, stop, dev).to(torch.float64)
-        v = workload.content(rid, "v", 0, stop, dev).to(torch.float64)
+        feats = workload.features
+        k = workload.dequantized(rid, "k", 0, stop, dev)
+        v = workload.dequantized(rid, "v", 0, stop, dev)
         q = torch.cat([workload.content(rid, "q", t, t + 1, dev) for t in tokens])
-        ref_out, ref_lse = reference_rows(q, tokens, k, v, workload.sm_scale)
+        sinks = workload.sinks(dev)
+        ref_out, ref_lse = reference_rows(q, tokens, k, v, workload.sm_scale,
+                                          window_left=feats.window_left, sinks=sinks,
+                                          logits_soft_cap=feats.logits_soft_cap)
         pos = torch.tensor(tokens, device=dev)
-        out_bound, lse_bound = accuracy_bound(q, pos, k, v, workload.sm_scale, self.dtype)
+        out_bound, lse_bound = accuracy_bound(q, pos, k, v, workload.sm_scale, self.dtype,
+                                              feats, sinks)
         out_bound = out_bound.clamp(min=1e-12)[..., None]  # [n, Hq, 1]
         idx = torch.tensor(rows, device=dev)
         got_out = out.out[idx].to(torch.float64)

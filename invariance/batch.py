@@ -16,9 +16,12 @@ import torch
 
 from invariance.workload import DTYPES
 
-__all__ = ["AttentionBatch", "AttentionResult", "as_result"]
+__all__ = ["AttentionBatch", "AttentionResult", "as_result", "dequantize", "require_features"]
 
 _FLOAT_DTYPES = tuple(DTYPES.values())
+#: Cache dtypes other than q's and the q dtypes they may go with.
+_FP8_DTYPES = (torch.float8_e4m3fn,)
+_FP8_Q_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _fail(field: str, expected: str, actual: object) -> ValueError:
@@ -45,6 +48,26 @@ class AttentionBatch:
     - ``sm_scale``: softmax scale applied to ``q · k``.
 
     ``request_ids`` (optional, length ``B``) names the requests for diagnostics.
+
+    Optional features (defaults: off; the float64 reference, ``backends/reference.py``,
+    implements each exactly as written here; a backend that does not take one must refuse a
+    batch that uses it, see :func:`require_features`):
+
+    - ``window_left``: an int, ``-1`` (no window) or ``>= 0``: the query at position ``p`` sees
+      keys ``[max(0, p - window_left), p]`` (``0``: only itself; its own key is always
+      visible, so no row is fully masked).
+    - ``sinks``: ``[Hq]`` float32 finite logits, one per query head, in the units of the
+      scores: ``out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink - m))`` with
+      ``m`` the max of the row's scores and the sink. The LSE includes the sink: ``lse =
+      log(sum_j exp(s_j) + exp(sink))``, the log of the normalizer actually used (so ``out =
+      sum_j exp(s_j - lse) v_j``).
+    - ``logits_soft_cap``: ``0.0`` (off) or a finite float ``> 0``: scores become ``cap *
+      tanh(s / cap)``, ``s = sm_scale * q · k``, before the softmax.
+    - FP8 KV: ``k_cache`` / ``v_cache`` of dtype ``float8_e4m3fn`` (q float16 or bfloat16; the
+      output in q's dtype) with ``k_scale`` / ``v_scale``: a float (per tensor) or a float32
+      tensor ``[Hkv]`` (per KV head), finite and ``> 0``; ``None`` means 1.0. The attention
+      uses ``float(k_fp8) * k_scale`` (and the same for V). With a cache in q's dtype a scale
+      other than ``None`` / ``1.0`` is an error.
     """
 
     q: torch.Tensor
@@ -55,6 +78,11 @@ class AttentionBatch:
     block_table: torch.Tensor
     sm_scale: float
     request_ids: tuple[int, ...] | None = None
+    window_left: int = -1
+    sinks: torch.Tensor | None = None
+    logits_soft_cap: float = 0.0
+    k_scale: float | torch.Tensor | None = None
+    v_scale: float | torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # Cheap type checks at construction; values are checked by validate().
@@ -62,6 +90,28 @@ class AttentionBatch:
             value = getattr(self, name)
             if not isinstance(value, torch.Tensor):
                 raise _fail(name, "a torch.Tensor", type(value).__name__)
+
+    # --- features --------------------------------------------------------------------------
+    @property
+    def kv_fp8(self) -> bool:
+        """Whether the K/V cache is FP8 (``float8_e4m3fn``)."""
+        return self.k_cache.dtype in _FP8_DTYPES
+
+    def features_used(self) -> frozenset[str]:
+        """The features this batch uses, by their capability names
+        (``invariance.features.FEATURE_NAMES``): ``window``, ``sinks``, ``softcap``, ``fp8_kv``
+        (per-tensor scales) or ``fp8_kv_head`` (a scale tensor)."""
+        used = set()
+        if isinstance(self.window_left, int) and self.window_left >= 0:
+            used.add("window")
+        if self.sinks is not None:
+            used.add("sinks")
+        if self.logits_soft_cap:
+            used.add("softcap")
+        if self.kv_fp8:
+            per_head = any(isinstance(s, torch.Tensor) for s in (self.k_scale, self.v_scale))
+            used.add("fp8_kv_head" if per_head else "fp8_kv")
+        return frozenset(used)
 
     # --- derived sizes -------------------------------------------------------------------
     @property
@@ -124,10 +174,15 @@ class AttentionBatch:
         for name, t in (("k_cache", k), ("v_cache", v)):
             if t.dim() != 4:
                 raise _fail(name, "4 dims [num_pages, page_size, Hkv, D]", _describe(t))
-            if t.dtype != q.dtype:
-                raise _fail(f"{name}.dtype", f"{q.dtype} (q's dtype)", t.dtype)
+            if t.dtype != q.dtype and not (t.dtype in _FP8_DTYPES and q.dtype in _FP8_Q_DTYPES):
+                expected = (f"{q.dtype} (q's dtype) or torch.float8_e4m3fn"
+                            if q.dtype in _FP8_Q_DTYPES else f"{q.dtype} (q's dtype; an FP8 "
+                            "cache needs q in float16 or bfloat16)")
+                raise _fail(f"{name}.dtype", expected, t.dtype)
             if t.device != q.device:
                 raise _fail(f"{name}.device", f"{q.device} (q's device)", t.device)
+        if v.dtype != k.dtype:
+            raise _fail("v_cache.dtype", f"{k.dtype} (k_cache's dtype)", v.dtype)
         if k.shape != v.shape:
             raise _fail("v_cache", f"shape {tuple(k.shape)} (k_cache's shape)", tuple(v.shape))
         T, Hq, D = q.shape
@@ -157,6 +212,7 @@ class AttentionBatch:
         if (isinstance(self.sm_scale, bool) or not isinstance(self.sm_scale, (int, float))
                 or not math.isfinite(self.sm_scale) or not self.sm_scale > 0):
             raise _fail("sm_scale", "a finite positive float", repr(self.sm_scale))
+        self._validate_features(Hq, Hkv)
         if self.request_ids is not None:
             if not isinstance(self.request_ids, (tuple, list)) or len(self.request_ids) != B:
                 raise _fail("request_ids", f"{B} ids (one per request)", repr(self.request_ids))
@@ -191,6 +247,75 @@ class AttentionBatch:
                     raise _fail(f"block_table[{b}, :{needed}]",
                                 f"page ids in [0, {num_pages})", bad)
         return self
+
+    def _validate_features(self, Hq: int, Hkv: int) -> None:
+        w = self.window_left
+        if isinstance(w, bool) or not isinstance(w, int) or w < -1:
+            raise _fail("window_left", "an int >= 0, or -1 (no window)", repr(w))
+        cap = self.logits_soft_cap
+        if (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap)
+                or cap < 0):
+            raise _fail("logits_soft_cap", "0.0 (off) or a finite float > 0", repr(cap))
+        if self.sinks is not None:
+            t = self.sinks
+            if not isinstance(t, torch.Tensor):
+                raise _fail("sinks", "None or a float32 tensor [Hq]", type(t).__name__)
+            if tuple(t.shape) != (Hq,) or t.dtype != torch.float32 or t.device != self.q.device:
+                raise _fail("sinks", f"a float32 tensor of shape [{Hq}] (Hq) on {self.q.device}",
+                            _describe(t))
+            if not bool(torch.isfinite(t).all()):
+                raise _fail("sinks", "finite logits", t.tolist())
+        for name in ("k_scale", "v_scale"):
+            scale = getattr(self, name)
+            if scale is None:
+                continue
+            if not self.kv_fp8:
+                if isinstance(scale, (int, float)) and not isinstance(scale, bool) and \
+                        scale == 1.0:
+                    continue
+                raise _fail(name, f"None or 1.0 for a {self.k_cache.dtype} cache (scales "
+                            "dequantize an FP8 cache)", scale if not isinstance(
+                                scale, torch.Tensor) else _describe(scale))
+            if isinstance(scale, torch.Tensor):
+                if (tuple(scale.shape) != (Hkv,) or scale.dtype != torch.float32
+                        or scale.device != self.q.device):
+                    raise _fail(name, f"a float, or a float32 tensor of shape [{Hkv}] (Hkv) on "
+                                f"{self.q.device}", _describe(scale))
+                if not bool((torch.isfinite(scale) & (scale > 0)).all()):
+                    raise _fail(name, "finite scales > 0", scale.tolist())
+            elif (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                  or not math.isfinite(scale) or not scale > 0):
+                raise _fail(name, "None, a finite float > 0 or a float32 tensor [Hkv]",
+                            repr(scale))
+
+
+def dequantize(x: torch.Tensor, scale: float | torch.Tensor | None) -> torch.Tensor:
+    """K or V ``[..., Hkv, D]`` as the attention sees it, in float64: ``float(x) * scale``
+    (``scale`` a float, a ``[Hkv]`` tensor or ``None`` = 1.0; exact in float64 for FP8 values
+    and float32 scales)."""
+    x64 = x.to(torch.float64)
+    if scale is None:
+        return x64
+    if isinstance(scale, torch.Tensor):
+        return x64 * scale.to(device=x.device, dtype=torch.float64)[:, None]
+    return x64 * float(scale)
+
+
+def require_features(batch: AttentionBatch, supported: frozenset[str] | set[str],
+                     backend: str, conflicts: Sequence[frozenset[str]] = ()) -> None:
+    """Raise ``ValueError`` when ``batch`` uses a feature outside ``supported``, or all of one
+    of the sets ``conflicts``: a backend that does not take a feature (or a combination) must
+    refuse it rather than compute something else."""
+    used = batch.features_used()
+    missing = sorted(used - set(supported))
+    if missing:
+        raise ValueError(f"backend {backend}: expected a batch without {', '.join(missing)} "
+                         f"(it takes {', '.join(sorted(supported)) or 'no features'}), got "
+                         f"one using {', '.join(missing)}")
+    for conflict in conflicts:
+        if conflict <= used:
+            raise ValueError(f"backend {backend}: expected a batch without "
+                             f"{' and '.join(sorted(conflict))} together, got one using both")
 
 
 def _check_result(out: torch.Tensor, lse: torch.Tensor, batch: AttentionBatch) -> None:

@@ -15,7 +15,11 @@ Coverage is by construction, not by luck:
   ``batch_size``, ``neighbors``, ``paging``, ``repeat`` and ``spec_verify``;
 - ``mixed`` compares a decode target and a prefill target in every case;
 - request content cycles through :data:`invariance.workload.FAMILIES` (exact zeros, ties,
-  large magnitudes, alternating signs) by case and request.
+  large magnitudes, alternating signs) by case and request;
+- with attention features (:class:`invariance.Features`, in every case's workload), a sliding
+  window's edge is crossed in every perturbation (:meth:`Scale.for_window`,
+  :meth:`CaseContext.short_len`), sinks, soft-cap and FP8 content shape every request
+  (``invariance.features``).
 
 Sizes come from a :class:`Scale`: ``small`` keeps every call tiny (CPU, Triton interpreter),
 ``large`` uses production shapes (32k-token requests, batches up to 257) for GPUs.
@@ -28,6 +32,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+from invariance.features import Features
 from invariance.schedule import Chunk, PageLayout, Schedule, Step
 from invariance.workload import FAMILIES, HeadConfig, Request, Workload
 
@@ -86,6 +91,21 @@ class Scale:
             return self
         return replace(self, long=max(self.long, split_tokens * 5 // 2 + 3))
 
+    def for_window(self, window: int | None) -> Scale:
+        """This scale with requests longer than a sliding window of ``window`` keys
+        (``window_left``), so that every perturbation compares rows on both sides of the
+        window edge: the longest request spans more than twice the window, ordinary requests
+        reach twice the window (:meth:`CaseContext.short_len` then alternates between lengths
+        inside and past it), and whole prompts are longer than the window, so each holds rows
+        on both sides."""
+        if window is None:
+            return self
+        reach = 2 * window + 2
+        return replace(self, long=max(self.long, reach + 1),
+                       short=(self.short[0], max(self.short[1], reach)),
+                       prefill_len=(max(self.prefill_len[0], window + 2),
+                                    max(self.prefill_len[1], reach)))
+
 
 SCALES: dict[str, Scale] = {
     "small": Scale(
@@ -123,7 +143,8 @@ class Case:
 @dataclass
 class CaseContext:
     """What a generator needs: sizes, heads, dtype, the case index (which walks the ladder and
-    the content families), a seeded RNG and request allocation."""
+    the content families), a seeded RNG and request allocation; ``features`` go into the
+    workload."""
 
     scale: Scale
     heads: HeadConfig
@@ -132,6 +153,8 @@ class CaseContext:
     index: int
     rng: random.Random
     requests: list[Request] = field(default_factory=list)
+    features: Features = field(default_factory=Features)
+    short_draws: int = 0
 
     def request(self, length: int, padding: bool = False,
                 prefix: tuple[int, int] | None = None) -> Request:
@@ -148,7 +171,17 @@ class CaseContext:
         return sizes[k % len(sizes)]
 
     def short_len(self) -> int:
-        return self.rng.randint(*self.scale.short)
+        """An ordinary request's length. With a sliding window that the scale's lengths reach
+        past, draws alternate (first past, then inside) between lengths whose last position
+        the window cuts (``> window + 1`` tokens) and lengths it does not: a case's decodes
+        sit on both sides of the window edge by construction."""
+        lo, hi = self.scale.short
+        w = self.features.window
+        if w is not None and lo <= w + 1 < hi:
+            self.short_draws += 1
+            return (self.rng.randint(w + 2, hi) if self.short_draws % 2
+                    else self.rng.randint(lo, w + 1))
+        return self.rng.randint(lo, hi)
 
     def decode(self, length: int | None = None) -> Chunk:
         """A decode step: the last token of a fresh request."""
@@ -172,7 +205,8 @@ class CaseContext:
         return self.decode() if use_decode else self.prefill_chunk()
 
     def workload(self) -> Workload:
-        return Workload(tuple(self.requests), self.heads, self.dtype, self.seed)  # type: ignore[arg-type]
+        return Workload(tuple(self.requests), self.heads, self.dtype, self.seed,  # type: ignore[arg-type]
+                        self.features)
 
     def layout(self, **kw: object) -> PageLayout:
         return PageLayout(page_size=self.scale.page_size, **kw)  # type: ignore[arg-type]
@@ -201,12 +235,15 @@ class Perturbation:
     requires_cuda: bool = False
 
     def cases(
-        self, *, scale: Scale, heads: HeadConfig, dtype: object, seed: int, budget: int
+        self, *, scale: Scale, heads: HeadConfig, dtype: object, seed: int, budget: int,
+        features: Features | None = None,
     ) -> Iterator[Case]:
-        """Yield ``budget * cases_per_budget`` cases, each from its own seeded RNG."""
+        """Yield ``budget * cases_per_budget`` cases, each from its own seeded RNG; their
+        workloads carry ``features`` (pass a ``scale`` made :meth:`Scale.for_window`)."""
         for i in range(max(1, budget) * self.cases_per_budget):
             case_seed = zlib.crc32(f"{self.name}/{seed}/{i}".encode())
-            ctx = CaseContext(scale, heads, dtype, case_seed, i, random.Random(case_seed))
+            ctx = CaseContext(scale, heads, dtype, case_seed, i, random.Random(case_seed),
+                              features=features if features is not None else Features())
             yield self.generate(ctx)
 
 

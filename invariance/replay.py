@@ -14,8 +14,9 @@ from typing import Any, NoReturn, cast
 
 import torch
 
-from invariance.backends import Backend, resolve
+from invariance.backends import Backend, capabilities, resolve
 from invariance.compare import CaseComparison, compare_outputs
+from invariance.features import Features
 from invariance.perturb import Case
 from invariance.schedule import Chunk, PageLayout, Schedule, Step, run_schedule
 from invariance.workload import (
@@ -43,7 +44,9 @@ def reproducer(case: Case, backend: str, device: str) -> str:
     return "\n".join([
         "import torch",
         "import invariance",
-        "from invariance import Chunk, HeadConfig, PageLayout, Request, Schedule, Step, Workload",
+        "from invariance import (Chunk, Features, HeadConfig, PageLayout, Request, Schedule, "
+        "Step,",
+        "                        Workload)",
         "",
         f"workload = {wl!r}",
         f"a = {case.a!r}",
@@ -85,10 +88,15 @@ def replay(backend: str | Backend, workload: Workload, a: Schedule, b: Schedule,
 
     Returns the comparison when they agree. :class:`ReplayError` (a ``ValueError``) when
     ``device`` is not usable here or the schedules share no (request, token): nothing would be
-    compared, and "identical" would be a claim about nothing. Whatever the backend raises
-    propagates as it is.
+    compared, and "identical" would be a claim about nothing. A workload with attention
+    features needs a backend that declares them (``ValueError`` otherwise, before anything
+    runs). Whatever the backend raises propagates as it is.
     """
     fn = resolve(backend)
+    why = capabilities(fn).lacks(workload.features.required)
+    if why:
+        raise ValueError(f"features: backend {fn.name} {why} (its capabilities say so), got a "
+                         f"case with {workload.features.describe()}")
     dev = _replay_device(device)
     cache: dict[tuple[int, str], torch.Tensor] = {}
     cmp = compare_outputs(run_schedule(fn, workload, a, dev, cache),
@@ -130,7 +138,8 @@ def case_to_dict(case: Case, *, backend: str = "", device: str = "") -> dict[str
         "workload": {"heads": str(wl.heads), "dtype": dtype_name(wl.dtype), "seed": wl.seed,
                      "requests": [[r.id, r.length, r.padding, r.family,
                                    list(r.prefix) if r.prefix else None]
-                                  for r in wl.requests]},
+                                  for r in wl.requests],
+                     "features": wl.features.to_dict()},
         "a": _schedule_to_dict(case.a), "b": _schedule_to_dict(case.b),
         "focus": list(case.focus),
     }
@@ -289,10 +298,17 @@ class _CaseReader:
             dtype = parse_dtype(self.text(self.get(w, "dtype", "workload"), "workload.dtype"))
         except ValueError:
             self.fail("workload.dtype", f"one of {', '.join(DTYPES)}", w["dtype"])
-        workload = Workload(requests, self.heads(self.get(w, "heads", "workload"),
-                                                 "workload.heads"),
-                            dtype, self.integer(self.get(w, "seed", "workload"), "workload.seed", 0,
-                                            CASE_LIMITS["seed"]))
+        try:
+            features = Features.from_dict(w.get("features", {}))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{self.source}: workload.features: {exc}") from None
+        heads = self.heads(self.get(w, "heads", "workload"), "workload.heads")
+        seed = self.integer(self.get(w, "seed", "workload"), "workload.seed", 0,
+                            CASE_LIMITS["seed"])
+        try:
+            workload = Workload(requests, heads, dtype, seed, features)
+        except ValueError as exc:
+            raise ValueError(f"{self.source}: workload: {exc}") from None
         lengths = {r.id: r.length for r in requests}
         a = self.schedule(self.get(d, "a", ""), "a", lengths)
         b = self.schedule(self.get(d, "b", ""), "b", lengths)

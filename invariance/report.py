@@ -3,7 +3,7 @@
 JSON schema ``"schema": "invariance.report"``, ``"version": "1.2"`` (``"MAJOR.MINOR"``)::
 
     {schema, version, backend, device, dtypes[], heads, scale, budget, seed, perturbations[],
-     started_at, seconds, command, incomplete, passed, environment{...},
+     features{...}, started_at, seconds, command, incomplete, passed, environment{...},
      checks[ {id, backend, device, dtypes[], heads, scale, budget, seed, perturbations[],
               command, incomplete} ],
      results[ {check, backend, perturbation, dtype, description, status, cases, compared_tokens,
@@ -26,8 +26,8 @@ perturbation needs something absent here, e.g. CUDA; never counted as passed). `
 ``"nan"``, ``"inf"``, ``"-inf"``.
 
 Versions: a MINOR version only adds fields (1.1: every field written; 1.2: ``check``,
-``checks``). Reading checks every field's presence and type, and that the file agrees with itself
-(a cell's status with its violations and error, an accuracy verdict with its errors, distinct
+``checks``, ``features``). Reading checks every field's presence and type, and that the file
+agrees with itself (a cell's status with its violations and error, an accuracy verdict with its errors, distinct
 cell identities), and raises :class:`ReportError` naming the file, the field path
 (``results[3].violations[0].diffs[1].max_ulp``), what was expected and what was found. A file
 of a newer MINOR version loads: fields this version does not know are kept in each object's
@@ -35,6 +35,9 @@ of a newer MINOR version loads: fields this version does not know are kept in ea
 (``"version": 1``) load as before: a field with a default may be absent. In a 1.0 or 1.1 file
 (which had no check ids) a cell or accuracy row repeating an earlier one's identity is given the
 check id ``#2``, ``#3``, ... in file order, so that every cell stays visible and is judged.
+``features`` (1.2) holds the check's attention features as ``invariance.Features.to_dict``
+writes them (``{}``: none; a combined report of checks with different features holds
+``{"per_check": [...]}``); files before 1.2 read as ``{}``.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ __all__ = [
     "Report",
     "ReportError",
     "Violation",
+    "describe_features",
 ]
 
 SCHEMA = "invariance.report"
@@ -315,6 +319,30 @@ class AccuracyResult:
         return _Reader((1, 0)).accuracy(d, "")
 
 
+def describe_features(features: Mapping[str, Any]) -> str:
+    """A report's ``features`` in words, e.g. ``"window 128, sinks, softcap 50, fp8_e4m3 KV
+    (per-tensor scales)"`` (``"none"`` for ``{}``; checks of a combined report joined by
+    ``" | "``)."""
+    if "per_check" in features and isinstance(features["per_check"], list):
+        return " | ".join(describe_features(f) if isinstance(f, Mapping) else str(f)
+                          for f in features["per_check"])
+    words = []
+    for key, value in features.items():
+        if key == "sinks":
+            words.append("sinks" if value else "no sinks")
+        elif key == "kv_dtype":
+            scale = features.get("kv_scale", "tensor")
+            words.append(f"{value} KV ({'per-head' if scale == 'head' else 'per-tensor'} "
+                         "scales)")
+        elif key == "kv_scale":
+            continue
+        elif isinstance(value, float):
+            words.append(f"{key} {value:g}")
+        else:
+            words.append(f"{key} {value}")
+    return ", ".join(words) or "none"
+
+
 def _json_float(x: float) -> float | str:
     return x if x == x and abs(x) != float("inf") else str(x)
 
@@ -408,6 +436,9 @@ class Report:
     #: The checks of a combined report (:meth:`combine`), each cell naming one of them;
     #: empty for a report of one check (its settings are the fields above).
     checks: list[CheckInfo] = field(default_factory=list)
+    #: The attention features every batch of the check used (``Features.to_dict``; ``{}``:
+    #: none).
+    features: dict[str, Any] = field(default_factory=dict)
     #: Unknown top-level fields of a newer schema: kept, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -483,8 +514,11 @@ class Report:
         acc = ("" if not self.accuracy else
                "accurate; " if self.accurate else "INACCURATE; ")
         errors = f"{c['error']} error{'' if c['error'] == 1 else 's'}"
+        what = ", ".join(self.dtypes)
+        if self.features:
+            what += f"; {describe_features(self.features)}"
         text = (f"{self.verdict()}: backend {self.backend} on {self.device} "
-                f"({', '.join(self.dtypes)}): {c['passed']} passed, {c['failed']} failed, "
+                f"({what}): {c['passed']} passed, {c['failed']} failed, "
                 f"{errors}, {c['skipped']} skipped; {acc}{self.seconds:.1f}s")
         if self.incomplete is not None:
             text += f"; stopped early: {self.incomplete}"
@@ -503,6 +537,7 @@ class Report:
             "budget": self.budget,
             "seed": self.seed,
             "perturbations": list(self.perturbations),
+            "features": _jsonable(self.features),
             "started_at": self.started_at,
             "seconds": _json_float(self.seconds),
             "command": self.command,
@@ -618,6 +653,8 @@ class Report:
             results += [replace(c, check=inner(c.check)) for c in r.results]
             accuracy += [replace(a, check=inner(a.check)) for a in r.accuracy]
         stopped = [r.incomplete for r in reports if r.incomplete is not None]
+        distinct = list({json.dumps(r.features, sort_keys=True): r.features
+                         for r in reports}.values())
         return cls(
             backend=", ".join(union([r.backend for r in reports])),
             device=", ".join(union([r.device for r in reports])),
@@ -634,6 +671,7 @@ class Report:
             seconds=sum(r.seconds for r in reports),
             incomplete="; ".join(union(stopped)) if stopped else None,
             checks=checks,
+            features=distinct[0] if len(distinct) == 1 else {"per_check": distinct},
         )
 
 
@@ -911,6 +949,8 @@ class _Reader:
     """Validates and reads report data of one schema version."""
 
     def __init__(self, version: tuple[int, int]) -> None:
+        #: 1.0 files may leave out a field with a default; from 1.1 on every field is written
+        #: (fields added later may be absent from files older than their version, ``_Spec``).
         self.version = version
 
     def fields(self, d: Any, path: str, spec: _Spec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -1030,6 +1070,7 @@ class _Reader:
             "backend": (_STR, _ALWAYS), "device": (_STR, _ALWAYS), "dtypes": (_list(_STR), _ALWAYS),
             "heads": (_STR, _ALWAYS), "scale": (_STR, _ALWAYS), "budget": (_INT, _ALWAYS),
             "seed": (_INT, _ALWAYS), "perturbations": (_list(_STR), _ALWAYS),
+            "features": (_OBJECT, _V12),
             "started_at": (_STR, _V11), "seconds": (_FLOAT, _V11), "command": (_STR, _V11),
             "incomplete": (_OPT_STR, _V11),
             "passed": (_BOOL, _V11),  # derived from the cells: checked, not trusted

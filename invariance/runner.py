@@ -24,6 +24,7 @@ import torch
 from invariance.accuracy import AccuracyAccumulator
 from invariance.backends import Backend, capabilities
 from invariance.compare import CaseComparison, compare_outputs
+from invariance.features import Features
 from invariance.perturb import SCALES, Case, Perturbation, Scale
 from invariance.replay import case_to_dict, reproducer
 from invariance.report import Environment, PerturbationResult, Report, Violation
@@ -86,6 +87,8 @@ def check(
     max_violations: int = 3,
     shrink: bool = True,
     isolate: bool = False,
+    features: Features | dict[str, Any] | Sequence[str] | None = None,
+    kv_dtype: str | None = None,
     progress: Progress | None = None,
     on_cell: OnCell | None = None,
 ) -> Report:
@@ -109,6 +112,15 @@ def check(
       (segfault, CUDA illegal address) yields an error cell and the run goes on. The check is
       sent to the child by value (:mod:`invariance.isolate`); what cannot be (a lambda, a
       closure) is a ``ValueError`` before anything runs.
+    - ``features``: attention features every batch of the check uses (default none): a dict
+      ``{"window": 128, "sinks": True, "softcap": 50.0, "kv_scale": "head"}``, ``KEY[=VALUE]``
+      strings (``["window=128", "sinks"]``, the CLI's ``--feature``) or an
+      :class:`invariance.Features`. ``window``: ``window_left`` (keys ``[p - window, p]``);
+      ``sinks``: per-head attention-sink logits; ``softcap``: logit soft-cap; ``kv_scale``:
+      ``tensor`` or ``head`` FP8 scales. The backend must declare each in its
+      ``Capabilities.features``; the check's requests grow past the window.
+    - ``kv_dtype``: ``"fp8_e4m3"`` for an FP8 K/V cache with fixed dequantization scales
+      (queries float16/bfloat16; default dtype then bfloat16 on CPU, both on CUDA).
     - ``progress``: called as ``progress(done, total, label)`` after each case.
     - ``on_cell``: called with the report so far after each finished cell.
 
@@ -118,7 +130,7 @@ def check(
     spec = CheckSpec.build(
         backend, dtype=dtype, heads=heads, perturbations=perturbations, budget=budget, seed=seed,
         device=device, scale=scale, accuracy_rows=accuracy_rows, max_violations=max_violations,
-        shrink=shrink, isolate=isolate)
+        shrink=shrink, isolate=isolate, features=features, kv_dtype=kv_dtype)
     return run_spec(spec, progress=progress, on_cell=on_cell)
 
 
@@ -136,6 +148,7 @@ def run_spec(spec: CheckSpec, *, progress: Progress | None = None,
         dtypes=[dtype_name(d) for d in spec.dtypes], heads=str(spec.heads),
         scale=_scale_name(spec), budget=spec.budget, seed=spec.seed,
         perturbations=[p.name for p in spec.perturbations],
+        features=spec.features.to_dict(),
         environment=Environment.capture(str(spec.device)),
         started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
@@ -190,13 +203,19 @@ def _where(exc: BaseException) -> str:
 
 
 def _coverage(case: Case, out: ScheduleOutput, cov: dict[str, Any]) -> None:
-    """What a case compared: row positions (KV lengths), batch sizes, rows."""
+    """What a case compared: row positions (KV lengths), batch sizes, rows; with a window,
+    the rows the window cuts (position > window) and those it does not."""
     if out.keys:
         cov["max_compared_kv_len"] = max(cov.get("max_compared_kv_len", 0),
                                          max(t for _, t in out.keys) + 1)
     sizes = {st.batch_size for s in (case.a, case.b) for st in s.steps}
     cov["batch_sizes"] = sorted(set(cov.get("batch_sizes", [])) | sizes)
     cov["compared_rows"] = cov.get("compared_rows", 0) + len(out.keys)
+    window = case.workload.features.window
+    if window is not None:
+        past = sum(1 for _, t in out.keys if t > window)
+        cov["rows_past_window_edge"] = cov.get("rows_past_window_edge", 0) + past
+        cov["rows_inside_window"] = cov.get("rows_inside_window", 0) + len(out.keys) - past
 
 
 def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAccumulator,
@@ -210,7 +229,7 @@ def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAc
     t0 = time.perf_counter()
     label = f"{p.name} · {dtype_name(dt)}"
     cases = p.cases(scale=spec.scale, heads=spec.heads, dtype=dt, seed=spec.seed,
-                    budget=spec.budget)
+                    budget=spec.budget, features=spec.features)
     for i, case in enumerate(cases):
         try:
             cache: dict[tuple[int, str], torch.Tensor] = {}

@@ -228,7 +228,8 @@ def materialize(
     content_cache: dict[tuple[int, str], torch.Tensor] | None = None,
 ) -> AttentionBatch:
     """Build the :class:`AttentionBatch` of one step: K/V of tokens ``[0, stop)`` of every chunk
-    written into fresh pages placed by ``layout``, queries concatenated in chunk order.
+    written into fresh pages placed by ``layout`` (in the workload's cache dtype), queries
+    concatenated in chunk order, the workload's features set on the batch.
 
     ``content_cache`` (optional) memoises each request's full K/V content across steps.
     """
@@ -248,8 +249,8 @@ def materialize(
     num_pages = max(1, sum(pages_per_chunk) + layout.extra_pages + (layout.fill == "nan"))
     shape = (num_pages, P, heads.num_kv_heads, heads.head_dim)
     fill_value = float("nan") if layout.fill == "nan" else 0.0
-    k_cache = torch.full(shape, fill_value, dtype=dtype, device=device)
-    v_cache = torch.full(shape, fill_value, dtype=dtype, device=device)
+    k_cache = torch.full(shape, fill_value, dtype=workload.kv_dtype, device=device)
+    v_cache = torch.full(shape, fill_value, dtype=workload.kv_dtype, device=device)
     max_pages = max(pages_per_chunk, default=0) + layout.extra_columns
     # Unused block-table columns point at the poisoned last page (NaN fill) or at page 0.
     pad_page = num_pages - 1 if layout.fill == "nan" else 0
@@ -261,6 +262,8 @@ def materialize(
             full, rem = divmod(c.stop, P)
             for kind, cache in (("k", k_cache), ("v", v_cache)):
                 kv = _full_content(workload, c.request_id, kind, device, content_cache)[:c.stop]
+                if cache.element_size() == 1:  # FP8: written as bytes (the same bits; byte
+                    cache, kv = cache.view(torch.uint8), kv.view(torch.uint8)  # indexing)
                 # Only the chunk's own slots: the tail of its last page keeps the layout's fill,
                 # or a longer sharer's tokens when prefix pages are shared (writing whole pages
                 # would overwrite those with fill).
@@ -285,6 +288,11 @@ def materialize(
         block_table=table.to(device),
         sm_scale=workload.sm_scale,
         request_ids=tuple(c.request_id for c in step.chunks),
+        window_left=workload.features.window_left,
+        sinks=workload.sinks(device),
+        logits_soft_cap=workload.features.logits_soft_cap,
+        k_scale=workload.kv_scale("k", device),
+        v_scale=workload.kv_scale("v", device),
     )
 
 

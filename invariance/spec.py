@@ -3,20 +3,23 @@ build a :class:`CheckSpec`; nothing downstream re-validates (ARCHITECTURE.md, "L
 
 Every type or range error is a ``ValueError`` naming the argument, the expected and the actual
 value. Asking for something the backend or the device cannot do (a head dim, a dtype, a device,
-CUDA graphs) is an error here, before anything runs; perturbations that merely cannot run here
-under ``"all"`` (``cuda_graph`` on a CPU) become visible skips with the reason.
+CUDA graphs, an attention feature) is an error here, before anything runs; perturbations that
+merely cannot run here under ``"all"`` (``cuda_graph`` on a CPU) become visible skips with the
+reason. Features apply to every cell of a check, so a feature the backend lacks is always an
+error, never a skip.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from _invariance_options import DTYPE_NAMES, OptionError, check_int, dtype_names
 from invariance.backends import Backend, Capabilities, ResolvedBackend, capabilities, resolve
+from invariance.features import Features
 from invariance.perturb import SCALES, Perturbation, Scale, resolve_perturbations
 from invariance.workload import DTYPES, HeadConfig
 
@@ -70,15 +73,34 @@ def _heads(heads: object, scale: Scale) -> HeadConfig:
     raise ValueError(f"heads: expected a HeadConfig or 'Hq:Hkv:D', got {_show(heads)}")
 
 
-def _dtypes(dtype: object, dev: torch.device) -> tuple[torch.dtype, ...]:
+#: The query dtypes an FP8 KV cache goes with.
+_FP8_Q = ("float16", "bfloat16")
+
+
+def _dtypes(dtype: object, dev: torch.device, features: Features) -> tuple[torch.dtype, ...]:
+    fp8 = features.kv_dtype is not None
     if dtype is None:
         names: Sequence[str] = DTYPE_NAMES if dev.type == "cuda" else ("float32",)
+        if fp8:  # FP8 KV takes half-precision queries
+            names = _FP8_Q if dev.type == "cuda" else ("bfloat16",)
     else:
         try:
             names = dtype_names(dtype)
         except OptionError as exc:
             raise ValueError(str(exc)) from None
+        odd = [n for n in names if fp8 and n not in _FP8_Q]
+        if odd:
+            raise ValueError(f"dtype: expected {' or '.join(_FP8_Q)} with kv_dtype "
+                             f"{features.kv_dtype} (an FP8 cache takes half-precision queries), "
+                             f"got {odd[0]}")
     return tuple(DTYPES[n] for n in names)
+
+
+def _features(features: object, kv_dtype: object) -> Features:
+    if features is not None and not isinstance(features, (Features, dict, str, list, tuple)):
+        raise ValueError(f"features: expected a dict, KEY[=VALUE] strings or an "
+                         f"invariance.Features, got {_show(features)}")
+    return Features.build(features, kv_dtype)
 
 
 def _perturbations(perturbations: object) -> tuple[Perturbation, ...]:
@@ -94,8 +116,13 @@ def _perturbations(perturbations: object) -> tuple[Perturbation, ...]:
 
 
 def _negotiate(name: str, caps: Capabilities, dtypes: Sequence[torch.dtype], heads: HeadConfig,
-               dev: torch.device, perts: Sequence[Perturbation], explicit: bool) -> None:
+               dev: torch.device, perts: Sequence[Perturbation], explicit: bool,
+               features: Features) -> None:
     """Usage errors for what the backend cannot do, before anything runs."""
+    why = caps.lacks(features.required)
+    if why:
+        raise ValueError(f"features: backend {name} {why} (its capabilities say so), got "
+                         f"{features.describe()}")
     for dt in dtypes:
         dt_name = str(dt).removeprefix("torch.")
         if dt_name not in caps.dtypes:
@@ -135,6 +162,7 @@ class CheckSpec:
     max_violations: int
     shrink: bool
     isolate: bool = False
+    features: Features = field(default_factory=Features)
 
     @classmethod
     def build(
@@ -152,35 +180,52 @@ class CheckSpec:
         max_violations: int = 3,
         shrink: bool = True,
         isolate: bool = False,
+        features: Features | dict[str, Any] | Sequence[str] | None = None,
+        kv_dtype: str | None = None,
     ) -> CheckSpec:
         """Validate the arguments of :func:`invariance.check` (its docstring says what each
         means) and resolve names; ``ValueError`` naming the argument otherwise."""
         for name, flag in (("shrink", shrink), ("isolate", isolate)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}: expected True or False, got {_show(flag)}")
+        feats = _features(features, kv_dtype)
         dev = _device(device)
         scale_obj = _scale(scale, dev)
         head_cfg = _heads(heads, scale_obj)
-        dtypes = _dtypes(dtype, dev)
+        dtypes = _dtypes(dtype, dev, feats)
         perts = _perturbations(perturbations)
         explicit = perturbations is not None and perturbations != "all" and not (
             isinstance(perturbations, (list, tuple)) and "all" in perturbations)
         fn = resolve(backend)
         caps = capabilities(fn)
-        _negotiate(fn.name, caps, dtypes, head_cfg, dev, perts, explicit)
-        scale_obj = scale_obj.for_split(caps.split_tokens)
+        _negotiate(fn.name, caps, dtypes, head_cfg, dev, perts, explicit, feats)
+        scale_obj = scale_obj.for_split(caps.split_tokens).for_window(feats.window)
         spec = cls(
             backend=fn, dtypes=dtypes, heads=head_cfg, perturbations=perts,
             budget=check_int("budget", budget), seed=check_int("seed", seed), device=dev,
             scale=scale_obj, accuracy_rows=check_int("accuracy_rows", accuracy_rows),
             max_violations=check_int("max_violations", max_violations), shrink=shrink,
-            isolate=isolate,
+            isolate=isolate, features=feats,
         )
         if isolate:
             from invariance.isolate import check_sendable
 
             check_sendable(spec)  # what cannot reach a child process is refused now
         return spec
+
+    def rebuild_arguments(self) -> dict[str, Any]:
+        """Plain arguments of :meth:`build` that rebuild this spec in another process (the
+        backend by its name: a callable must be importable as ``module:attr`` or
+        ``file.py:attr``)."""
+        return {"backend": self.backend.name, "dtype": [str(d).removeprefix("torch.")
+                                                        for d in self.dtypes],
+                "heads": str(self.heads), "perturbations": [p.name for p in self.perturbations],
+                "budget": self.budget, "seed": self.seed, "device": str(self.device),
+                "scale": self.scale.name, "accuracy_rows": self.accuracy_rows,
+                "max_violations": self.max_violations, "shrink": self.shrink,
+                "features": {k: v for k, v in self.features.to_dict().items()
+                             if k != "kv_dtype"},
+                "kv_dtype": self.features.kv_dtype}
 
     def skip_reason(self, p: Perturbation) -> str | None:
         """Why ``p`` cannot run here (it was asked for through ``"all"``), or ``None``."""

@@ -1,8 +1,9 @@
 """Requests and their token content.
 
 A request's q/k/v content is a pure function of ``(seed, request id, token index, head config,
-dtype)``: it is computed from a counter-based hash of those values, never from a stateful random
-generator, so a token has the same bits whichever batch, step, position or page it lands in. (The
+dtype)`` and the workload's :class:`~invariance.features.Features`: it is computed from a
+counter-based hash of those values, never from a stateful random generator, so a token has the
+same bits whichever batch, step, position or page it lands in. (The
 float32 Box-Muller transform runs on the device the content is made on; CPU and GPU may differ in
 its last bit, so compare schedules on one device.)
 """
@@ -17,6 +18,7 @@ from typing import Literal
 import torch
 
 from _invariance_options import DTYPE_NAMES, canonical_dtype
+from invariance.features import FP8_MAX, KV_DTYPES, Features, sink_values
 
 __all__ = [
     "DTYPES",
@@ -159,13 +161,37 @@ def token_content(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     family: str = "gaussian",
+    *,
+    large: float = 8.0,
+    fp8: bool = False,
 ) -> torch.Tensor:
     """Content of tokens ``[start, stop)`` of a request, ``[stop - start, num_heads, head_dim]``.
 
     Values are standard normal (Box-Muller over two hashed uniforms) computed in float32, shaped
-    by the content ``family`` (:data:`FAMILIES`) and rounded to ``dtype``. Element ``(t, h, d)``
-    depends only on ``(seed, request_id, kind, t, h, d, num_heads, head_dim, dtype, family)``.
+    by the content ``family`` (:data:`FAMILIES`; ``large`` is the ``large`` family's factor of q
+    and k) and rounded to ``dtype``. Element ``(t, h, d)`` depends only on ``(seed, request_id,
+    kind, t, h, d, num_heads, head_dim, dtype, family, large, fp8)``.
+
+    ``fp8`` (K and V of an FP8 cache): each element is multiplied by ``2**e``, ``e`` uniform in
+    ``[-10, 7)`` from the low byte of its first hash, clamped to ``±448`` and rounded to
+    ``float8_e4m3fn`` (round to nearest even): the stored values span the format, zeros (about
+    7%) and subnormals (``< 2**-6``, about 23%) to its top binade (``[256, 448]``, about one
+    element in 2000; saturation about one in 10^6), so the largest value of a page or a batch
+    varies with the tokens in it. The result is a ``float8_e4m3fn`` tensor whatever ``dtype``
+    is.
     """
+    raw = _raw_content(seed, request_id, kind, start, stop, num_heads, head_dim, device, family,
+                       large, fp8 and kind in ("k", "v"))
+    if fp8 and kind in ("k", "v"):
+        return raw.clamp(-FP8_MAX, FP8_MAX).to(KV_DTYPES["fp8_e4m3"])
+    return raw.to(dtype)
+
+
+def _raw_content(seed: int, request_id: int, kind: Kind, start: int, stop: int, num_heads: int,
+                 head_dim: int, device: torch.device | str, family: str, large: float,
+                 spread: bool) -> torch.Tensor:
+    """:func:`token_content` in float32 before its final rounding (``spread``: the FP8
+    exponents applied)."""
     if stop < start:
         raise ValueError(f"token range: expected start <= stop, got [{start}, {stop})")
     n = (stop - start) * num_heads * head_dim
@@ -175,8 +201,8 @@ def token_content(
     )
     if family == "ties" and kind == "k":  # groups of four identical keys
         first = (start // 4) * 4
-        grouped = token_content(seed, request_id, kind, first // 4, (stop + 3) // 4, num_heads,
-                                head_dim, dtype, device)
+        grouped = _raw_content(seed, request_id, kind, first // 4, (stop + 3) // 4, num_heads,
+                               head_dim, device, "gaussian", large, spread)
         return grouped.repeat_interleave(4, dim=0)[start - first:stop - first]
     idx = torch.arange(n, dtype=torch.int64, device=device) + start * num_heads * head_dim
     # Two independent 32-bit hashes per element -> two uniforms in (0, 1).
@@ -185,11 +211,14 @@ def token_content(
     u1 = ((h1 >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
     u2 = ((h2 >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
     normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
+    if spread:  # FP8: magnitudes spread over the format's range (the low byte of h1 is unused)
+        normal = normal * torch.exp2((h1 & 0xFF).to(torch.float32) * (17.0 / 256.0) - 10.0)
     x = normal.view(stop - start, num_heads, head_dim)
-    return _shape(x, family, kind, start).to(dtype)
+    return _shape(x, family, kind, start, large)
 
 
-def _shape(x: torch.Tensor, family: str, kind: Kind, start: int) -> torch.Tensor:
+def _shape(x: torch.Tensor, family: str, kind: Kind, start: int,
+           large: float = 8.0) -> torch.Tensor:
     """Apply a content family to standard-normal content ``x`` of tokens from ``start``."""
     if family == "zeros":
         if kind == "v":
@@ -198,7 +227,7 @@ def _shape(x: torch.Tensor, family: str, kind: Kind, start: int) -> torch.Tensor
             t = torch.arange(start, start + x.shape[0], device=x.device)
             return torch.where((t % 3 == 0)[:, None, None], torch.zeros_like(x), x)
     elif family == "large" and kind in ("q", "k"):
-        return x * 8.0
+        return x * large
     elif family == "alternating":
         t = torch.arange(start, start + x.shape[0], device=x.device)[:, None, None]
         h = torch.arange(x.shape[1], device=x.device)[None, :, None]
@@ -214,18 +243,29 @@ class Workload:
 
     ``requests`` lists every request a schedule may touch (padding requests included). The content
     of request ``r``'s token ``t`` is :func:`token_content` of ``(seed, r.id, kind, t)``.
+    ``features`` (:class:`~invariance.features.Features`) sets the attention features of every
+    batch of the workload and shapes its content (the ``large`` family's factor, FP8 K/V).
     """
 
     requests: tuple[Request, ...]
     heads: HeadConfig = field(default_factory=HeadConfig)
     dtype: torch.dtype = torch.float32
     seed: int = 0
+    features: Features = field(default_factory=Features)
 
     def __post_init__(self) -> None:
         ids = [r.id for r in self.requests]
         if len(set(ids)) != len(ids):
             raise ValueError(f"Workload.requests: expected unique ids, got {ids}")
         parse_dtype(self.dtype)
+        if not isinstance(self.features, Features):
+            raise ValueError(f"Workload.features: expected an invariance.Features, got "
+                             f"{type(self.features).__name__}")
+        if self.features.kv_dtype is not None and self.dtype not in (torch.float16,
+                                                                     torch.bfloat16):
+            raise ValueError(f"Workload.dtype: expected float16 or bfloat16 with an FP8 KV "
+                             f"cache (kv_dtype {self.features.kv_dtype}), got "
+                             f"{dtype_name(self.dtype)}")
 
     def request(self, request_id: int) -> Request:
         """The request with id ``request_id``."""
@@ -254,8 +294,45 @@ class Workload:
         heads = self.heads.num_q_heads if kind == "q" else self.heads.num_kv_heads
         return token_content(
             self.seed, request_id, kind, start, stop, heads, self.heads.head_dim, self.dtype,
-            device, req.family,
+            device, req.family, large=self.features.large_scale,
+            fp8=self.features.kv_dtype is not None,
         )
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype of the K/V cache: ``float8_e4m3fn`` with an FP8 cache, else ``dtype``."""
+        return self.features.cache_dtype(self.dtype)
+
+    def sinks(self, device: torch.device | str) -> torch.Tensor | None:
+        """The batch's ``sinks``: ``[Hq]`` float32 (:func:`~invariance.features.sink_values`
+        of the workload seed), or ``None`` without sinks."""
+        if not self.features.sinks:
+            return None
+        return torch.tensor(sink_values(self.seed, self.heads.num_q_heads),
+                            dtype=torch.float32, device=device)
+
+    def kv_scale(self, kind: Literal["k", "v"],
+                 device: torch.device | str) -> float | torch.Tensor | None:
+        """The batch's ``k_scale`` / ``v_scale``: ``None`` without an FP8 cache; a float with
+        per-tensor scales; ``[Hkv]`` float32 with per-head ones
+        (:meth:`~invariance.features.Features.kv_scale_values`)."""
+        if self.features.kv_dtype is None:
+            return None
+        values = self.features.kv_scale_values(kind, self.heads.num_kv_heads)
+        if self.features.kv_scale == "tensor":
+            return values[0]
+        return torch.tensor(values, dtype=torch.float32, device=device)
+
+    def dequantized(self, request_id: int, kind: Literal["k", "v"], start: int, stop: int,
+                    device: torch.device | str) -> torch.Tensor:
+        """K or V of tokens ``[start, stop)`` as the attention sees them, in float64: the
+        content dequantized with its scales (exact in float64) for an FP8 cache, else the
+        content itself."""
+        x = self.content(request_id, kind, start, stop, device).to(torch.float64)
+        if self.features.kv_dtype is None:
+            return x
+        scales = self.features.kv_scale_values(kind, self.heads.num_kv_heads)
+        return x * torch.tensor(scales, dtype=torch.float64, device=x.device)[None, :, None]
 
     @property
     def sm_scale(self) -> float:

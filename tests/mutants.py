@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from invariance import AttentionBatch, AttentionResult
+from invariance import AttentionBatch, AttentionResult, Capabilities
 
 # Batch facts a defect may look at.
 Facts = dict[str, int]
@@ -206,4 +206,236 @@ FIXED: dict[str, Callable[[], Planted]] = {
     "split16": lambda: Planted(split=16),
     "split1000": lambda: Planted(split=1000),
     "reverse_fold": lambda: Planted(reverse=True),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Features: sliding window, attention sinks, soft-cap, FP8 dequantization
+# --------------------------------------------------------------------------------------------
+
+def _dequant(x: torch.Tensor, scale: float | torch.Tensor | None,
+             slot: int | None = None) -> torch.Tensor:
+    """``x`` ``[L, Hkv, D]`` in float32 times its scale (a float or per KV head; ``slot``:
+    the per-head scales indexed by that batch slot instead, a defect)."""
+    xf = x.float()
+    if scale is None:
+        return xf
+    if isinstance(scale, torch.Tensor):
+        if slot is not None:
+            return xf * scale[slot % scale.shape[0]]
+        return xf * scale[None, :, None]
+    return xf * scale
+
+
+def _fast_tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh as ``1 - 2 / (exp(2x) + 1)``: accurate, other bits than ``torch.tanh``."""
+    return 1.0 - 2.0 / (torch.exp(2.0 * x) + 1.0)
+
+
+@dataclass
+class _Plan:
+    """How :func:`_attend_features` treats one request's rows (the defects set some)."""
+
+    split: int
+    window: int = -1
+    sinks: torch.Tensor | None = None
+    softcap: float = 0.0
+    sink_first: bool = False
+    window_aligned: bool = False
+    reverse: bool = False
+    sink_per_split: bool = False
+    cap_after_max: bool = False
+    tanh: Callable[[torch.Tensor], torch.Tensor] = torch.tanh
+    edge: int | None = None  # every row's window edge (a defect), else its own
+    first_split: int | None = None  # splits before this one skipped (a defect)
+
+
+def _attend_features(q: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     scale: float, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``q`` ``[n, Hq, D]`` at positions ``pos`` over float32 ``k, v`` ``[L, Hkv, D]``:
+    splits of ``plan.split`` keys at absolute positions (``window_aligned``: from each row's
+    window start instead: still a function of the row's position), online softmax per split,
+    folded in order; the soft-cap on each score; the sink folded once per row, after the
+    splits (``sink_first``: before them)."""
+    n, Hq, D = q.shape
+    L, Hkv = k.shape[0], k.shape[1]
+    G = Hq // Hkv
+    S = plan.split
+    qg = q.float().view(n, Hkv, G, D)
+    lo = (pos - plan.window).clamp(min=0) if plan.window >= 0 else torch.zeros_like(pos)
+    if plan.edge is not None:
+        lo = torch.minimum(torch.full_like(pos, plan.edge), pos)
+    off = lo % S if plan.window_aligned else torch.zeros_like(pos)
+    m = torch.full((n, Hkv, G), float("-inf"))
+    l = torch.zeros(n, Hkv, G)
+    acc = torch.zeros(n, Hkv, G, D)
+    sink = None if plan.sinks is None else plan.sinks.float().view(1, Hkv, G).expand(n, Hkv, G)
+
+    def fold_sink(m: torch.Tensor, l: torch.Tensor,
+                  acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        assert sink is not None
+        m_new = torch.maximum(m, sink)
+        alpha = torch.exp(m - m_new)
+        return m_new, alpha * l + torch.exp(sink - m_new), alpha[..., None] * acc
+
+    if sink is not None and plan.sink_first:
+        m, l, acc = fold_sink(m, l, acc)
+    firsts, lasts = (lo - off) // S, (pos - off) // S  # each row's splits  [n]
+    if plan.first_split is not None:
+        firsts = firsts.clamp(min=plan.first_split)
+    chunks = list(range(int(firsts.min()), int(lasts.max()) + 1))
+    for c in reversed(chunks) if plan.reverse else chunks:
+        # Only the rows whose keys this split holds: for the others it would be an exact
+        # no-op (a masked split leaves (m, l, acc) bit for bit).
+        rows = torch.nonzero((firsts <= c) & (c <= lasts)).flatten()
+        if rows.numel() == 0:
+            continue
+        idx = off[rows, None] + c * S + torch.arange(S)[None, :]  # [r, S]
+        visible = (idx >= lo[rows, None]) & (idx <= pos[rows, None])
+        if plan.window_aligned:
+            safe_idx = idx.clamp(0, L - 1)
+            kc, vc = k[safe_idx], v[safe_idx]  # [r, S, Hkv, D]
+        else:  # absolute splits: the same keys for every row
+            kc, vc = k[c * S:(c + 1) * S][None], v[c * S:(c + 1) * S][None]
+            visible = visible[:, : kc.shape[1]]
+        s = (qg[rows, None] * kc[:, :, :, None, :]).sum(-1) * scale  # [r, S, Hkv, G]
+        raw = s.masked_fill(~visible[:, :, None, None], float("-inf"))
+        if plan.softcap > 0:
+            s = plan.softcap * plan.tanh(s / plan.softcap)
+        s = s.masked_fill(~visible[:, :, None, None], float("-inf"))
+        mc = (raw if plan.cap_after_max else s).amax(1)
+        mr, lr = m[rows], l[rows]
+        m_new = torch.maximum(mr, mc)
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(mr - safe)
+        p = torch.exp(s - safe[:, None])
+        lr = alpha * lr + p.sum(1)
+        if plan.sink_per_split and sink is not None:  # one sink per split
+            lr = lr + torch.exp(sink[rows] - safe)
+        acc[rows] = alpha[..., None] * acc[rows] + (p[..., None] * vc[:, :, :, None, :]).sum(1)
+        m[rows], l[rows] = m_new, lr
+    if sink is not None and not plan.sink_first and not plan.sink_per_split:
+        m, l, acc = fold_sink(m, l, acc)
+    out = torch.where(l[..., None] > 0, acc / l[..., None], torch.zeros_like(acc))
+    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("-inf")))
+    return out.reshape(n, Hq, D), lse.reshape(n, Hq)
+
+
+#: Every feature (the planted backends take them all).
+ALL_FEATURES = frozenset({"window", "sinks", "softcap", "fp8_kv", "fp8_kv_head"})
+
+
+@dataclass
+class FeaturePlanted:
+    """Split-KV float32 attention with the features (window, sinks, soft-cap, FP8
+    dequantization), invariant by construction; ``defect`` names a planted bug ("" = none).
+
+    ``split``: tokens per split; ``sink_first``: the sink folded before the splits;
+    ``window_aligned``: splits start at each row's window start; ``reverse``: splits folded
+    last to first. Each is a different fixed arithmetic: still invariant."""
+
+    defect: str = ""
+    split: int = 32
+    sink_first: bool = False
+    window_aligned: bool = False
+    reverse: bool = False
+    capabilities: Capabilities = field(
+        default_factory=lambda: Capabilities(features=ALL_FEATURES), repr=False)
+
+    def __call__(self, batch: AttentionBatch) -> AttentionResult:
+        d = self.defect
+        f = _facts(batch)
+        out = torch.zeros_like(batch.q)
+        lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"))
+        cu = batch.cu_seqlens_q.tolist()
+        kv_lens = batch.kv_lens.tolist()
+        w = batch.window_left
+        P = batch.page_size
+        k_scale, v_scale = batch.k_scale, batch.v_scale
+        if d == "fp8_scale_from_batch" and batch.kv_fp8:  # "calibrated" on the batch's pages
+            pages = torch.cat([batch.block_table[b, : -(-n // P)] for b, n in enumerate(kv_lens)
+                               if n]).long()
+            amax = float(batch.k_cache[pages].float().abs().nan_to_num(0.0).max())
+            k_scale = _dequant(torch.ones(1, batch.num_kv_heads, 1), k_scale)[0, :, 0] * (
+                amax / 448.0)
+        for b in range(batch.batch_size):
+            lo, hi = cu[b], cu[b + 1]
+            if hi == lo:
+                continue
+            kq, vq = _gather_raw(batch, b)
+            slot = b if d == "fp8_scale_slot" else None
+            k = _dequant(kq, k_scale, slot)
+            v = _dequant(vq, v_scale, slot)
+            pos = torch.arange(kv_lens[b] - (hi - lo), kv_lens[b])
+            plan = _Plan(self.split, w, batch.sinks, float(batch.logits_soft_cap),
+                         self.sink_first, self.window_aligned, self.reverse)
+            if d == "window_edge_batch" and w >= 0:  # the longest row's edge for every row
+                plan.edge = max(0, f["max_kv"] - 1 - w)
+            if d == "window_skip_from_batch" and w >= 0:  # splits before the longest row's
+                plan.first_split = max(0, f["max_kv"] - 1 - w) // self.split
+            if d == "window_drops_fixed_split" and w >= 0:  # the heuristic split with a window
+                plan.split = self.split // 2 if f["B"] >= 3 else self.split
+            if d == "sink_per_split":
+                plan.sink_per_split = True
+            if d == "sink_decode_only" and f["prefills"] == 0:  # decode path without sinks
+                plan.sinks = None
+            if d == "softcap_after_max":
+                plan.cap_after_max = True
+            if d == "softcap_fast_tanh" and f["B"] >= 3:
+                plan.tanh = _fast_tanh
+            o, s = _attend_features(batch.q[lo:hi], pos, k, v, batch.sm_scale, plan)
+            out[lo:hi] = o.to(batch.dtype)
+            lse[lo:hi] = s
+        return AttentionResult(out, lse)
+
+
+def _gather_raw(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V ``[kv_len, Hkv, D]`` of request ``b`` in the cache's dtype."""
+    P = batch.page_size
+    n = int(batch.kv_lens[b])
+    pages = batch.block_table[b, : -(-n // P)].long()
+    k = batch.k_cache[pages].reshape(-1, batch.num_kv_heads, batch.head_dim)[:n]
+    v = batch.v_cache[pages].reshape(-1, batch.num_kv_heads, batch.head_dim)[:n]
+    return k, v
+
+
+#: The check settings each feature defect runs under.
+WINDOW = {"features": {"window": 48}}
+SINKS = {"features": {"sinks": True}}
+SOFTCAP = {"features": {"softcap": 30.0}}
+FP8 = {"kv_dtype": "fp8_e4m3"}
+FP8_HEAD = {"kv_dtype": "fp8_e4m3", "features": {"kv_scale": "head"}}
+#: Every feature at once (the fixed variants): the issue's window 128 at the small scale.
+ALL = {"features": {"window": 128, "sinks": True, "softcap": 50.0, "kv_scale": "head"},
+       "kv_dtype": "fp8_e4m3"}
+
+#: Planted feature defect -> (one line on the class of bug, the check settings it runs under).
+FEATURE_DEFECTS: dict[str, tuple[str, dict[str, object]]] = {
+    "window_edge_batch": ("the window edge computed from the batch's longest row", WINDOW),
+    "window_skip_from_batch": ("whole splits skipped before the batch's longest row's window "
+                               "(its split index, not the row's)", WINDOW),
+    "window_drops_fixed_split": ("with a window the split size comes from the batch (the "
+                                 "sliding-window path dropped its fixed split)", WINDOW),
+    "sink_per_split": ("the sink added once per split instead of once per row", SINKS),
+    "sink_decode_only": ("sinks ignored in decode-only batches (a decode path without them)",
+                         SINKS),
+    "softcap_after_max": ("the soft-cap applied after the max: rows rescale by the uncapped "
+                          "max", SOFTCAP),
+    "softcap_fast_tanh": ("batches of 3 or more compute the soft-cap's tanh another way",
+                          SOFTCAP),
+    "fp8_scale_from_batch": ("the FP8 K scale recalibrated from the batch's pages (max |k| "
+                             "mapped to 448)", FP8),
+    "fp8_scale_slot": ("per-head FP8 scales indexed by batch slot instead of KV head",
+                       FP8_HEAD),
+}
+
+#: Different but fixed variants with every feature: invariant and accurate, they must pass.
+FEATURE_FIXED: dict[str, tuple[Callable[[], FeaturePlanted], dict[str, object]]] = {
+    "features_split32": (lambda: FeaturePlanted(), ALL),
+    "features_window_aligned_splits": (lambda: FeaturePlanted(window_aligned=True), ALL),
+    "features_sink_first_split16": (lambda: FeaturePlanted(split=16, sink_first=True),
+                                    {"features": {"window": 64, "sinks": True, "softcap": 20.0},
+                                     "kv_dtype": "fp8_e4m3"}),
+    "features_reverse_window0": (lambda: FeaturePlanted(reverse=True),
+                                 {"features": {"window": 0, "sinks": True, "softcap": 5.0}}),
 }

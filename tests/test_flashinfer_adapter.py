@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 import torch
 
-from invariance import Chunk, HeadConfig, PageLayout, Request, Step, Workload, materialize
+from invariance import (
+    Chunk,
+    Features,
+    HeadConfig,
+    PageLayout,
+    Request,
+    Step,
+    Workload,
+    materialize,
+)
 from invariance.backends import BUILTIN, available, capabilities, planner, resolve
 from invariance.backends.flashinfer import (
     MIB,
@@ -27,6 +36,7 @@ from invariance.backends.flashinfer import (
 )
 from invariance.backends.reference import reference_backend, reference_rows
 from invariance.batch import AttentionBatch
+from invariance.spec import CheckSpec
 
 FI_NAMES = ("flashinfer", "flashinfer-prefill", "flashinfer-fa3", "flashinfer-fixed-split")
 
@@ -57,11 +67,23 @@ class _FakeWrapper:
         self.planned["int_workspace_zeroed"] = bool((self._int_workspace_buffer == 0).all())
         self.log.append({"event": "plan", "kind": self.kind, **self.planned})
 
-    def run(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
-            return_lse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], *args: Any,
+            return_lse: bool = False, k_scale: float | None = None,
+            v_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """FlashInfer's semantics: the plan's window and soft-cap; ``k_scale`` folded into the
+        softmax scale, ``v_scale`` multiplying the output (decode.py / prefill.py ``run``);
+        the sink wrapper's extra arguments ``(sinks, sm_scale)``."""
         assert return_lse
         p = self.planned
         k_cache, v_cache = kv
+        assert k_cache.dtype == p["kv_data_type"] and q.dtype == p["q_data_type"]
+        sinks, sm_scale = self._extra(args)
+        if k_scale is not None:
+            sm_scale *= k_scale
+        window = p.get("window_left", -1)
+        cap = p.get("logits_soft_cap") or 0.0
+        self.log.append({"event": "run_args", "kind": self.kind, "args": args,
+                         "k_scale": k_scale, "v_scale": v_scale})
         P, Hkv, D = p["page_size"], k_cache.shape[2], k_cache.shape[3]
         indptr, indices, last = (p["kv_indptr"].tolist(), p["kv_indices"].tolist(),
                                  p["kv_last_page_len"].tolist())
@@ -79,12 +101,18 @@ class _FakeWrapper:
             if self.kind == "prefill":
                 assert p["causal"] is True
             positions = list(range(kv_len - (hi - lo), kv_len))  # bottom-right causal
-            o, s = reference_rows(q[lo:hi], positions, k, v, p["sm_scale"])
-            out[lo:hi] = o.to(q.dtype)
+            o, s = reference_rows(q[lo:hi], positions, k.double(), v.double(), sm_scale,
+                                  window_left=window, sinks=sinks, logits_soft_cap=cap)
+            out[lo:hi] = (o * (v_scale if v_scale is not None else 1.0)).to(q.dtype)
             lse[lo:hi] = (s / math.log(2.0)).float()  # FlashInfer: base 2
         self.log.append({"event": "run", "kind": self.kind, "rows": q.shape[0]})
         self.log[-1]["out"] = out
         return out, lse
+
+
+    def _extra(self, args: tuple[Any, ...]) -> tuple[torch.Tensor | None, float]:
+        assert not args, args  # plain wrappers take no extra arguments
+        return None, float(self.planned["sm_scale"])
 
 
 class _Decode(_FakeWrapper):
@@ -103,6 +131,20 @@ class _Prefill(_FakeWrapper):
                       "num_qo_heads", "num_kv_heads", "head_dim", "page_size"), args, kwargs)
 
 
+class _Sink(_Prefill):
+    """``BatchAttentionWithAttentionSinkWrapper``: a prefill wrapper whose window is a
+    constructor argument and whose ``run`` takes ``(sinks, sm_scale)`` after the cache."""
+
+    kind = "sinks"
+
+    def _extra(self, args: tuple[Any, ...]) -> tuple[torch.Tensor | None, float]:
+        sinks, sm_scale = args
+        assert isinstance(sinks, torch.Tensor) and sinks.dtype == torch.float32
+        assert self.init["window_left"] == self.planned.get("window_left", -1)
+        assert "logits_soft_cap" not in self.planned  # the variant has no soft-cap
+        return sinks, float(sm_scale)
+
+
 @pytest.fixture
 def fake_fi(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Insert the fake module; returns its event log."""
@@ -115,8 +157,12 @@ def fake_fi(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     def prefill(*args: Any, **kwargs: Any) -> _Prefill:
         return _Prefill(log, *args, **kwargs)
 
+    def sink(*args: Any, **kwargs: Any) -> _Sink:
+        return _Sink(log, *args, **kwargs)
+
     mod.BatchDecodeWithPagedKVCacheWrapper = decode  # type: ignore[attr-defined]
     mod.BatchPrefillWithPagedKVCacheWrapper = prefill  # type: ignore[attr-defined]
+    mod.BatchAttentionWithAttentionSinkWrapper = sink  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "flashinfer", mod)
     return log
 
@@ -126,11 +172,12 @@ def _events(log: list[dict[str, Any]], event: str, kind: str | None = None) -> l
     return [e for e in log if e["event"] == event and (kind is None or e["kind"] == kind)]
 
 
-def _mixed_batch(dtype: torch.dtype = torch.bfloat16, page_size: int = 4) -> AttentionBatch:
+def _mixed_batch(dtype: torch.dtype = torch.bfloat16, page_size: int = 4,
+                 features: Features | None = None) -> AttentionBatch:
     """Decode rows, prefill from 0, a chunk, a one-token prefill and a request with no query
     token, interleaved, on shuffled pages with unused memory NaN."""
     wl = Workload(tuple(Request(i, n) for i, n in enumerate((9, 7, 12, 1, 5, 6))),
-                  HeadConfig(4, 2, 64), dtype, seed=3)
+                  HeadConfig(4, 2, 64), dtype, seed=3, features=features or Features())
     step = Step((Chunk(0, 8, 9), Chunk(1, 0, 7), Chunk(2, 5, 12), Chunk(3, 0, 1),
                  Chunk(4, 5, 5), Chunk(5, 5, 6)))
     layout = PageLayout(page_size=page_size, placement="shuffled", seed=1, extra_pages=2,
@@ -397,3 +444,99 @@ def test_capabilities() -> None:
         caps = capabilities(resolve(name))
         assert caps.dtypes == ("float16", "bfloat16") and caps.head_dims == (64, 128, 256)
         assert caps.devices == ("cuda",) and caps.cuda_graphs
+        fp8 = set() if name == "flashinfer-fa3" else {"fp8_kv"}
+        assert caps.features == {"window", "softcap", "sinks", *fp8}
+        assert set(caps.feature_conflicts) == {frozenset({"sinks", "softcap"}),
+                                               frozenset({"sinks", "fp8_kv"})}
+
+
+# --------------------------------------------------------------------------------------------
+# Features: window, soft-cap, sinks, FP8 KV
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("decode", [True, False], ids=["engine-style", "prefill-only"])
+def test_window_and_softcap_reach_both_wrappers(fake_fi: list[dict[str, Any]],
+                                                decode: bool) -> None:
+    batch = _mixed_batch(torch.float16, features=Features(window=3, softcap=2.0))
+    result = FlashInferBackend(decode=decode, workspace_mb=1)(batch)
+    ref = reference_backend(batch)
+    assert torch.equal(result.out, ref.out)
+    torch.testing.assert_close(result.lse, ref.lse, rtol=1e-6, atol=1e-6)
+    plans = _events(fake_fi, "plan")
+    assert [p["kind"] for p in plans] == (["decode", "prefill"] if decode else ["prefill"])
+    for p in plans:
+        assert p["window_left"] == 3 and p["logits_soft_cap"] == 2.0
+        assert p["kv_data_type"] == torch.float16
+
+
+def test_feature_arguments_are_left_out_without_features(fake_fi: list[dict[str, Any]]) -> None:
+    FlashInferBackend(workspace_mb=1)(_mixed_batch())
+    for p in _events(fake_fi, "plan"):
+        assert "window_left" not in p and "logits_soft_cap" not in p
+    assert all(e["args"] == () and e["k_scale"] is None for e in _events(fake_fi, "run_args"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fp8_cache_with_per_tensor_scales(fake_fi: list[dict[str, Any]],
+                                          dtype: torch.dtype) -> None:
+    batch = _mixed_batch(dtype, features=Features(window=4, kv_dtype="fp8_e4m3"))
+    assert batch.k_cache.dtype == torch.float8_e4m3fn
+    result = FlashInferBackend(workspace_mb=1)(batch)
+    ref = reference_backend(batch)
+    u = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11  # v_scale applied after rounding
+    torch.testing.assert_close(result.out.double(), ref.out.double(), rtol=2 * u, atol=1e-6)
+    torch.testing.assert_close(result.lse, ref.lse, rtol=1e-6, atol=1e-5)
+    for p in _events(fake_fi, "plan"):
+        assert p["kv_data_type"] == torch.float8_e4m3fn and p["q_data_type"] == dtype
+    for e in _events(fake_fi, "run_args"):
+        assert (e["k_scale"], e["v_scale"]) == (batch.k_scale, batch.v_scale)
+
+
+def test_sinks_run_every_row_through_the_sink_wrapper(fake_fi: list[dict[str, Any]]) -> None:
+    batch = _mixed_batch(features=Features(window=5, sinks=True))
+    backend = FlashInferBackend(workspace_mb=1)
+    result = backend(batch)
+    ref = reference_backend(batch)
+    assert torch.equal(result.out, ref.out)
+    torch.testing.assert_close(result.lse, ref.lse, rtol=1e-6, atol=1e-6)
+    assert not _events(fake_fi, "plan", "decode") and not _events(fake_fi, "plan", "prefill")
+    (init,) = _events(fake_fi, "init", "sinks")
+    assert init["window_left"] == 5 and init["q_data_type"] == torch.bfloat16
+    assert (init["head_dim_qk"], init["head_dim_vo"]) == (64, 64)
+    (plan,) = _events(fake_fi, "plan", "sinks")
+    assert plan["qo_indptr"].tolist() == [0, 1, 8, 15, 16, 17] and plan["causal"] is True
+    (run,) = _events(fake_fi, "run_args", "sinks")
+    sinks, sm_scale = run["args"]
+    assert sinks is batch.sinks and sm_scale == batch.sm_scale
+    backend(_mixed_batch(features=Features(window=5, sinks=True)))
+    backend(_mixed_batch(features=Features(window=6, sinks=True)))
+    # One eager wrapper per JIT specialisation (the window is one).
+    assert [e["window_left"] for e in _events(fake_fi, "init", "sinks")] == [5, 6]
+
+
+def test_feature_negotiation_and_refusals(fake_fi: list[dict[str, Any]]) -> None:
+    for name, settings, message in [
+            ("flashinfer-fa3", {"kv_dtype": "fp8"}, "takes sinks, softcap, window, not fp8_kv"),
+            ("flashinfer", {"kv_dtype": "fp8", "features": {"kv_scale": "head"}},
+             "takes fp8_kv, sinks, softcap, window, not fp8_kv_head"),
+            ("flashinfer", {"features": {"sinks": True, "softcap": 9.0}},
+             "cannot combine sinks and softcap"),
+            ("flashinfer-prefill", {"features": {"sinks": True}, "kv_dtype": "fp8"},
+             "cannot combine fp8_kv and sinks")]:
+        with pytest.raises(ValueError, match=f"^features: backend {name} {message}"):
+            CheckSpec.build(name, **settings)
+    head = _mixed_batch(features=Features(kv_dtype="fp8_e4m3", kv_scale="head"))
+    with pytest.raises(ValueError, match="expected a batch without fp8_kv_head"):
+        FlashInferBackend(workspace_mb=1)(head)
+    both = _mixed_batch(features=Features(sinks=True, softcap=3.0))
+    with pytest.raises(ValueError, match="expected a batch without sinks and softcap together"):
+        FlashInferBackend(workspace_mb=1)(both)
+    assert not _events(fake_fi, "run")
+
+
+def test_a_flashinfer_without_the_sink_wrapper_is_named(
+        fake_fi: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(sys.modules["flashinfer"], "BatchAttentionWithAttentionSinkWrapper")
+    with pytest.raises(ValueError, match="expected a FlashInfer with "
+                                         "BatchAttentionWithAttentionSinkWrapper"):
+        FlashInferBackend(workspace_mb=1)(_mixed_batch(features=Features(sinks=True)))

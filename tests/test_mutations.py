@@ -10,7 +10,7 @@ time and stop at the first failing one, which gives the same verdict as the full
 from __future__ import annotations
 
 import pytest
-from mutants import DEFECTS, FIXED, Planted
+from mutants import DEFECTS, FEATURE_DEFECTS, FEATURE_FIXED, FIXED, FeaturePlanted, Planted
 
 import invariance
 
@@ -71,3 +71,50 @@ def test_planted_defect_is_caught(defect: str, mutation_seed: int) -> None:
 def test_fixed_variant_passes(variant: str, mutation_seed: int) -> None:
     report = invariance.check(FIXED[variant](), device="cpu", seed=mutation_seed)
     assert report.passed, report.summary()
+
+
+# --------------------------------------------------------------------------------------------
+# Features: window, sinks, soft-cap, FP8 (tests/mutants.py, FeaturePlanted)
+# --------------------------------------------------------------------------------------------
+
+def _first_feature_failure(backend: FeaturePlanted, seed: int,
+                           settings: dict[str, object]) -> invariance.Report | None:
+    for name in PERTURBATIONS:
+        report = invariance.check(backend, device="cpu", perturbations=[name], seed=seed,
+                                  **settings)
+        if not report.passed:
+            return report
+    return None
+
+
+def test_feature_sweep_knows_every_feature() -> None:
+    kinds = [d.split("_")[0] for d in FEATURE_DEFECTS]
+    assert all(kinds.count(k) >= 2 for k in ("window", "sink", "softcap", "fp8")), kinds
+    assert len(FEATURE_FIXED) >= 3
+
+
+@pytest.mark.parametrize("defect", sorted(FEATURE_DEFECTS))
+def test_planted_feature_defect_is_caught(defect: str, mutation_seed: int) -> None:
+    what, settings = FEATURE_DEFECTS[defect]
+    report = _first_feature_failure(FeaturePlanted(defect), mutation_seed, settings)
+    assert report is not None, f"{defect} ({what}) passed the check at seed {mutation_seed}"
+    assert not any(c.status == "error" for c in report.results), report.summary()
+    assert report.violations or not report.accurate, report.summary()
+    for v in report.violations:
+        assert v.classification == "batch-variant" and v.case_data
+        assert v.case_data["workload"]["features"], v.case_data["workload"]
+    if report.violations:  # the first one is shrunk, finished, and small
+        first = report.violations[0]
+        assert "ran out" not in first.note, first.note
+        sizes = _requests_per_schedule(first.case_data)
+        assert max(sizes) <= 3, f"{defect}: shrunk to {sizes} requests per schedule: " \
+                                f"{first.schedule_a} | {first.schedule_b}"
+
+
+@pytest.mark.parametrize("variant", sorted(FEATURE_FIXED))
+def test_fixed_feature_variant_passes(variant: str, mutation_seed: int) -> None:
+    make, settings = FEATURE_FIXED[variant]
+    report = invariance.check(make(), device="cpu", seed=mutation_seed,
+                              **settings)
+    assert report.passed, report.summary()
+    assert report.features and report.accuracy[0].rows > 100

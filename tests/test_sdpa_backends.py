@@ -11,7 +11,16 @@ import torch
 
 import invariance.backends.sdpa as sdpa_mod
 import invariance.backends.torch_backends as tb
-from invariance import Chunk, HeadConfig, PageLayout, Request, Step, Workload, materialize
+from invariance import (
+    Chunk,
+    Features,
+    HeadConfig,
+    PageLayout,
+    Request,
+    Step,
+    Workload,
+    materialize,
+)
 from invariance.backends import capabilities, planner, resolve
 from invariance.backends.reference import reference_backend
 from invariance.backends.sdpa import SdpaBackend
@@ -264,3 +273,79 @@ def test_planned_call_does_no_host_sync_on_gpu(name: str) -> None:  # pragma: no
         backend(batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# --------------------------------------------------------------------------------------------
+# Features: a window and sinks through masks; the rest refused
+# --------------------------------------------------------------------------------------------
+
+def _feature_batch(features: Features, dtype: torch.dtype = torch.float32,
+                   device: str = "cpu") -> AttentionBatch:
+    """Rows on both sides of a window of 4: decodes, a prefill from 0, a chunk."""
+    wl = Workload(tuple(Request(i, n, family=f) for i, (n, f) in enumerate(
+        [(11, "gaussian"), (9, "large"), (14, "alternating"), (5, "gaussian")])),
+        HeadConfig(4, 2, 64), dtype, seed=6, features=features)
+    step = Step((Chunk(0, 10, 11), Chunk(1, 0, 9), Chunk(2, 5, 14), Chunk(3, 5, 5)))
+    return materialize(wl, step, PageLayout(page_size=4, placement="shuffled", seed=2),
+                       device).validate()
+
+
+@pytest.mark.parametrize("features", [Features(window=4), Features(window=0),
+                                      Features(sinks=True), Features(window=3, sinks=True)],
+                         ids=["window", "window0", "sinks", "window+sinks"])
+@pytest.mark.parametrize("max_bytes", [None, 1], ids=["one-block", "row-per-block"])
+def test_math_takes_windows_and_sinks_through_masks(features: Features,
+                                                    max_bytes: int | None) -> None:
+    batch = _feature_batch(features)
+    result = SdpaBackend("math", max_bytes=max_bytes)(batch)
+    ref = reference_backend(batch)
+    torch.testing.assert_close(result.out, ref.out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result.lse, ref.lse, rtol=1e-5, atol=1e-5)
+    plain = reference_backend(_feature_batch(Features()))
+    assert not torch.allclose(result.lse, plain.lse)  # the features changed the rows
+
+
+def test_causal_lse_with_a_window_and_sinks() -> None:
+    torch.manual_seed(1)
+    n, L, Hq, Hkv, D = 7, 12, 4, 2, 8
+    q, k = torch.randn(n, Hq, D), torch.randn(L, Hkv, D)
+    sinks = torch.tensor([-3.0, 0.5, 2.0, 9.0])
+    from invariance.backends.reference import reference_rows
+
+    for window, blocks in ((2, None), (0, 1), (-1, 1)):
+        got = tb.causal_lse(q, k, 0.3, blocks, window_left=window, sinks=sinks)
+        _, want = reference_rows(q, list(range(L - n, L)), k, k, 0.3, window_left=window,
+                                 sinks=sinks)
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_sdpa_features_declared_and_refused() -> None:
+    from invariance.spec import CheckSpec
+
+    caps = {n: capabilities(resolve(n)) for n in NAMES}
+    assert caps["sdpa-flash"].features == frozenset()
+    for n in ("sdpa-efficient", "sdpa-cudnn", "sdpa-math"):
+        assert caps[n].features == {"window", "sinks"}
+    with pytest.raises(ValueError, match="features: backend sdpa-math takes sinks, window, not "
+                                         "softcap"):
+        CheckSpec.build("sdpa-math", device="cpu", features={"softcap": 5.0})
+    with pytest.raises(ValueError, match="not fp8_kv"):
+        CheckSpec.build("sdpa-math", device="cpu", kv_dtype="fp8")
+    for features in (Features(softcap=3.0), Features(kv_dtype="fp8_e4m3")):
+        batch = _feature_batch(features, torch.bfloat16)
+        with pytest.raises(ValueError, match="backend sdpa-math: expected a batch without"):
+            SdpaBackend("math")(batch)
+    with pytest.raises(ValueError, match="backend sdpa-flash: expected a batch without window"):
+        SdpaBackend("flash")(_feature_batch(Features(window=2)))
+
+
+def test_math_check_with_features_is_accurate() -> None:
+    """The whole check through sdpa-math with a window and sinks: accurate at bfloat16 (the sink
+    is rounded to bfloat16 in the mask; the bound absorbs it). Its verdicts on invariance are
+    SDPA's own (the math kernel's rounding follows the number of query rows on CPU)."""
+    import invariance
+
+    report = invariance.check("sdpa-math", device="cpu", dtype="bfloat16",
+                              perturbations=["mixed", "repeat", "paging"],
+                              features={"window": 16, "sinks": True})
+    assert report.accurate and report.invariant, report.summary()

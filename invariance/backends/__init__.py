@@ -63,6 +63,12 @@ class Capabilities:
     - ``split_tokens``: the backend's KV split size in tokens, when it splits rows: the check
       then makes its longest request span at least 2.5 splits, so rows on both sides of
       several split boundaries are compared.
+    - ``features``: the attention features it takes, by the names of
+      ``invariance.features.FEATURE_NAMES`` (``window``, ``sinks``, ``softcap``, ``fp8_kv``,
+      ``fp8_kv_head``). None by default: a backend written without them would ignore the
+      batch's feature fields, so it has to say it reads them.
+    - ``feature_conflicts``: sets of features it takes one by one but not together (asking
+      for all of one set is a usage error too).
     """
 
     dtypes: tuple[str, ...] = DTYPE_NAMES
@@ -70,6 +76,19 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu", "cuda")
     cuda_graphs: bool = True
     split_tokens: int | None = None
+    features: frozenset[str] = frozenset()
+    feature_conflicts: tuple[frozenset[str], ...] = ()
+
+    def lacks(self, required: frozenset[str]) -> str | None:
+        """Why these capabilities cannot run the features ``required``, or ``None``."""
+        missing = sorted(required - self.features)
+        if missing:
+            return (f"takes {', '.join(sorted(self.features)) or 'no features'}, not "
+                    f"{', '.join(missing)}")
+        for conflict in self.feature_conflicts:
+            if conflict <= required:
+                return f"cannot combine {' and '.join(sorted(conflict))}"
+        return None
 
 
 def capabilities(backend: object) -> Capabilities:

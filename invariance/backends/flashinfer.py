@@ -34,12 +34,30 @@ wrappers (``kv_layout="NHD"``, which is our cache layout ``[num_pages, page_size
   only. ``plan(batch, graph=True)`` plans fresh ``use_cuda_graph=True`` wrappers whose fixed-size
   index buffers are sized for that batch; eager plans reuse one pair of ordinary wrappers.
 
+- **Features** (``Capabilities.features``; FlashInfer 0.6's Python API, read in the
+  ``flashinfer-ai/flashinfer`` sources: ``prefill.py``, ``decode.py``, ``attention.py`` and
+  ``jit/attention/variants.py``). A sliding window is the wrappers' ``plan(window_left=)``
+  (FlashInfer's mask keeps key ``j`` of query ``i`` when ``j + qo_len + window_left >= kv_len +
+  i``: keys ``[pos - window_left, pos]``, our contract); soft-capping is ``plan(
+  logits_soft_cap=)`` (``cap * tanh(sm_scale * q·k / cap)``, ours). An FP8 cache is
+  ``plan(kv_data_type=torch.float8_e4m3fn)`` and ``run(k_scale=, v_scale=)``, per-tensor floats
+  (FlashInfer folds ``k_scale`` into the softmax scale and multiplies the output by
+  ``v_scale``); per-head scale tensors are not taken, and FA3 takes FP8 K/V only with FP8
+  queries, so ``flashinfer-fa3`` takes no FP8 cache. Attention sinks go through FlashInfer's
+  dedicated ``BatchAttentionWithAttentionSinkWrapper`` (a prefill wrapper whose attention
+  variant adds ``exp(sink)`` to the denominator; the window is a constructor argument, a JIT
+  specialisation, and ``run(q, kv, sinks, sm_scale)`` takes the sinks and the softmax scale
+  as the variant's extra arguments): with sinks every row goes through it, decode rows
+  included, as engines serving gpt-oss do. That variant has no soft-cap and no FP8 scales,
+  so sinks do not combine with either (``Capabilities.feature_conflicts``).
+
 From the CLI: ``--backend flashinfer:fixed_split_size=2048,backend=fa2,use_tensor_cores=true,
 workspace_mb=256`` (see :meth:`FlashInferBackend.with_options`).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -49,7 +67,7 @@ from typing import Any
 import torch
 
 from invariance.backends import Capabilities
-from invariance.batch import AttentionBatch, AttentionResult
+from invariance.batch import AttentionBatch, AttentionResult, require_features
 
 __all__ = [
     "FlashInferBackend",
@@ -311,9 +329,12 @@ class FlashInferOptions:
 
 @dataclass
 class _Part:
-    kind: str  # "decode" or "prefill"
+    kind: str  # "decode", "prefill" or "sinks"
     wrapper: Any
     meta: PagedMetadata
+    #: Extra positional and keyword arguments of the wrapper's ``run`` (sinks, FP8 scales).
+    run_args: tuple[Any, ...] = ()
+    run_kwargs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -321,6 +342,22 @@ class _Plan:
     batch: weakref.ref[AttentionBatch]
     graph: bool
     parts: list[_Part]
+
+
+def _sink_wrapper_class(fi: Any) -> Any:
+    """FlashInfer's ``BatchAttentionWithAttentionSinkWrapper`` (exported at the top level and
+    by ``flashinfer.attention``); ``ValueError`` when this FlashInfer has none."""
+    name = "BatchAttentionWithAttentionSinkWrapper"
+    cls = getattr(fi, name, None)
+    if cls is None:
+        try:
+            cls = getattr(importlib.import_module("flashinfer.attention"), name, None)
+        except ImportError:
+            cls = None
+    if cls is None:
+        raise ValueError(f"features: expected a FlashInfer with {name} for attention sinks "
+                         "(flashinfer-python >= 0.6), got one without it")
+    return cls
 
 
 def _plan_wrapper(options: FlashInferOptions, workspace: torch.Tensor, kind: str, wrapper: Any,
@@ -351,9 +388,6 @@ class FlashInferBackend:
     - ``workspace_mb``: fixed float workspace (default: :func:`workspace_bound` per batch).
     """
 
-    capabilities = Capabilities(dtypes=("float16", "bfloat16"), head_dims=(64, 128, 256),
-                                devices=("cuda",), cuda_graphs=True)
-
     def __init__(self, *, decode: bool = True, backend: str = "auto",
                  fixed_split_size: int | None = None, disable_split_kv: bool = False,
                  use_tensor_cores: bool | None = None, workspace_mb: int | None = None) -> None:
@@ -365,6 +399,20 @@ class FlashInferBackend:
 
     def __repr__(self) -> str:
         return f"FlashInferBackend({self.options.describe()})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Half precision, head dims 64/128/256, CUDA, CUDA graphs; the features of the module
+        docstring ("Features"): window, soft-cap, sinks, and an FP8 cache with per-tensor
+        scales except on FA3; sinks combine with neither soft-cap nor FP8."""
+        features = {"window", "softcap", "sinks"}
+        if self.options.prefill_backend != "fa3":
+            features.add("fp8_kv")
+        return Capabilities(dtypes=("float16", "bfloat16"), head_dims=(64, 128, 256),
+                            devices=("cuda",), cuda_graphs=True,
+                            features=frozenset(features),
+                            feature_conflicts=(frozenset({"sinks", "softcap"}),
+                                               frozenset({"sinks", "fp8_kv"})))
 
     def with_options(self, options: Mapping[str, str]) -> FlashInferBackend:
         """A new backend: this one's settings with ``options`` (strings, from the CLI's
@@ -401,10 +449,13 @@ class FlashInferBackend:
         return ws
 
     def _wrapper(self, fi: Any, kind: str, ws: torch.Tensor, meta: PagedMetadata,
-                 graph: bool) -> Any:
+                 graph: bool, batch: AttentionBatch | None = None) -> Any:
         o = self.options
-        if not graph and kind in self._eager:
-            return self._eager[kind]
+        key: Any = kind
+        if kind == "sinks" and batch is not None:  # a JIT specialisation per these
+            key = (kind, batch.dtype, batch.k_cache.dtype, batch.head_dim, batch.window_left)
+        if not graph and key in self._eager:
+            return self._eager[key]
         kwargs: dict[str, Any] = {}
         if graph:
             dev, n = ws.device, len(meta.requests)
@@ -426,10 +477,18 @@ class FlashInferBackend:
             if graph:
                 kwargs.update(qo_indptr_buf=buf(n + 1), paged_kv_indptr_buf=indptr,
                               paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last)
-            wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(
-                ws, "NHD", use_cuda_graph=graph, backend=o.prefill_backend, **kwargs)
+            if kind == "sinks":
+                assert batch is not None
+                wrapper = _sink_wrapper_class(fi)(
+                    ws, "NHD", use_cuda_graph=graph, backend=o.prefill_backend,
+                    q_data_type=batch.dtype, kv_data_type=batch.k_cache.dtype,
+                    head_dim_qk=batch.head_dim, head_dim_vo=batch.head_dim,
+                    window_left=batch.window_left, **kwargs)
+            else:
+                wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(
+                    ws, "NHD", use_cuda_graph=graph, backend=o.prefill_backend, **kwargs)
         if not graph:
-            self._eager[kind] = wrapper
+            self._eager[key] = wrapper
         else:
             # NOTE: a CUDA-graph plan may launch padded CTAs that read scheduler entries the plan
             # never wrote when it does not split KV (FlashInfer issue #4002, PR #5176), and
@@ -447,28 +506,42 @@ class FlashInferBackend:
         import flashinfer as fi
 
         o = self.options
+        caps = self.capabilities
+        require_features(batch, caps.features, "flashinfer", caps.feature_conflicts)
+        used = batch.features_used()
         q_lens = batch.q_lens()
         kv_lens = [int(x) for x in batch.kv_lens.tolist()]
         cu = [int(x) for x in batch.cu_seqlens_q.tolist()]
-        dec, pre = split_requests(q_lens, o.decode)
+        sinks = batch.sinks is not None
+        dec, pre = split_requests(q_lens, o.decode and not sinks)
         ws = self._workspace_for(batch, q_lens, kv_lens)
         Hq, Hkv, D, P = batch.num_q_heads, batch.num_kv_heads, batch.head_dim, batch.page_size
-        common: dict[str, Any] = dict(q_data_type=batch.dtype, kv_data_type=batch.dtype,
+        common: dict[str, Any] = dict(q_data_type=batch.dtype, kv_data_type=batch.k_cache.dtype,
                                       sm_scale=float(batch.sm_scale), **o.split_kwargs())
+        if "window" in used:
+            common["window_left"] = batch.window_left
+        if "softcap" in used:
+            common["logits_soft_cap"] = float(batch.logits_soft_cap)
+        run_kwargs: dict[str, Any] = {}
+        if batch.kv_fp8:  # per-tensor floats (fp8_kv_head is refused above)
+            run_kwargs = {"k_scale": float(batch.k_scale if batch.k_scale is not None else 1.0),
+                          "v_scale": float(batch.v_scale if batch.v_scale is not None else 1.0)}
         parts: list[_Part] = []
         if dec:
             meta = paged_metadata(batch.block_table, kv_lens, cu, P, dec)
             w = self._wrapper(fi, "decode", ws, meta, graph)
             _plan_wrapper(o, ws, "decode", w, meta.kv_indptr, meta.kv_indices,
                           meta.kv_last_page_len, Hq, Hkv, D, P, **common)
-            parts.append(_Part("decode", w, meta))
+            parts.append(_Part("decode", w, meta, run_kwargs=run_kwargs))
         if pre:
+            kind = "sinks" if sinks else "prefill"
             meta = paged_metadata(batch.block_table, kv_lens, cu, P, pre)
-            w = self._wrapper(fi, "prefill", ws, meta, graph)
-            _plan_wrapper(o, ws, "prefill", w, meta.qo_indptr, meta.kv_indptr,
+            w = self._wrapper(fi, kind, ws, meta, graph, batch)
+            _plan_wrapper(o, ws, kind, w, meta.qo_indptr, meta.kv_indptr,
                           meta.kv_indices, meta.kv_last_page_len, Hq, Hkv, D, P, causal=True,
                           **common)
-            parts.append(_Part("prefill", w, meta))
+            args = (batch.sinks, float(batch.sm_scale)) if sinks else ()
+            parts.append(_Part(kind, w, meta, args, run_kwargs))
         self._plan = _Plan(weakref.ref(batch), graph, parts)
 
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
@@ -481,15 +554,18 @@ class FlashInferBackend:
             plan = self._plan
             assert plan is not None
         if len(plan.parts) == 1:  # its rows are the batch's rows, in order (split_requests)
-            o, lse2 = plan.parts[0].wrapper.run(batch.q.contiguous(),
-                                                (batch.k_cache, batch.v_cache), return_lse=True)
+            part = plan.parts[0]
+            o, lse2 = part.wrapper.run(batch.q.contiguous(), (batch.k_cache, batch.v_cache),
+                                       *part.run_args, return_lse=True,
+                                       **(part.run_kwargs or {}))
             return AttentionResult(o.to(batch.dtype), lse2.float() * LN2)
         out = torch.zeros_like(batch.q)
         lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"),
                          dtype=torch.float32, device=batch.device)
         for part in plan.parts:
             q = batch.q.index_select(0, part.meta.rows)
-            o, lse2 = part.wrapper.run(q, (batch.k_cache, batch.v_cache), return_lse=True)
+            o, lse2 = part.wrapper.run(q, (batch.k_cache, batch.v_cache), *part.run_args,
+                                       return_lse=True, **(part.run_kwargs or {}))
             out.index_copy_(0, part.meta.rows, o.to(batch.dtype))
             lse.index_copy_(0, part.meta.rows, lse2.float() * LN2)  # base 2 -> natural log
         return AttentionResult(out, lse)

@@ -9,10 +9,19 @@ From the CLI the four built-ins take options (:meth:`KernelsBackend.with_options
 ``--backend kernels:gluon=false`` (the Triton kernels where the Gluon kernels would run) or
 ``--backend kernels:block_n=64`` (the 64-key contract where Hopper's default is 128 keys) or
 ``--backend kernels:lead_split_size=1024`` (one split size: the contract before lead splits).
+
+**Features.** The adapters declare every feature (``window``, ``sinks``, ``softcap``,
+``fp8_kv``, ``fp8_kv_head``) and pass a batch's to ``kernels.unified_attention`` as
+``window_left=``, ``sinks=``, ``logits_soft_cap=``, ``k_scale=`` and ``v_scale=`` (the FP8
+cache itself is ``k_cache`` / ``v_cache``), only those the batch uses, so a batch without
+features calls the kernel exactly as before. A kernel whose signature lacks one of them (an
+older ``kernels``) makes the call raise ``ValueError`` naming the parameter: never a silent
+result without the feature.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import weakref
@@ -100,9 +109,11 @@ class KernelsBackend:
     @property
     def capabilities(self) -> Capabilities:
         """Every dtype and device; head dims 64, 128, 256; CUDA graphs (no host sync during
-        capture); the split size, so the check compares rows across several splits."""
+        capture); the split size, so the check compares rows across several splits; every
+        feature (module docstring, "Features")."""
         split = _DEFAULT_SPLIT_TOKENS if self.split_size == _DEFAULT else self.split_size
-        return Capabilities(head_dims=(64, 128, 256), split_tokens=split)
+        return Capabilities(head_dims=(64, 128, 256), split_tokens=split,
+                            features=frozenset(_FEATURE_PARAMS))
 
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
         _enable_interpreter_on_cpu(batch)
@@ -117,7 +128,7 @@ class KernelsBackend:
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, split_size=split,
             lead_split_size=self.lead_split_size, plan=self.kernel_plan, tuning=tuning,
-            host_lens=self._host_lens(batch),
+            host_lens=self._host_lens(batch), **feature_kwargs(batch, kernels.unified_attention),
         )
         return AttentionResult(out, lse)
 
@@ -169,6 +180,45 @@ class KernelsBackend:
                 raise ValueError(f"kernels option {key!r}: unknown; expected one of "
                                  f"{', '.join(_OPTION_KEYS)}, got {key!r}")
         return replace(self, **values)
+
+
+#: Each feature (``invariance.features.FEATURE_NAMES``) -> the parameters of
+#: ``kernels.unified_attention`` that carry it.
+_FEATURE_PARAMS: dict[str, tuple[str, ...]] = {
+    "window": ("window_left",), "sinks": ("sinks",), "softcap": ("logits_soft_cap",),
+    "fp8_kv": ("k_scale", "v_scale"), "fp8_kv_head": ("k_scale", "v_scale"),
+}
+
+
+def kernel_parameters(fn: Callable[..., Any]) -> frozenset[str]:
+    """The keyword parameters ``fn`` (``kernels.unified_attention``) takes."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return frozenset()
+    return frozenset(params)
+
+
+def feature_kwargs(batch: AttentionBatch, fn: Callable[..., Any]) -> dict[str, Any]:
+    """The feature arguments of ``fn`` (``kernels.unified_attention``) for ``batch``: only
+    those the batch uses (module docstring, "Features"). ``ValueError`` naming the parameter
+    when ``fn`` does not take it."""
+    used = batch.features_used()
+    if not used:
+        return {}
+    values: dict[str, Any] = {"window_left": batch.window_left, "sinks": batch.sinks,
+                              "logits_soft_cap": float(batch.logits_soft_cap),
+                              "k_scale": batch.k_scale, "v_scale": batch.v_scale}
+    takes = kernel_parameters(fn)
+    kwargs: dict[str, Any] = {}
+    for feature in sorted(used):
+        for name in _FEATURE_PARAMS[feature]:
+            if name not in takes:
+                raise ValueError(f"kernels.unified_attention: expected a parameter {name!r} "
+                                 f"for the batch's {feature} (this kernels predates the "
+                                 f"feature), got a signature without it")
+            kwargs[name] = values[name]
+    return kwargs
 
 
 def _int_option(key: str, text: str, ok: Callable[[int], bool], expected: str,

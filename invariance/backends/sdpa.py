@@ -39,6 +39,16 @@ not SDPA's alone.
 
 CUDA graphs: :meth:`SdpaBackend.plan` (the planning protocol of :mod:`invariance.backends`)
 takes the batch's lengths on the host, so the call itself does no host sync.
+
+**Features** (``Capabilities.features``). SDPA has no score modification and no FP8 inputs, so
+only what a mask can express is taken, by the kernels that take a mask (efficient, cudnn,
+math): a sliding window (``window_left``: the band of the boolean mask) and attention sinks
+(one zero key and value appended to the request, its column of an additive float mask holding
+each query head's sink, so its score is the sink and it adds ``exp(sink)`` to the denominator
+alone). That mask is in q's dtype (SDPA's rule), so the sink is rounded to it: float32 exactly,
+float16/bfloat16 to their precision. The LSE adds the sink exactly (float64). ``flash`` takes
+no mask and no feature; no kernel takes soft-capping or an FP8 cache; a batch using a feature
+its kernel does not take is refused.
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ from invariance.backends.torch_backends import (
     causal_lse,
     row_blocks,
 )
-from invariance.batch import AttentionBatch, AttentionResult
+from invariance.batch import AttentionBatch, AttentionResult, require_features
 
 __all__ = ["KERNELS", "MAX_BYTES", "SdpaBackend", "cudnn", "efficient", "flash", "math"]
 
@@ -77,11 +87,15 @@ _MIN_KEYS: dict[str, int] = {"cudnn": 2}
 #: additive mask, the softmax and its temporaries).
 _MATH_COPIES = 4
 
+#: The features a mask expresses (module docstring, "Features").
+_MASK_FEATURES = frozenset({"window", "sinks"})
+
 _CAPABILITIES: dict[str, Capabilities] = {
     "flash": Capabilities(dtypes=("float16", "bfloat16"), devices=("cuda",)),
-    "efficient": Capabilities(devices=("cuda",)),
-    "cudnn": Capabilities(dtypes=("float16", "bfloat16"), devices=("cuda",)),
-    "math": Capabilities(),
+    "efficient": Capabilities(devices=("cuda",), features=_MASK_FEATURES),
+    "cudnn": Capabilities(dtypes=("float16", "bfloat16"), devices=("cuda",),
+                          features=_MASK_FEATURES),
+    "math": Capabilities(features=_MASK_FEATURES),
 }
 
 
@@ -108,18 +122,23 @@ class SdpaBackend:
     def __repr__(self) -> str:
         return f"SdpaBackend({self.kernel!r}, max_bytes={self.max_bytes})"
 
-    def bytes_per_row(self, kv_len: int, num_q_heads: int, dtype: torch.dtype) -> int:
-        """Transient bytes one query row over ``kv_len`` keys costs this kernel (0 for flash)."""
+    def bytes_per_row(self, kv_len: int, num_q_heads: int, dtype: torch.dtype,
+                      sinks: bool = False) -> int:
+        """Transient bytes one query row over ``kv_len`` keys costs this kernel (0 for flash);
+        with ``sinks`` the mask is a float mask per query head over one more key."""
         if self.kernel == "flash":
             return 0
         if self.kernel == "math":
-            return num_q_heads * kv_len * 4 * _MATH_COPIES
+            return num_q_heads * (kv_len + sinks) * 4 * _MATH_COPIES
+        if sinks:
+            return num_q_heads * (kv_len + 1) * 3 * dtype.itemsize
         return kv_len * (1 + 2 * dtype.itemsize)
 
     def blocks(self, q_len: int, kv_len: int, num_q_heads: int,
-               dtype: torch.dtype) -> list[tuple[int, int]]:
+               dtype: torch.dtype, sinks: bool = False) -> list[tuple[int, int]]:
         """The row blocks ``[(start, stop), ...]`` of a request: a function of these alone."""
-        return row_blocks(q_len, self.bytes_per_row(kv_len, num_q_heads, dtype), self.max_bytes)
+        return row_blocks(q_len, self.bytes_per_row(kv_len, num_q_heads, dtype, sinks),
+                          self.max_bytes)
 
     def plan(self, batch: AttentionBatch) -> None:
         """Take the batch's lengths on the host (the only sync of a call)."""
@@ -133,22 +152,26 @@ class SdpaBackend:
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
+        require_features(batch, self.capabilities.features, f"sdpa-{self.kernel}")
         out = torch.zeros_like(batch.q)
         lse = torch.full((batch.num_tokens, batch.num_q_heads), float("-inf"),
                          dtype=torch.float32, device=batch.device)
         if batch.num_tokens == 0:
             return AttentionResult(out, lse)
         q_lens, kv_lens, cu = self._lengths(batch)
-        scale = batch.sm_scale
+        scale, window, sinks = batch.sm_scale, batch.window_left, batch.sinks
         with sdpa_kernel(getattr(SDPBackend, KERNELS[self.kernel])):
             for b, (n, L) in enumerate(zip(q_lens, kv_lens, strict=True)):
                 if n == 0:
                     continue
                 q = batch.q[cu[b]:cu[b] + n]  # [n, Hq, D]
                 k, v = gather_kv(batch, b, L)  # [L, Hkv, D], host length: no sync
-                attend = self._flash if self.kernel == "flash" else self._masked
-                out[cu[b]:cu[b] + n] = attend(q, k, v, scale)
-                lse[cu[b]:cu[b] + n] = causal_lse(q, k, scale, self.max_bytes)
+                if self.kernel == "flash":
+                    out[cu[b]:cu[b] + n] = self._flash(q, k, v, scale)
+                else:
+                    out[cu[b]:cu[b] + n] = self._masked(q, k, v, scale, window, sinks)
+                lse[cu[b]:cu[b] + n] = causal_lse(q, k, scale, self.max_bytes,
+                                                  window_left=window, sinks=sinks)
         return AttentionResult(out, lse)
 
     @staticmethod
@@ -169,8 +192,8 @@ class SdpaBackend:
                                                scale=scale, enable_gqa=gqa)
         return r[0].transpose(0, 1)
 
-    def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float) -> torch.Tensor:
+    def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                window_left: int = -1, sinks: torch.Tensor | None = None) -> torch.Tensor:
         n, Hq, _ = q.shape
         L, Hkv = k.shape[0], k.shape[1]
         G = Hq // Hkv
@@ -178,14 +201,24 @@ class SdpaBackend:
         if G > 1:
             kd, vd = kd.repeat_interleave(G, dim=1), vd.repeat_interleave(G, dim=1)
         keys = max(L, _MIN_KEYS.get(self.kernel, 1))
-        if keys > L:  # zero keys after the last position: masked out below
-            kd, vd = (F.pad(t, (0, 0, 0, keys - L)) for t in (kd, vd))
+        extra = keys - L + (sinks is not None)
+        if extra:  # zero keys after the last position: masked out below (or the sink's)
+            kd, vd = (F.pad(t, (0, 0, 0, extra)) for t in (kd, vd))
         o = torch.empty_like(q)
-        for a, b in self.blocks(n, L, Hq, q.dtype):
-            # Rows a..b-1 of the request over all its keys: row a + i sits at L - n + a + i.
+        for a, b in self.blocks(n, L, Hq, q.dtype, sinks is not None):
+            # Rows a..b-1 of the request over all its keys: row a + i sits at L - n + a + i
+            # and sees keys from L - n + a + i - window_left on (with a window).
             mask = torch.ones(1, 1, b - a, keys, dtype=torch.bool, device=q.device)
             mask.tril_(L - n + a)
-            res = F.scaled_dot_product_attention(qd[:, :, a:b], kd, vd, attn_mask=mask,
+            if window_left >= 0:
+                mask.triu_(L - n + a - window_left)
+            attn_mask: torch.Tensor = mask
+            if sinks is not None:  # an additive mask: 0 / -inf, then the sink's column
+                bias = torch.zeros(1, Hq, b - a, keys + 1, dtype=q.dtype, device=q.device)
+                bias[..., :keys].masked_fill_(~mask, float("-inf"))
+                bias[..., keys] = sinks.to(q.dtype)[None, :, None]
+                attn_mask = bias
+            res = F.scaled_dot_product_attention(qd[:, :, a:b], kd, vd, attn_mask=attn_mask,
                                                  scale=scale)
             o[a:b] = res[0].transpose(0, 1)
         return o

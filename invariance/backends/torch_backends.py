@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from invariance.backends.reference import gather_kv
-from invariance.batch import AttentionBatch, AttentionResult
+from invariance.batch import AttentionBatch, AttentionResult, require_features
 
 __all__ = [
     "ROW_BLOCK_BYTES",
@@ -106,7 +106,8 @@ def row_blocks(q_len: int, bytes_per_row: int, max_bytes: int) -> list[tuple[int
 
 
 def causal_lse(q: torch.Tensor, k: torch.Tensor, sm_scale: float,
-               max_bytes: int | None = None) -> torch.Tensor:
+               max_bytes: int | None = None, *, window_left: int = -1,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The natural-log LSE ``[n, Hq]`` (float32) of one request's query rows ``q`` ``[n, Hq, D]``
     over its keys ``k`` ``[L, Hkv, D]`` (query head ``h`` reads key head ``h // (Hq // Hkv)``),
     causal aligned bottom-right: row ``i`` sits at position ``L - n + i`` and sees keys
@@ -124,7 +125,11 @@ def causal_lse(q: torch.Tensor, k: torch.Tensor, sm_scale: float,
     in float64 such differences are ~2^-29 of a float32 ULP and vanish in the final rounding
     unless a value sits that close to a rounding boundary. Besides the blocks it keeps one
     float64 copy of ``k`` (``L × Hkv × D``). No host sync. ``n == 0`` gives an empty
-    ``[0, Hq]``."""
+    ``[0, Hq]``.
+
+    ``window_left >= 0`` also masks the keys before ``pos - window_left``; ``sinks`` ``[Hq]``
+    joins each row's sum (``lse = log(sum exp(s) + exp(sink))``, the contract of
+    :class:`~invariance.AttentionBatch`)."""
     n, Hq, D = q.shape
     L, Hkv = k.shape[0], k.shape[1]
     G = Hq // Hkv
@@ -138,10 +143,17 @@ def causal_lse(q: torch.Tensor, k: torch.Tensor, sm_scale: float,
         qb = q[a:b].double().reshape(r, Hkv, G, D).permute(1, 2, 0, 3).reshape(Hkv, G * r, D)
         s = torch.matmul(qb, kf.transpose(-1, -2)).view(Hkv, G, r, L)
         s.mul_(sm_scale)
-        # Row a + i sits at L - n + a + i: the keys after it are masked.
-        s.masked_fill_(torch.ones(r, L, dtype=torch.bool, device=q.device).triu_(L - n + a + 1),
-                       float("-inf"))
-        out[a:b] = torch.logsumexp(s, dim=-1).reshape(Hq, r).transpose(0, 1).float()
+        # Row a + i sits at L - n + a + i: the keys after it are masked (and, with a window,
+        # those before L - n + a + i - window_left).
+        masked = torch.ones(r, L, dtype=torch.bool, device=q.device).triu_(L - n + a + 1)
+        if window_left >= 0:
+            masked |= torch.ones(r, L, dtype=torch.bool, device=q.device).tril_(
+                L - n + a - window_left - 1)
+        s.masked_fill_(masked, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)  # [Hkv, G, r]
+        if sinks is not None:
+            lse = torch.logaddexp(lse, sinks.to(torch.float64).view(Hkv, G, 1))
+        out[a:b] = lse.reshape(Hq, r).transpose(0, 1).float()
     return out
 
 
@@ -166,8 +178,10 @@ def sdpa_backend(batch: AttentionBatch) -> AttentionResult:
     """torch ``scaled_dot_product_attention`` on the batch padded to a dense
     ``[B, H, max_q, max_kv]`` problem with a boolean causal + padding mask, as a server without
     paged attention would call it. SDPA does not return the LSE, so ``lse`` is computed by a
-    separate float32 ``logsumexp`` of ``q·kᵀ`` over the same padded batch.
+    separate float32 ``logsumexp`` of ``q·kᵀ`` over the same padded batch. Takes no attention
+    feature (a batch using one is refused).
     """
+    require_features(batch, frozenset(), "sdpa")
     dense = pad_dense(batch)
     if dense is None:
         return unpad(batch, None, None, None)
@@ -181,8 +195,10 @@ def batch_variant_backend(batch: AttentionBatch) -> AttentionResult:
     """CONTROL, deliberately NOT batch-invariant: float32 online-softmax attention whose KV chunk
     size is derived from the batch (``max(2, 128 // (batch_size * Hkv))`` tokens), the way
     split-KV heuristics pick their split from batch statistics. Accurate, deterministic, and
-    different in the last bits when the batch around a request changes.
+    different in the last bits when the batch around a request changes. Takes no attention
+    feature (a batch using one is refused).
     """
+    require_features(batch, frozenset(), "torch-batch-variant")
     Hq, D, Hkv = batch.num_q_heads, batch.head_dim, batch.num_kv_heads
     G = Hq // Hkv
     chunk = max(2, 128 // max(1, batch.batch_size * Hkv))

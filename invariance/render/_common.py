@@ -9,7 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from invariance.compare import TensorDiff
-from invariance.report import AccuracyResult, PerturbationResult, Report, Violation
+from invariance.report import (
+    AccuracyResult,
+    PerturbationResult,
+    Report,
+    Violation,
+    describe_features,
+)
 
 __all__ = [
     "FEATURE_ORDER",
@@ -222,6 +228,8 @@ def environment_rows(report: Report) -> list[tuple[str, str]]:
         ("settings", f"heads {report.heads}, scale {report.scale}, budget {report.budget}, "
                      f"seed {report.seed}"),
     ]
+    if report.features:
+        rows.append(("features", describe_features(report.features)))
     if report.started_at:
         rows.append(("started", report.started_at))
     cmd = report.command

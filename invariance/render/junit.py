@@ -14,7 +14,7 @@ from invariance.render._common import (
     violation_lines,
     violation_title,
 )
-from invariance.report import AccuracyResult, PerturbationResult, Report
+from invariance.report import AccuracyResult, PerturbationResult, Report, describe_features
 
 __all__ = ["to_junit"]
 
@@ -87,6 +87,8 @@ def to_junit(report: Report) -> str:
         "cuda": env.cuda or "", "torch": env.torch, "triton": env.triton or "",
         "python": env.python, "platform": env.platform,
     }
+    if report.features:
+        values["features"] = describe_features(report.features)
     cmd = report.command
     if cmd:
         values["command"] = cmd
