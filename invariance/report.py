@@ -27,8 +27,8 @@ perturbation needs something absent here, e.g. CUDA; never counted as passed). `
 
 Versions: a MINOR version only adds fields (1.1: every field written; 1.2: ``check``,
 ``checks``, ``features``). Reading checks every field's presence and type, and that the file
-agrees with itself (a cell's status with its violations and error, an accuracy verdict with its errors, distinct
-cell identities), and raises :class:`ReportError` naming the file, the field path
+agrees with itself (a cell's status with its violations and error, an accuracy verdict with its
+errors, distinct cell identities), and raises :class:`ReportError` naming the file, the field path
 (``results[3].violations[0].diffs[1].max_ulp``), what was expected and what was found. A file
 of a newer MINOR version loads: fields this version does not know are kept in each object's
 ``extra`` and written back on save. A newer MAJOR version is refused. Version 1.0 files

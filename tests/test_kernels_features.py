@@ -78,18 +78,6 @@ def test_every_kernels_backend_declares_every_feature() -> None:
 # Through the kernels (skipped until kernels.unified_attention takes the features)
 # --------------------------------------------------------------------------------------------
 
-def _kernel_takes(*names: str) -> bool:
-    import kernels
-
-    return set(names) <= kernel_parameters(kernels.unified_attention)
-
-
-def _needs(*names: str) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(not _kernel_takes(*names),
-                              reason=f"kernels.unified_attention takes no {', '.join(names)} "
-                                     "yet (issue 48's kernel side)")
-
-
 SPLIT = 64
 PLANS = [pytest.param(KernelsBackend(split_size=SPLIT, kernel_plan="fused"), id="fused"),
          pytest.param(KernelsBackend(split_size=SPLIT, kernel_plan="split"), id="split")]
@@ -98,18 +86,16 @@ PLANS = [pytest.param(KernelsBackend(split_size=SPLIT, kernel_plan="fused"), id=
 PERTURBATIONS = ["mixed", "prefill_vs_decode", "paging"]
 
 CASES = [
-    pytest.param({"features": {"window": 48}}, "bfloat16", marks=_needs("window_left"),
+    pytest.param({"features": {"window": 48}}, "bfloat16",
                  id="window"),
-    pytest.param({"features": {"sinks": True}}, "float32", marks=_needs("sinks"), id="sinks"),
-    pytest.param({"features": {"softcap": 30.0}}, "float16", marks=_needs("logits_soft_cap"),
+    pytest.param({"features": {"sinks": True}}, "float32", id="sinks"),
+    pytest.param({"features": {"softcap": 30.0}}, "float16",
                  id="softcap"),
-    pytest.param({"kv_dtype": "fp8_e4m3"}, "bfloat16", marks=_needs("k_scale", "v_scale"),
-                 id="fp8"),
+    pytest.param({"kv_dtype": "fp8_e4m3"}, "bfloat16", id="fp8"),
     pytest.param({"kv_dtype": "fp8_e4m3", "features": {"kv_scale": "head"}}, "float16",
-                 marks=_needs("k_scale", "v_scale"), id="fp8-per-head"),
+                 id="fp8-per-head"),
     pytest.param({"features": {"window": 100, "sinks": True, "softcap": 50.0}, "kv_dtype": "fp8"},
-                 "bfloat16", marks=_needs("window_left", "sinks", "logits_soft_cap", "k_scale",
-                                          "v_scale"), id="all"),
+                 "bfloat16", id="all"),
 ]
 
 
@@ -123,7 +109,6 @@ def test_kernels_pass_with_features(backend: KernelsBackend, settings: dict[str,
     assert report.features and report.accuracy[0].rows > 30
 
 
-@_needs("window_left", "sinks", "logits_soft_cap", "k_scale", "v_scale")
 @pytest.mark.parametrize("backend", PLANS)
 def test_kernels_match_the_reference_on_one_batch(backend: KernelsBackend) -> None:
     batch = _batch(Features(window=40, sinks=True, softcap=20.0, kv_dtype="fp8_e4m3",
@@ -133,7 +118,6 @@ def test_kernels_match_the_reference_on_one_batch(backend: KernelsBackend) -> No
     torch.testing.assert_close(got.lse, ref.lse, rtol=1e-3, atol=1e-3)
 
 
-@_needs("window_left")
 def test_heuristic_control_with_a_window_is_caught() -> None:
     report = invariance.check("kernels-heuristic", dtype="float32", device="cpu",
                               perturbations=["neighbors"], shrink=False,
