@@ -8,7 +8,8 @@
 # recorded in $OUT/STEP/commands.txt, the machine in $OUT/STEP/gpu.txt):
 #   check     the full check of `kernels` at fp16, bf16 and fp32 with the Gluon launches
 #             counted, the batch-dependent control at bf16 (it must fail), the GPU kernel tests
-#   features  the full check with each feature at fp16 and bf16 (window + sinks at the
+#             (the check step of the current set ran them with the feature tests too)
+#   features  the kernels' feature tests, the full check with each feature at fp16 and bf16 (window + sinks at the
 #             gpt-oss-like heads 64:8:64, soft-cap + window at 16:8:256, an FP8 cache at
 #             32:8:128) and the control with the window
 #   gluon     the Gluon kernel tests at bf16 and fp16 (or the dtypes in $GLUON_DTYPES)
@@ -55,10 +56,12 @@ step_check() {
   run control 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
     --no-progress --json "$C/control-bf16.json" --markdown "$C/control-bf16.md"
   run tests-gpu 240 python3 -m pytest -q -p no:cacheprovider -rfE \
-    tests/triton_kernels/test_gpu.py tests/triton_kernels/test_feature_kernels.py
+    tests/triton_kernels/test_gpu.py
 }
 
 step_features() {
+  run tests-features 200 python3 -m pytest -q -p no:cacheprovider -rfE \
+    tests/triton_kernels/test_feature_kernels.py
   run window-sinks 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
     --heads 64:8:64 --feature window=128 --feature sinks --no-progress \
     --json "$C/window-sinks.json" --markdown "$C/window-sinks.md"
