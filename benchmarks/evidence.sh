@@ -15,8 +15,9 @@
 #   gluon     the Gluon kernel tests at bf16 and fp16 (or the dtypes in $GLUON_DTYPES)
 #   sanitizer compute-sanitizer memcheck (valid and malformed inputs) and initcheck at bf16
 #   peers     the full check of FlashInfer's variants and torch SDPA at bf16
-#   bench     the default and shapes grids: kernels (with and without host lengths), its
-#             control, FlashInfer's fastest variant per workload
+#   bench     the default and shapes grids ($BENCH_GRIDS): kernels, its control, FlashInfer's
+#             fastest variant per workload (more backends in $BENCH_EXTRA, e.g.
+#             "--backend kernels:host_lens=false")
 #   model     `invariance model` on a random-init Llama-like model (8 layers, hidden 1024, GQA
 #             8:2, head dim 128) at bf16: the default stack, then attention through `kernels`
 # FlashInfer (peers, bench) needs its wheels in .whl/ (see reports/README.md).
@@ -105,9 +106,12 @@ step_peers() {
 
 step_bench() {
   flashinfer_site || return
-  run bench 560 $INV bench --grid default --grid shapes --backend kernels \
-    --backend kernels:host_lens=false --backend kernels-heuristic --baseline flashinfer-best \
-    --iters 20 --no-progress --json "$C/bench.json" --markdown "$C/bench.md"
+  for grid in ${BENCH_GRIDS:-default shapes}; do
+    run "bench-$grid" ${BENCH_S:-280} $INV bench --grid "$grid" --backend kernels \
+      --backend kernels-heuristic ${BENCH_EXTRA:-} --baseline flashinfer-best \
+      --iters ${BENCH_ITERS:-20} --no-progress --json "$C/bench-$grid.json" \
+      --markdown "$C/bench-$grid.md"
+  done
 }
 
 step_model() {
