@@ -86,10 +86,10 @@ step_gluon() {
 
 step_sanitizer() {
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-  run memcheck 300 compute-sanitizer --tool memcheck --target-processes all \
+  run memcheck ${SAN_S:-300} compute-sanitizer --tool memcheck --target-processes all \
     --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py \
     --dtypes bfloat16
-  run initcheck 200 compute-sanitizer --tool initcheck --target-processes all \
+  run initcheck ${SAN_S:-200} compute-sanitizer --tool initcheck --target-processes all \
     --report-api-errors no --error-exitcode 99 python3 benchmarks/gpu_sanitize.py \
     --dtypes bfloat16 --valid-only
 }
@@ -118,7 +118,7 @@ step_model() {
   m=llama:hidden_size=1024,intermediate_size=2816,num_hidden_layers=8,num_attention_heads=8
   m=$m,num_key_value_heads=2,head_dim=128,vocab_size=32000,max_position_embeddings=4096
   for att in default kernels; do
-    run "model-$att" 250 $INV model "$m" --dtype bfloat16 --device cuda \
+    run "model-$att" ${MODEL_S:-250} $INV model "$m" --dtype bfloat16 --device cuda \
       --batch-sizes 2,3,4,8,16,32,64,128 --length 16 --decode-steps 4 --attention "$att" \
       --no-progress --json "$C/llama-$att.json" --markdown "$C/llama-$att.md" \
       --html "$C/llama-$att.html"
