@@ -356,7 +356,7 @@ def choose_plan(
     SMs split and a larger under-filled grid fuses when its lengths are balanced (the longest
     program at most twice the average, 1.5 times where the split plan would run the
     keys-as-rows tile, ``keys_rows``, which also takes every batch whose rows lie within the
-    lead splits).
+    lead splits, and there only a grid more than half full).
     """
     if gluon and num_programs * 4 <= num_sms:
         return "split"
@@ -366,7 +366,10 @@ def choose_plan(
                       else max_kv_len <= split_tokens):
         return "split"
     balanced = 3 if keys_rows else 4  # the longest program, in halves of the average
-    if (gluon and num_programs < num_sms and longest_tiles is not None
+    # Decode on the keys-as-rows tile fuses only a grid more than half full: at half or less the
+    # split plan's programs per split are the faster chains.
+    fills = not keys_rows or 2 * num_programs > num_sms
+    if (gluon and fills and num_programs < num_sms and longest_tiles is not None
             and total_tiles is not None
             and 2 * longest_tiles * num_programs <= balanced * total_tiles):
         return "fused"
