@@ -155,18 +155,33 @@ class AttentionBatch:
 
     # --- validation ----------------------------------------------------------------------
     def validate(self) -> AttentionBatch:
-        """Check every field against the contract; return ``self`` or raise ``ValueError``."""
-        q, k, v = self.q, self.k_cache, self.v_cache
-        for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("cu_seqlens_q",
-                        self.cu_seqlens_q), ("kv_lens", self.kv_lens),
-                        ("block_table", self.block_table)):
+        """Check every field against the contract; return ``self`` or raise ``ValueError``.
+        In order: the tensors, their dtypes, shapes and devices, the scalars and features,
+        then the values of the small index tensors (host copies)."""
+        self._validate_tensors()
+        T, Hq, _ = self.q.shape
+        Hkv, page_size = self.k_cache.shape[2], self.k_cache.shape[1]
+        self._validate_index_tensors()
+        if (isinstance(self.sm_scale, bool) or not isinstance(self.sm_scale, (int, float))
+                or not math.isfinite(self.sm_scale) or not self.sm_scale > 0):
+            raise _fail("sm_scale", "a finite positive float", repr(self.sm_scale))
+        self._validate_features(Hq, Hkv)
+        self._validate_request_ids()
+        self._validate_values(T, page_size)
+        return self
+
+    _TENSORS = ("q", "k_cache", "v_cache", "cu_seqlens_q", "kv_lens", "block_table")
+
+    def _validate_tensors(self) -> None:
+        """q, k_cache and v_cache: tensors holding data, ranks, dtypes, devices, shapes."""
+        for name in self._TENSORS:
+            t = getattr(self, name)
             if isinstance(t, torch.Tensor) and t.device.type == "meta":
                 raise _fail(f"{name}.device", "a device holding data (cpu or cuda)", t.device)
-        for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("cu_seqlens_q",
-                        self.cu_seqlens_q), ("kv_lens", self.kv_lens),
-                        ("block_table", self.block_table)):
-            if not isinstance(t, torch.Tensor):
-                raise _fail(name, "a torch.Tensor", type(t).__name__)
+        for name in self._TENSORS:
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise _fail(name, "a torch.Tensor", type(getattr(self, name)).__name__)
+        q, k, v = self.q, self.k_cache, self.v_cache
         if q.dim() != 3:
             raise _fail("q", "3 dims [T, Hq, D]", _describe(q))
         if q.dtype not in _FLOAT_DTYPES:
@@ -185,7 +200,7 @@ class AttentionBatch:
             raise _fail("v_cache.dtype", f"{k.dtype} (k_cache's dtype)", v.dtype)
         if k.shape != v.shape:
             raise _fail("v_cache", f"shape {tuple(k.shape)} (k_cache's shape)", tuple(v.shape))
-        T, Hq, D = q.shape
+        _, Hq, D = q.shape
         if Hq == 0 or D == 0:
             raise _fail("q.shape", "[T, Hq >= 1, D >= 1]", list(q.shape))
         _, page_size, Hkv, Dk = k.shape
@@ -195,31 +210,36 @@ class AttentionBatch:
             raise _fail("q.shape[1]", f"a multiple of Hkv={Hkv} (GQA)", Hq)
         if page_size < 1:
             raise _fail("k_cache.shape[1] (page_size)", ">= 1", page_size)
+
+    def _validate_index_tensors(self) -> None:
+        """cu_seqlens_q, kv_lens, block_table: ranks, int32, q's device, B consistent."""
         for name, t, ndim in (("cu_seqlens_q", self.cu_seqlens_q, 1), ("kv_lens",
                               self.kv_lens, 1), ("block_table", self.block_table, 2)):
             if t.dim() != ndim:
                 raise _fail(name, f"{ndim} dim(s)", _describe(t))
             if t.dtype != torch.int32:
                 raise _fail(f"{name}.dtype", "torch.int32", t.dtype)
-            if t.device != q.device:
-                raise _fail(f"{name}.device", f"{q.device} (q's device)", t.device)
+            if t.device != self.q.device:
+                raise _fail(f"{name}.device", f"{self.q.device} (q's device)", t.device)
         B = self.kv_lens.shape[0]
         if self.cu_seqlens_q.shape[0] != B + 1:
             raise _fail("cu_seqlens_q.shape", f"[{B + 1}] (len(kv_lens) + 1)",
                         list(self.cu_seqlens_q.shape))
         if self.block_table.shape[0] != B:
             raise _fail("block_table.shape[0]", f"{B} (len(kv_lens))", self.block_table.shape[0])
-        if (isinstance(self.sm_scale, bool) or not isinstance(self.sm_scale, (int, float))
-                or not math.isfinite(self.sm_scale) or not self.sm_scale > 0):
-            raise _fail("sm_scale", "a finite positive float", repr(self.sm_scale))
-        self._validate_features(Hq, Hkv)
+
+    def _validate_request_ids(self) -> None:
+        B = self.kv_lens.shape[0]
         if self.request_ids is not None:
             if not isinstance(self.request_ids, (tuple, list)) or len(self.request_ids) != B:
                 raise _fail("request_ids", f"{B} ids (one per request)", repr(self.request_ids))
             odd = [r for r in self.request_ids if isinstance(r, bool) or not isinstance(r, int)]
             if odd:
                 raise _fail("request_ids", "ints", repr(odd[0]))
-        # Value checks (host copies of the small index tensors).
+
+    def _validate_values(self, T: int, page_size: int) -> None:
+        """Offsets, lengths and every needed page id (host copies of the index tensors)."""
+        B = self.kv_lens.shape[0]
         cu = self.cu_seqlens_q.tolist()
         if cu[0] != 0:
             raise _fail("cu_seqlens_q[0]", "0", cu[0])
@@ -230,7 +250,7 @@ class AttentionBatch:
                 raise _fail(f"cu_seqlens_q[{b + 1}]", f">= cu_seqlens_q[{b}]={cu[b]}", cu[b + 1])
         kv_lens = self.kv_lens.tolist()
         max_pages = self.block_table.shape[1]
-        num_pages = k.shape[0]
+        num_pages = self.k_cache.shape[0]
         for b in range(B):
             q_len = cu[b + 1] - cu[b]
             if kv_lens[b] < q_len:
@@ -246,7 +266,6 @@ class AttentionBatch:
                     bad = lo if lo < 0 else hi
                     raise _fail(f"block_table[{b}, :{needed}]",
                                 f"page ids in [0, {num_pages})", bad)
-        return self
 
     def _validate_features(self, Hq: int, Hkv: int) -> None:
         w = self.window_left

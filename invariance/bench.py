@@ -655,25 +655,11 @@ def run_bench(
             progress(0, len(wls) * len(resolved), "measuring HBM bandwidth and matmul peak")
         limits = measure_limits(timer, dev)
     results: list[WorkloadResult] = []
-    done = 0
-    for w in wls:
-        w_heads, w_page = w.heads or head_cfg, w.page_size or page_size
-        w_dtype = parse_dtype(w.dtype) if w.dtype else dt
-        ideal, bound = ideal_ms(w, limits, w_heads, w_dtype)
-        res = WorkloadResult(w.name, w.kind, len(w.q_lens), w.query_tokens, max(w.kv_lens),
-                             kv_bytes(w, w_heads, w_dtype), causal_flops(w, w_heads), ideal,
-                             bound, w.notes, heads=str(w_heads), dtype=dtype_name(w_dtype),
-                             page_size=w_page)
-        batch = build_batch(w, w_heads, w_dtype, w_page, dev, seed)
-        for b in resolved:
-            if progress is not None:
-                progress(done, len(wls) * len(resolved), f"{w.name}: {b.name}")
-            res.times[b.name] = _time_one(timer, b, batch, w_dtype, w_heads, dev)
-            done += 1
-        del batch
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        results.append(res)
+    for i, w in enumerate(wls):
+        results.append(_time_workload(w, resolved, timer, limits, head_cfg, dt, page_size, dev,
+                                      seed, progress, i * len(resolved),
+                                      len(wls) * len(resolved)))
+    done = len(wls) * len(resolved)
     if progress is not None:
         progress(done, len(wls) * len(resolved), "done")
     timing = (f"CUDA-graph replay, median of {iters} after an L2 flush (CUDA events)"
@@ -684,6 +670,29 @@ def run_bench(
         results=results, timing=timing,
         environment=_environment(dev) | {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S",
                                                                      time.gmtime())})
+
+
+def _time_workload(w: BenchWorkload, resolved: Sequence[_Timed], timer: Timer, limits: Limits,
+                   heads: HeadConfig, dtype: torch.dtype, page_size: int, dev: torch.device,
+                   seed: int, progress: Callable[[int, int, str], None] | None, done: int,
+                   total: int) -> WorkloadResult:
+    """Every backend on one workload, at the workload's own shape where it names one."""
+    w_heads, w_page = w.heads or heads, w.page_size or page_size
+    w_dtype = parse_dtype(w.dtype) if w.dtype else dtype
+    ideal, bound = ideal_ms(w, limits, w_heads, w_dtype)
+    res = WorkloadResult(w.name, w.kind, len(w.q_lens), w.query_tokens, max(w.kv_lens),
+                         kv_bytes(w, w_heads, w_dtype), causal_flops(w, w_heads), ideal,
+                         bound, w.notes, heads=str(w_heads), dtype=dtype_name(w_dtype),
+                         page_size=w_page)
+    batch = build_batch(w, w_heads, w_dtype, w_page, dev, seed)
+    for i, b in enumerate(resolved):
+        if progress is not None:
+            progress(done + i, total, f"{w.name}: {b.name}")
+        res.times[b.name] = _time_one(timer, b, batch, w_dtype, w_heads, dev)
+    del batch
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
 
 
 def _environment(dev: torch.device) -> dict[str, Any]:

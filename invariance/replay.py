@@ -301,7 +301,10 @@ class _CaseReader:
         try:
             features = Features.from_dict(w.get("features", {}))
         except (TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"{self.source}: workload.features: {exc}") from None
+            text = str(exc)
+            raise ValueError(f"{self.source}: workload."
+                             f"{text if text.startswith('features') else 'features: ' + text}"
+                             ) from None
         heads = self.heads(self.get(w, "heads", "workload"), "workload.heads")
         seed = self.integer(self.get(w, "seed", "workload"), "workload.seed", 0,
                             CASE_LIMITS["seed"])

@@ -6,7 +6,10 @@
   must exit as the block's comment says (``# exit 1`` after the command; 0 otherwise); a
   ``pytest ...`` line runs in a project holding the README's test file. The set-up block (under
   "Set up") is what ``.ci/run`` executes on a clean machine.
-- ```text blocks are sample output and are not run.
+- ```text blocks are sample output. One preceded by ``<!-- sample: COMMAND -->`` is checked:
+  the command runs (at the console width the sample was taken at) and every line of the sample
+  but a ``...`` placeholder appears in its output, times and paths aside. So a sample cannot
+  drift from what the command prints.
 """
 
 from __future__ import annotations
@@ -104,3 +107,37 @@ def test_bash_block_runs(line: int, commands: list[str], tmp_path: Path) -> None
                               timeout=900)
         assert proc.returncode == expected, (
             f"README.md:{line}: {command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+SAMPLE = re.compile(r"^<!-- sample: (.*?) -->\n```text\n(.*?)^```", re.M | re.S)
+#: The console width the samples were taken at.
+SAMPLE_COLUMNS = "100"
+
+
+def _normalize(line: str) -> str:
+    """A line with its run-dependent parts (times, temporary paths) and spacing made uniform."""
+    line = re.sub(r"\d+(\.\d+)?s\b", "<t>", line)
+    line = re.sub(r"/tmp/\S+", "<path>", line)
+    return " ".join(line.split())
+
+
+def _samples() -> list[tuple[str, str]]:
+    return SAMPLE.findall(README.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(("command", "sample"), _samples(),
+                         ids=[c.split(" --")[0] for c, _ in _samples()])
+def test_sample_output_is_what_the_command_prints(command: str, sample: str) -> None:
+    """The command runs in the repository's root (it may name files of it) and writes
+    nothing there: a sample command has no output option."""
+    assert not re.search(r"--(json|markdown|html|junit|cases)\b", command), command
+    argv = [sys.executable, "-m", "invariance.cli", *shlex.split(command)[1:]]
+    env = {**_env(), "COLUMNS": SAMPLE_COLUMNS}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    printed = [_normalize(x) for x in (proc.stdout + proc.stderr).splitlines()]
+    text = "\n".join(printed)
+    lines = [_normalize(x) for x in sample.splitlines() if x.strip() and x.strip() != "..."]
+    assert lines, f"README sample of {command!r} is empty"
+    missing = [x for x in lines if x not in text]
+    assert not missing, (f"README sample of {command!r}: lines the command no longer prints: "
+                         f"{missing}\n--- it printed:\n{proc.stdout[-4000:]}")

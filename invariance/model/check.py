@@ -682,46 +682,19 @@ def check_model(
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     loaded = load_model(model, seed=seed, device=dev, dtype=torch_dtype)
-    module = loaded.module
-    iface = detect_interface(module, inputs)
+    iface = detect_interface(loaded.module, inputs)
     if iface.kind == "tokens" and n < 2:
         raise ValueError(f"length: expected an int >= 2 for a token model, got {n}")
     plans = build_scenarios(iface, families, sizes, n, k)
-    from invariance.report import Environment
-
-    first_param = next((p for p in module.parameters() if p.is_floating_point()), None)
-    with _attention(module, attention) as attention_name:
-        report = ModelReport(
-            model=loaded.name or type(module).__name__, model_type=type(module).__name__,
-            source=loaded.source, parameters=sum(p.numel() for p in module.parameters()),
-            dtype=str(first_param.dtype if first_param is not None else torch.float32
-                      ).removeprefix("torch."),
-            device=str(dev), attention=attention_name, inputs=iface.describe(), seed=seed,
-            length=n, decode_steps=k, batch_sizes=sizes,
-            modules=sum(1 for _ in module.modules()),
-            environment=Environment.capture(str(dev)), started_at=started)
-        ctx = _Context(module, iface, seed, dev)
+    with _attention(loaded.module, attention) as attention_name:
+        report = _new_report(loaded, iface, dev, attention_name, seed, n, k, sizes, started)
+        ctx = _Context(loaded.module, iface, seed, dev)
+        swapped = attention_name if attention not in (None, "default") else ""
         for i, sc in enumerate(plans):
             if progress is not None:
                 progress(i, len(plans), sc.name)
             s0 = time.perf_counter()
-            if isinstance(sc, Skip):
-                result = ScenarioResult(sc.name, sc.family, sc.description, "skipped",
-                                        reason=sc.reason)
-            else:
-                try:
-                    result = _scenario(ctx, sc, loaded, attention_name if attention not in (
-                        None, "default") else "", report.dtype, shrink)
-                except NoCache as exc:
-                    result = ScenarioResult(sc.name, sc.family, sc.description, "skipped",
-                                            reason=str(exc))
-                except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
-                    first_line = str(exc).splitlines()[0] if str(exc) else ""
-                    result = ScenarioResult(
-                        sc.name, sc.family, sc.description, "error",
-                        reason=f"{type(exc).__name__}: {first_line}",
-                        reference=sc.reference.describe(), variant=sc.variant.describe(),
-                        batch_size=sc.variant.batch_size)
+            result = _run_scenario(ctx, sc, loaded, swapped, report.dtype, shrink)
             result.seconds = time.perf_counter() - s0
             report.scenarios.append(result)
             report.seconds = time.perf_counter() - t0
@@ -731,6 +704,43 @@ def check_model(
             progress(len(plans), len(plans), "done")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _new_report(loaded: Any, iface: Any, dev: torch.device, attention_name: str, seed: int,
+                length: int, decode_steps: int, sizes: Any, started: str) -> ModelReport:
+    """An empty report naming the model, its settings and the environment."""
+    from invariance.report import Environment
+
+    module = loaded.module
+    first_param = next((p for p in module.parameters() if p.is_floating_point()), None)
+    return ModelReport(
+        model=loaded.name or type(module).__name__, model_type=type(module).__name__,
+        source=loaded.source, parameters=sum(p.numel() for p in module.parameters()),
+        dtype=str(first_param.dtype if first_param is not None else torch.float32
+                  ).removeprefix("torch."),
+        device=str(dev), attention=attention_name, inputs=iface.describe(), seed=seed,
+        length=length, decode_steps=decode_steps, batch_sizes=sizes,
+        modules=sum(1 for _ in module.modules()),
+        environment=Environment.capture(str(dev)), started_at=started)
+
+
+def _run_scenario(ctx: _Context, sc: Any, loaded: Any, attention: str, dtype: str,
+                  shrink: bool) -> ScenarioResult:
+    """One scenario's result: skipped (with the reason), compared, or an error that names its
+    cause (the other scenarios still run)."""
+    if isinstance(sc, Skip):
+        return ScenarioResult(sc.name, sc.family, sc.description, "skipped", reason=sc.reason)
+    try:
+        return _scenario(ctx, sc, loaded, attention, dtype, shrink)
+    except NoCache as exc:
+        return ScenarioResult(sc.name, sc.family, sc.description, "skipped", reason=str(exc))
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        return ScenarioResult(
+            sc.name, sc.family, sc.description, "error",
+            reason=f"{type(exc).__name__}: {first_line}",
+            reference=sc.reference.describe(), variant=sc.variant.describe(),
+            batch_size=sc.variant.batch_size)
 
 
 # --------------------------------------------------------------------------------------------
