@@ -732,20 +732,31 @@ def cmd_replay(args: argparse.Namespace, io: _IO) -> int:
     fn = resolve(backend)  # ValueError -> one line, exit 2
     io.out.print(Text(f"replaying {case.perturbation or 'case'} on {backend} ({device})"))
     io.out.print(Text(f"  a: {case.a.describe()}\n  b: {case.b.describe()}"))
+    return _replay_verdict(
+        io, lambda: invariance.replay(fn, case.workload, case.a, case.b, device=device),
+        ScheduleMismatch, ReplayError, f"the backend {backend}", "the schedules",
+        lambda cmp: f"{len(cmp.keys)} shared tokens agree bit for bit")
+
+
+def _replay_verdict(io: _IO, run: Callable[[], Any], mismatch: type[BaseException],
+                    usage: type[BaseException], who: str, what: str,
+                    agreed: Callable[[Any], str]) -> int:
+    """Run a replay: exit 1 when it raises ``mismatch`` (still differs), 0 when it returns
+    (identical); ``usage`` errors pass on (exit 2); anything else the code under test or the
+    environment raised is an error (exit 2), never a difference."""
     try:
-        cmp = invariance.replay(fn, case.workload, case.a, case.b, device=device)
-    except ScheduleMismatch as exc:
-        io.out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"))
+        result = run()
+    except mismatch as exc:
+        io.out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"), soft_wrap=True)
         return 1
-    except ReplayError:
+    except usage:
         raise
     except Exception as exc:  # the backend's or the environment's error: not a difference
         raise BackendError(
-            f"replay: the backend {backend} raised {type(exc).__name__}: {exc} (an error of the "
-            f"backend or this environment, not a difference between the schedules; --debug "
-            f"shows the traceback)") from exc
-    io.out.print(Text(f"identical: {len(cmp.keys)} shared tokens agree bit for bit",
-                      style="bold green"))
+            f"replay: {who} raised {type(exc).__name__}: {exc} (an error of {who.split()[-1]} "
+            f"or this environment, not a difference between {what}; --debug shows the "
+            f"traceback)") from exc
+    io.out.print(Text(f"identical: {agreed(result)}", style="bold green"))
     return 0
 
 
@@ -882,21 +893,10 @@ def _replay_model(data: dict[str, Any], args: argparse.Namespace, io: _IO) -> in
         data = cases[args.index]
     io.out.print(Text(f"replaying {data.get('scenario', 'case')} of model "
                       f"{data.get('model')!r}"))
-    try:
-        cmp = replay_model(data, model=args.model or None, device=args.device)
-    except ModelMismatch as exc:
-        io.out.print(Text(f"STILL DIFFERS: {exc}", style="bold red"), soft_wrap=True)
-        return 1
-    except ValueError:
-        raise
-    except Exception as exc:  # the model's or the environment's error: not a difference
-        raise BackendError(
-            f"replay: the model raised {type(exc).__name__}: {exc} (an error of the model or "
-            f"this environment, not a difference between the runs; --debug shows the "
-            f"traceback)") from exc
-    io.out.print(Text(f"identical: {cmp.calls_compared} module calls agree bit for bit",
-                      style="bold green"))
-    return 0
+    return _replay_verdict(
+        io, lambda: replay_model(data, model=args.model or None, device=args.device),
+        ModelMismatch, ValueError, "the model", "the runs",
+        lambda cmp: f"{cmp.calls_compared} module calls agree bit for bit")
 
 
 def cmd_list(out: Console) -> int:
