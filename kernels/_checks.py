@@ -27,6 +27,9 @@ _FP32_MAX = 3.4028234663852886e38
 PLANS: tuple[str, ...] = ("auto", "fused", "split")
 #: The FP8 KV-cache dtype the kernels read (with float16 or bfloat16 queries).
 FP8_DTYPE = torch.float8_e4m3fn
+#: Soft-caps the kernels take: the formula's absolute error grows with the cap (a few float32
+#: roundoffs of it), and a tiny cap overflows ``sm_scale / cap``.
+_SOFT_CAP_RANGE = (1e-3, 1e4)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,12 @@ def _check_types(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"q: expected dtype in {SUPPORTED_DTYPES}, got {q.dtype}")
     fp8 = q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == FP8_DTYPE
+    if fp8 and q.device.type == "cuda" and not _interpreting():
+        major, minor = torch.cuda.get_device_capability(q.device)
+        if (major, minor) < (8, 9):
+            raise ValueError(f"k_cache: expected a GPU of compute capability 8.9 or more for an "
+                             f"FP8 cache (Triton's float8_e4m3 loads), got {major}.{minor} on "
+                             f"{q.device}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype != (FP8_DTYPE if fp8 else q.dtype):
             also = (f" or {FP8_DTYPE} for both caches" if q.dtype != torch.float32 else "")
@@ -266,11 +275,14 @@ def _read_and_check_values(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q:
 def _check_scale(name: str, value: object, fp8: bool, Hkv: int,
                  device: torch.device) -> torch.Tensor | None:
     """An FP8 cache's dequantization scale as a ``[Hkv]`` float32 tensor on ``device``: a
-    positive finite real (per tensor) or a float32 tensor of ``Hkv`` values (per KV head; its
-    values are checked where ``validate`` reads back). Without an FP8 cache only ``None`` or
-    1.0 (no scale)."""
+    positive finite real or a one-element float32 tensor (per tensor), or a float32 tensor of
+    ``Hkv`` values (per KV head; tensor values are checked where ``validate`` reads back).
+    Without an FP8 cache only ``None`` or 1.0 (no scale)."""
     if value is None:
         return torch.ones(Hkv, dtype=torch.float32, device=device) if fp8 else None
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.shape != (Hkv,) \
+            and value.dtype == torch.float32 and value.device == device:
+        value = value.reshape(1).expand(Hkv)  # one scale for every KV head, as a tensor
     if isinstance(value, torch.Tensor):
         if not fp8:
             raise ValueError(f"{name}: expected None for a {value.dtype} cache (scales dequantize "
@@ -315,9 +327,11 @@ def _check_features(q: torch.Tensor, k_cache: torch.Tensor, window_left: object,
             or not (math.isfinite(float(cap)) and float(cap) >= 0):
         raise ValueError(f"logits_soft_cap: expected a finite real >= 0 (0: none), got "
                          f"{logits_soft_cap!r}")
-    if 0 < float(cap) < _FP32_MIN_NORMAL * 1e6:
-        raise ValueError(f"logits_soft_cap: expected 0 or at least {_FP32_MIN_NORMAL * 1e6:.3g} "
-                         f"(its inverse must be a float32), got {logits_soft_cap!r}")
+    if float(cap) > 0 and not _SOFT_CAP_RANGE[0] <= float(cap) <= _SOFT_CAP_RANGE[1]:
+        raise ValueError(f"logits_soft_cap: expected 0 (none) or a cap in "
+                         f"[{_SOFT_CAP_RANGE[0]:g}, {_SOFT_CAP_RANGE[1]:g}] (tanh's argument "
+                         f"and the cap's rounding stay float32-exact enough there), got "
+                         f"{logits_soft_cap!r}")
     fp8 = k_cache.dtype == FP8_DTYPE
     return Features(window_left=int(window_left), sinks=sinks, soft_cap=float(cap),
                     k_scale=_check_scale("k_scale", k_scale, fp8, Hkv, q.device),

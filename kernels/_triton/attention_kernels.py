@@ -138,9 +138,9 @@ def _load_tile(
 
 @triton.jit
 def _soft_cap(b_s, cap, cap_scale):
-    """``cap * tanh(b_s * cap_scale)`` (``cap_scale = sm_scale / cap``): the soft-capped scores
-    in natural units. tanh as ``(1 - e) / (1 + e)`` with ``e = exp2(-2 log2(e) |x|)`` and the
-    sign of ``x``: one formula on every path and under the interpreter (no library tanh whose
+    """``cap * tanh(b_s * cap_scale)`` (``cap_scale = sm_scale * k_scale / cap``): the
+    soft-capped scores in natural units. tanh as ``(1 - e) / (1 + e)`` with
+    ``e = exp2(-2 log2(e) |x|)`` and the sign of ``x``: one formula on every path and under the interpreter (no library tanh whose
     rounding could differ). Absolute error of a few units of float32 roundoff times ``cap``."""
     x = b_s * cap_scale
     e = tl.exp2(tl.abs(x) * -2.8853900817779268)
@@ -673,7 +673,7 @@ def _unified_attention_split_kernel(
     cu_seqlens_q_ptr,  # [B + 1] int32
     kv_lens_ptr,  # [B] int32
     block_table_ptr,  # [B, max_pages] int32
-    sinks_ptr,  # [Hq] fp32 sink logits in log2 units (HAS_SINKS and IS_DIRECT only)
+    sinks_ptr,  # [Hq] fp32 sink logits in log2 units (HAS_SINKS; folded with IS_DIRECT only)
     k_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE only)
     v_scale_ptr,  # [Hkv] fp32 (HAS_KV_SCALE and IS_DIRECT only)
     # Outputs
@@ -841,7 +841,8 @@ def _merge_splits_kernel(
     (:func:`state_scale`), :func:`state_fold`'s operations on the same values. Splits past the
     row's last one load as empty states (exact no-ops), and loads are masked there. Under a
     window a row starts at the split holding its window's first key: the splits before it are
-    empty for the row (and the split kernel wrote none of them). Then the sink, once.
+    empty for the row, and are never read (the split kernel may not have written them). Then
+    the sink, once.
 
     ``IS_PDL``: the kernel may start while the split kernel still runs; it finds its row (from
     ``cu_seqlens_q`` and ``kv_lens``, which the split kernel does not write) and then waits
@@ -859,6 +860,9 @@ def _merge_splits_kernel(
     # NOTE: the clamp to num_splits is a no-op for valid input (pos < max kv_len, which sized the
     # workspace); it keeps malformed lengths (validate=False) inside the workspace.
     n_splits = tl.minimum(_split_count(pos + 1, split_tokens, lead_tokens), num_splits)
+    # NOTE: a token past its request's q_len (only with malformed cu_seqlens_q and
+    # validate=False) reads no partial: its row gets the empty state, never unwritten memory.
+    n_splits = tl.where(i_t - q_start < q_len, n_splits, 0)
     s_first = 0
     if HAS_WINDOW:
         s_first = _split_count(tl.maximum(pos - window_left, 0) + 1, split_tokens, lead_tokens) - 1

@@ -214,6 +214,9 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"window_left": True}, r"window_left: expected an int"),
     ({"logits_soft_cap": -1.0}, r"logits_soft_cap: expected a finite real >= 0"),
     ({"logits_soft_cap": float("inf")}, r"logits_soft_cap: expected a finite real"),
+    ({"logits_soft_cap": 1e39},
+     r"logits_soft_cap: expected 0 \(none\) or a cap in \[0.001, 10000\]"),
+    ({"logits_soft_cap": 1e-9}, r"logits_soft_cap: expected 0 \(none\) or a cap in"),
     ({"sinks": [1.0, 2.0]}, r"sinks: expected a float32 tensor of shape \(4,\)"),
     ({"sinks": "shape"}, r"sinks: expected a float32 tensor of shape \(4,\).*shape \(3,\)"),
     ({"sinks": "nan"}, r"sinks: expected finite values, got sinks\[1\]=nan"),
@@ -247,9 +250,16 @@ def test_bad_fp8_arguments_are_named(make_batch: Any, args_of: Any,
             ({"k_scale": torch.ones(3, device=device)},
              r"k_scale: expected a float32 tensor of shape \(2,\)"),
             ({"k_scale": torch.tensor([1.0, -1.0], device=device)},
-             r"k_scale: expected positive finite values, got k_scale\[1\]=-1.0")):
+             r"k_scale: expected positive finite values, got k_scale\[1\]=-1.0"),
+            ({"v_scale": torch.tensor(-2.0, device=device)},
+             r"v_scale: expected positive finite values, got v_scale\[0\]=-2.0")):
         with pytest.raises(ValueError, match=match):
             unified_attention(*args, **kwargs)
+    # A one-element scale tensor is a per-tensor scale: the bits of the same float.
+    a = unified_attention(*args, k_scale=0.5, v_scale=2.0)
+    b = unified_attention(*args, k_scale=torch.tensor(0.5, device=device),
+                          v_scale=torch.tensor([2.0], device=device))
+    assert all(compare_bits(x, y).equal for x, y in zip(a, b, strict=True))
     with pytest.raises(ValueError, match=r"v_cache: expected dtype torch.float16 \(same as q\) "
                                          r"or torch.float8_e4m3fn for both caches"):
         unified_attention(batch.q, batch.k_cache, batch.v_cache.half(), *args[3:])
