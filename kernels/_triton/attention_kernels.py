@@ -141,7 +141,8 @@ def _soft_cap(b_s, cap, cap_scale):
     """``cap * tanh(b_s * cap_scale)`` (``cap_scale = sm_scale * k_scale / cap``): the
     soft-capped scores in natural units. tanh as ``(1 - e) / (1 + e)`` with
     ``e = exp2(-2 log2(e) |x|)`` and the sign of ``x``: one formula on every path and under
-    the interpreter (no library tanh whose rounding could differ). Absolute error of a few units of float32 roundoff times ``cap``."""
+    the interpreter (no library tanh whose rounding could differ). Absolute error of a few
+    units of float32 roundoff times ``cap``."""
     x = b_s * cap_scale
     e = tl.exp2(tl.abs(x) * -2.8853900817779268)
     t = (1.0 - e) / (1.0 + e)
