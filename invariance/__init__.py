@@ -19,7 +19,13 @@ from invariance.backends import Capabilities
 from invariance.backends import available as available_backends
 from invariance.backends import resolve as resolve_backend
 from invariance.batch import AttentionBatch, AttentionResult
-from invariance.compare import CaseComparison, TensorDiff, compare_bits, compare_outputs
+from invariance.compare import (
+    CaseComparison,
+    TensorDiff,
+    compare_bits,
+    compare_outputs,
+    compare_runs,
+)
 from invariance.outputs import OutputError
 from invariance.perturb import PERTURBATIONS, SCALES, Case, Perturbation, Scale
 from invariance.replay import case_from_dict, case_to_dict, load_case, replay, reproducer
@@ -76,6 +82,7 @@ __all__ = [
     "check",
     "compare_bits",
     "compare_outputs",
+    "compare_runs",
     "load_case",
     "materialize",
     "measure_accuracy",

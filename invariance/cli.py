@@ -103,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "compare the bits, check accuracy against the float64 reference, and "
                     f"print the report. The backend defaults to {DEFAULT_BACKEND}.")
     add_options(c.add_argument)
-    c.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    c.add_argument("--no-progress", action="store_true",
+                   help="never show progress on stderr (a bar on a terminal, else a line per "
+                        "finished cell)")
     c.add_argument("--cases", metavar="DIR", type=Path,
                    help="save each shown violation as a case file (replay it with "
                         "'invariance replay')")
@@ -229,7 +231,8 @@ def _write_cases(report: Report, directory: Path) -> list[str]:
 
 def _progress(err: Console, enabled: bool) -> tuple[
         AbstractContextManager[Any], Callable[[int, int, str], None] | None]:
-    """A transient rich progress bar on stderr, only when stderr is a terminal."""
+    """A transient rich progress bar on stderr, only when stderr is a terminal: cases done of
+    all, the running case's cell and number, elapsed time (moving while a case runs)."""
     if not enabled or not err.is_terminal:
         return nullcontext(), None
     from rich.progress import (
@@ -286,11 +289,24 @@ def cmd_check(args: argparse.Namespace, argv: Sequence[str], out: Console,
             write_atomic(args.json, partial.to_json() + "\n")
             partial.incomplete = None
 
+    # Progress goes to stderr, so that stdout holds the report alone: a bar on a terminal, else
+    # (a CI log, a redirect) a line per finished cell.
+    log_cells = not args.no_progress and not err.is_terminal
+    cells = len(spec.dtypes) * len(spec.perturbations)
+
+    def on_cell(partial: Report) -> None:
+        save_partial(partial)
+        if log_cells and partial.results:
+            from invariance.render import cell_line
+
+            err.print(Text(cell_line(partial.results[-1], len(partial.results), cells)),
+                      soft_wrap=True)
+
     bar, progress = _progress(err, not args.no_progress)
     status = 0
     try:
         with bar:
-            report = run_spec(spec, progress=progress, on_cell=save_partial)
+            report = run_spec(spec, progress=progress, on_cell=on_cell)
     except CheckInterrupted as exc:
         report, status = exc.report, 130
     report.command = command

@@ -221,18 +221,21 @@ class Workload:
     dtype: torch.dtype = torch.float32
     seed: int = 0
 
+    _by_id: dict[int, Request] = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         ids = [r.id for r in self.requests]
         if len(set(ids)) != len(ids):
             raise ValueError(f"Workload.requests: expected unique ids, got {ids}")
         parse_dtype(self.dtype)
+        object.__setattr__(self, "_by_id", {r.id: r for r in self.requests})
 
     def request(self, request_id: int) -> Request:
         """The request with id ``request_id``."""
-        for r in self.requests:
-            if r.id == request_id:
-                return r
-        raise KeyError(f"request {request_id} is not in this workload")
+        try:
+            return self._by_id[request_id]
+        except KeyError:
+            raise KeyError(f"request {request_id} is not in this workload") from None
 
     def content(
         self, request_id: int, kind: Kind, start: int, stop: int, device: torch.device | str
@@ -256,6 +259,20 @@ class Workload:
             self.seed, request_id, kind, start, stop, heads, self.heads.head_dim, self.dtype,
             device, req.family,
         )
+
+    def origin(self, request_id: int, token: int) -> tuple[int, int]:
+        """The ``(request, token)`` whose row ``(request_id, token)`` is: itself, or for a token
+        inside a shared prompt prefix (``Request.prefix``) the prompt's owner's, followed to the
+        first request that owns it. Two rows of the same origin read the same query and the
+        same keys and values at the same positions: an invariant backend gives them the same
+        bits, in any call."""
+        rid = request_id
+        for _ in range(len(self.requests)):
+            prefix = self.request(rid).prefix
+            if prefix is None or token >= prefix[1]:
+                break
+            rid = prefix[0]
+        return rid, token
 
     @property
     def sm_scale(self) -> float:

@@ -20,10 +20,19 @@ pytestmark = pytest.mark.mutation
 PERTURBATIONS = [p.name for p in invariance.PERTURBATIONS.values() if not p.requires_cuda]
 ACCURACY_ONLY = {d for d in DEFECTS if d.startswith("accuracy_") or d == "zeros"}
 #: Requests per schedule a shrunk case may keep: 3 (issue 9's target), except where the defect's
-#: trigger is itself a batch of more requests (tests/mutants.py: B >= 4, B >= 16, B % 8 == 0;
-#: token_threshold fires at 33 query tokens in one call, found with decode rows, i.e. 33
-#: requests, and shrinking removes and shortens, it never merges requests).
-SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33}
+#: trigger is itself a batch of more requests (tests/mutants.py: B >= 4, B >= 16, B % 8 == 0,
+#: B == 7, B > 40, 13 <= B <= 16, 40 < B <= 48 (any size of that bucket), more than 24 decodes
+#: (found in a call of 33 with some prefill rows); token_threshold fires at
+#: 33 query tokens in one call, found with decode rows, i.e. 33 requests; query_tokens_128 at
+#: 128 query tokens, found with prefill chunks of at most 24 tokens, i.e. 6 chunks and the
+#: focus; kv_total_2048 at 2048 KV tokens, found in calls of requests of at most 1100 tokens
+#: and one short one; kv_total_window at 1024-2047 KV tokens, found in a call of up to 65
+#: ordinary requests, none of which can go without leaving the window; shrinking removes and
+#: shortens, it never merges requests).
+SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33,
+                   "batch7": 7, "batch_over_40": 41, "batch_13_to_16": 13, "bucket_48": 48,
+                   "decodes_over_24": 33, "query_tokens_128": 7, "kv_total_2048": 4,
+                   "kv_total_window": 65}
 
 
 def _requests_per_schedule(case_data: dict) -> list[int]:

@@ -20,12 +20,13 @@ from invariance.render.html import to_html
 from invariance.render.junit import to_junit
 from invariance.render.markdown import comparison_to_markdown, to_markdown
 from invariance.render.tables import print_environment, print_listing
-from invariance.render.text import failure_text, summary_lines
+from invariance.render.text import cell_line, failure_text, summary_lines
 
 __all__ = [
     "CellChange",
     "ReportComparison",
     "bench_to_markdown",
+    "cell_line",
     "compare_reports",
     "comparison_to_markdown",
     "failure_text",

@@ -1,4 +1,5 @@
-"""Plain-text renderings: what a failing pytest check prints and the plugin's terminal summary.
+"""Plain-text renderings: what a failing pytest check prints, the plugin's terminal summary and
+the CLI's line per finished cell.
 
 All text comes from the report itself; a violation describes the case it shows (the shrunk one
 when shrinking succeeded), so its numbers are what its reproducer replays.
@@ -8,10 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from invariance.render._common import fmt_float, violation_lines
-from invariance.report import Report
+from invariance.render._common import cell_text, fmt_float, violation_lines
+from invariance.report import PerturbationResult, Report
 
-__all__ = ["failure_text", "summary_lines"]
+__all__ = ["cell_line", "failure_text", "summary_lines"]
+
+
+def cell_line(cell: PerturbationResult, done: int, total: int) -> str:
+    """One finished cell as a log line, e.g. ``[3/15] neighbors · float32: PASS · 3 cases ·
+    0 ULP (4.2s)``."""
+    return (f"[{done}/{total}] {cell.perturbation} · {cell.dtype}: {cell_text(cell)} "
+            f"({cell.seconds:.1f}s)")
 
 
 def failure_text(report: Report, nodeid: str = "") -> str:
