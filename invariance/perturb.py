@@ -5,20 +5,33 @@ Each perturbation yields :class:`Case` objects: a workload and two schedules tha
 the same (request, token) pairs in different ways. An invariant backend gives identical bits for
 every token the two schedules share. Names and descriptions are public: reports show them.
 
-Coverage is by construction, not by luck:
+Rows that must agree are compared across the two schedules and within each (a row computed in
+two calls of one schedule, or by two requests with one prompt: :func:`invariance.compare_outputs`),
+so one schedule may hold a row in many calls. Coverage is by construction, not by luck, at the
+default budget:
 
-- batch sizes come from the scale's *ladder* (1, 2, 3, the pairs around common thresholds and
-  CUDA-graph bucket sizes), walked deterministically by case index: ``batch_size`` compares a
-  target alone against every size of the ladder in each case;
-- the longest request of the scale (longer than several KV splits of the backend, see
-  :meth:`Scale.for_split`) is itself compared, alone vs inside hostile batches, in
-  ``batch_size``, ``neighbors``, ``paging``, ``repeat`` and ``spec_verify``;
+- every batch size from 1 to ``dense_batch`` (17) and the thresholds above it (one in every
+  CUDA-graph bucket of 8 up to 64 and 65 at small scale; to 513 at large): ``batch_size``
+  compares the same rows in calls of different sizes, each row in two sizes or more;
+- calls where every request shares one prompt on its physical pages (an engine's cascade
+  path; full pages, and by turns a partly filled one): ``prefix_sharing``;
+- calls of 2, 3, 8, 16 identical requests in lock-step (one prompt sampled N times):
+  ``lockstep``;
+- calls whose total KV tokens (several long requests) and total query tokens lie just past
+  every power of two up to the scale's largest (``max_call_kv``, ``max_call_tokens``):
+  ``call_totals``;
+- rows on both sides of every split boundary of the backend (:meth:`Scale.for_split`) in one
+  speculative verify call vs decoded one by one: ``spec_verify``;
+- the longest request of the scale (longer than several KV splits of the backend) in the
+  first case of every budget unit of ``neighbors`` (next to many short requests), ``paging``,
+  ``repeat`` and ``call_totals``; a long one (:attr:`Scale.medium`) in their other cases;
 - ``mixed`` compares a decode target and a prefill target in every case;
 - request content cycles through :data:`invariance.workload.FAMILIES` (exact zeros, ties,
-  large magnitudes, alternating signs) by case and request.
+  large magnitudes, alternating signs) by case and request; the rows a case hinges on (probes)
+  have content that shows a changed reduction.
 
 Sizes come from a :class:`Scale`: ``small`` keeps every call tiny (CPU, Triton interpreter),
-``large`` uses production shapes (32k-token requests, batches up to 257) for GPUs.
+``large`` uses production shapes (32k-token requests, batches up to 513) for GPUs.
 """
 
 from __future__ import annotations
@@ -697,10 +710,10 @@ def _call_totals(ctx: CaseContext) -> Case:
     """Calls whose totals cross every power of two, a launcher's grid and workspace
     thresholds. Even cases: total KV tokens 2^k + 1 up to ``max_call_kv``, each call holding a
     short decode, the long requests that fit (several of about the longest length in the
-    largest calls) and a filler request; vs the short decode and the longest alone. Odd cases: total query tokens 2^k + 1 up to
-    ``max_call_tokens`` (a decode, a prefill chunk, prefill chunks as fillers); vs each
-    compared request alone. A compared request sits in several calls of one schedule: its rows
-    are compared across every total too."""
+    largest calls) and a filler request; vs the short decode and the longest alone. Odd cases:
+    total query tokens 2^k + 1 up to ``max_call_tokens`` (a decode, a prefill chunk, prefill
+    chunks as fillers); vs each compared request alone. A compared request sits in several
+    calls of one schedule: its rows are compared across every total too."""
     layout = ctx.layout()
     short = ctx.scale.short
     if ctx.index % 2 == 0:

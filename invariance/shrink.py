@@ -209,7 +209,7 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                 own: Schedule = getattr(case, side)
                 fewer = replace(own, steps=own.steps[:k] + own.steps[k + 1:])
                 before = case
-                yield replace(case, **{side: fewer})
+                yield replace(case, a=fewer) if side == "a" else replace(case, b=fewer)
                 if case is before:
                     k += 1
 

@@ -34,7 +34,8 @@ def _facts(batch: AttentionBatch) -> Facts:
             "shared_prefix": int(batch.batch_size >= 2 and len(first_pages) == 1
                                  and all(kv)),
             # Every request has the same query and KV lengths (lock-step).
-            "uniform": int(batch.batch_size >= 2 and len(set(zip(q_lens, kv))) == 1)}
+            "uniform": int(batch.batch_size >= 2
+                           and len(set(zip(q_lens, kv, strict=True))) == 1)}
 
 
 def _gather(batch: AttentionBatch, b: int, extra: int = 0,

@@ -250,6 +250,8 @@ def test_progress_only_on_a_terminal() -> None:
     assert update is not None
     with bar:
         update(1, 4, "batch_size [float32]")
+    _, update = _progress(Console(file=io.StringIO(), force_terminal=True), False)
+    assert update is None
 
 
 def test_progress_moves_per_case_with_the_running_case_named() -> None:
@@ -261,5 +263,3 @@ def test_progress_moves_per_case_with_the_running_case_named() -> None:
     assert calls[:3] == [(0, 5, "repeat · float32 · case 1/3"), (1, 5, "repeat · float32"),
                          (1, 5, "repeat · float32 · case 2/3")]
     assert (3, 5, "spec_verify · float32 · case 1/2") in calls and calls[-1][:2] == (5, 5)
-    _, update = _progress(Console(file=io.StringIO(), force_terminal=True), False)
-    assert update is None

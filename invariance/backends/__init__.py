@@ -61,6 +61,9 @@ class Capabilities:
     - ``split_tokens``: the backend's KV split size in tokens, when it splits rows: the check
       then makes its longest request span at least 2.5 splits, so rows on both sides of
       several split boundaries are compared.
+    - ``cpu_split_tokens``: the split size it uses on CPU tensors, when that is another one
+      (a backend run by an interpreter on CPU may split finer, so that rows across several
+      splits are short); a check on the CPU sizes its rows from it.
     """
 
     dtypes: tuple[str, ...] = DTYPE_NAMES
@@ -68,6 +71,13 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu", "cuda")
     cuda_graphs: bool = True
     split_tokens: int | None = None
+    cpu_split_tokens: int | None = None
+
+    def split_on(self, device: str) -> int | None:
+        """The split size on ``device`` (a device type, ``"cpu"`` or ``"cuda"``)."""
+        if device == "cpu" and self.cpu_split_tokens:
+            return self.cpu_split_tokens
+        return self.split_tokens
 
 
 def capabilities(backend: object) -> Capabilities:
@@ -113,16 +123,19 @@ BUILTIN: dict[str, _Builtin] = {
         "(deliberately not invariant)"),
     "kernels": _Builtin(
         "invariance.backends.kernels:invariant",
-        "Triton paged attention, fixed split size, plan chosen per batch (invariant); options: "
+        "Triton paged attention, fixed split size (1024 tokens, 256 on CPU), plan chosen per "
+        "batch (invariant); options: "
         "kernels:split_size=N|none,lead_split_size=N,plan=...,block_m=...,num_warps=...,"
         "num_stages=...",
         _KERNELS, True),
     "kernels-fused": _Builtin(
         "invariance.backends.kernels:fused",
-        "Triton paged attention, fixed split size, fused plan (invariant)", _KERNELS, True),
+        "Triton paged attention, fixed split size (1024 tokens, 256 on CPU), fused plan "
+        "(invariant)", _KERNELS, True),
     "kernels-split": _Builtin(
         "invariance.backends.kernels:split",
-        "Triton paged attention, fixed split size, split-parallel plan + merge (invariant)",
+        "Triton paged attention, fixed split size (1024 tokens, 256 on CPU), split-parallel "
+        "plan + merge (invariant)",
         _KERNELS, True),
     "kernels-heuristic": _Builtin(
         "invariance.backends.kernels:heuristic",

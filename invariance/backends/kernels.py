@@ -9,6 +9,12 @@ From the CLI the four built-ins take options (:meth:`KernelsBackend.with_options
 ``--backend kernels:gluon=false`` (the Triton kernels where the Gluon kernels would run) or
 ``--backend kernels:block_n=64`` (the 64-key contract where Hopper's default is 128 keys) or
 ``--backend kernels:lead_split_size=1024`` (one split size: the contract before lead splits).
+
+On CPU tensors the default split size is 256 tokens (:data:`CPU_SPLIT_TOKENS`), declared in the
+capabilities: the interpreter walks every KV tile in Python, and a check compares rows across
+several splits, which at 1024 tokens per split took minutes. The kernels, their contract (a
+split size fixed per deployment, lead splits of 128 tokens inside the first split) and every
+code path are the same; ``kernels:split_size=1024`` checks the GPU's split size on the CPU.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ _DEFAULT: Literal["default"] = "default"
 # kernels.DEFAULT_SPLIT_SIZE, not imported here: importing kernels imports triton, which must
 # wait until the interpreter is switched on (see above). tests/test_bad_inputs.py checks they agree.
 _DEFAULT_SPLIT_TOKENS = 1024
+#: The default split size on CPU tensors (the Triton interpreter; module docstring).
+CPU_SPLIT_TOKENS = 256
 _PLANS = ("auto", "fused", "split")
 # kernels.Tuning's checks, repeated so that options fail when parsed, before anything runs (and
 # without importing triton; tests/test_bench.py checks they agree with kernels.Tuning).
@@ -52,7 +60,8 @@ def _enable_interpreter_on_cpu(batch: AttentionBatch) -> None:
 @dataclass(frozen=True)
 class KernelsBackend:
     """``kernels.unified_attention`` with a fixed ``split_size`` (``"default"`` =
-    ``kernels.DEFAULT_SPLIT_SIZE``; ``None`` = the batch-variant control heuristic) and ``plan``.
+    ``kernels.DEFAULT_SPLIT_SIZE``, :data:`CPU_SPLIT_TOKENS` on CPU tensors; ``None`` = the
+    batch-variant control heuristic) and ``plan``.
 
     ``block_m`` / ``num_warps`` / ``num_stages`` / ``block_n`` become a ``kernels.Tuning`` (launch
     overrides of the tile configuration ``kernels.tile_config`` fixes per (dtype, head_dim, GPU);
@@ -94,15 +103,26 @@ class KernelsBackend:
     @property
     def capabilities(self) -> Capabilities:
         """Every dtype and device; head dims 64, 128, 256; CUDA graphs (no host sync during
-        capture); the split size, so the check compares rows across several splits."""
-        split = _DEFAULT_SPLIT_TOKENS if self.split_size == _DEFAULT else self.split_size
-        return Capabilities(head_dims=(64, 128, 256), split_tokens=split)
+        capture); the split size (on CPU tensors too), so the check compares rows across
+        several splits."""
+        if self.split_size == _DEFAULT:
+            return Capabilities(head_dims=(64, 128, 256), split_tokens=_DEFAULT_SPLIT_TOKENS,
+                                cpu_split_tokens=self._cpu_split())
+        return Capabilities(head_dims=(64, 128, 256), split_tokens=self.split_size)
+
+    def _cpu_split(self) -> int:
+        """The default split size on CPU tensors: :data:`CPU_SPLIT_TOKENS`, or the lead split
+        or tile size asked for when that is larger (the split size must be a multiple of
+        both)."""
+        return max(CPU_SPLIT_TOKENS, self.lead_split_size or 0, self.block_n or 0)
 
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
         _enable_interpreter_on_cpu(batch)
         import kernels
 
-        split = kernels.DEFAULT_SPLIT_SIZE if self.split_size == _DEFAULT else self.split_size
+        split = self.split_size
+        if split == _DEFAULT:
+            split = self._cpu_split() if batch.device.type == "cpu" else kernels.DEFAULT_SPLIT_SIZE
         tuning = kernels.Tuning(
             block_m=self.block_m(batch) if callable(self.block_m) else self.block_m,
             num_warps=self.num_warps, num_stages=self.num_stages, block_n=self.block_n,

@@ -184,7 +184,7 @@ def coverage_header() -> tuple[str, ...]:
 
 def coverage_rows(report: Report) -> list[tuple[str, ...]]:
     """One row per cell that ran (:func:`coverage_header`)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for cell in report.results:
         cov = cell.coverage
         if cell.status == "skipped" or not cov:

@@ -44,7 +44,8 @@ def _cell(text: str, status: str) -> Text:
 def print_report(report: Report, console: Console, *, reproducers: bool = True) -> None:
     """Print ``report`` on ``console``: summary, perturbation × dtype table and the coverage in
     one line, the first violations of each failed cell (with the shrunk reproducer), accuracy,
-    what each cell compared, environment, and the summary again as the last line. ``reproducers=False`` leaves out the reproducer code."""
+    what each cell compared, environment, and the summary again as the last line.
+    ``reproducers=False`` leaves out the reproducer code."""
     g = grid(report)
     console.print(Text(report.summary(), style="bold green" if report.passed else "bold red"),
                   soft_wrap=True)
@@ -104,9 +105,9 @@ def print_report(report: Report, console: Console, *, reproducers: bool = True) 
         console.print()
         cov = Table(title="coverage: what each cell compared", title_justify="left")
         sizes = min(40, max(len(r[3]) for r in cov_rows))  # batch sizes on one line if they fit
-        for k, h in enumerate(coverage_header()):
-            cov.add_column(h, overflow="fold", no_wrap=k in (0, 1),
-                           min_width=sizes if k == 3 else None)
+        for col, h in enumerate(coverage_header()):
+            cov.add_column(h, overflow="fold", no_wrap=col in (0, 1),
+                           min_width=sizes if col == 3 else None)
         for r in cov_rows:
             cov.add_row(*map(Text, r))
         console.print(cov)
