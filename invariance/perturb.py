@@ -741,7 +741,7 @@ def _call_totals(ctx: CaseContext) -> Case:
         return Case("call_totals", ctx.workload(), a, b,
                     tuple(c.request_id for c in [*base, *compared]),
                     {"kv_tokens": float(totals[-1])})
-    chunk = ctx.scale.prefill[1]
+    chunk = 2 * ctx.scale.prefill[1]  # prefill chunks as fillers: fewer calls, few tiles
     q = ctx.rng.randint(2, 4)
     r = ctx.request(ctx.rng.randint(short[1] // 2, short[1]) + q, family="ties")
     base = [ctx.decode(ctx.rng.randint(short[1] // 2, short[1]), family="gaussian"),
@@ -769,11 +769,13 @@ def _call_totals(ctx: CaseContext) -> Case:
 
 
 def _boundaries(scale: Scale, limit: int) -> list[int]:
-    """KV positions where a backend's splits or tiles end, up to ``limit``: multiples of the
-    declared split size, else the powers of two from 64."""
+    """KV positions where a backend's splits or tiles end, below ``limit``: multiples of the
+    declared split size, else the powers of two from 64; the first two and the last."""
     if scale.split and scale.split < limit:
-        return list(range(scale.split, limit, scale.split))
-    return [1 << k for k in range(6, limit.bit_length()) if 1 << k < limit]
+        edges = list(range(scale.split, limit, scale.split))
+    else:
+        edges = [1 << k for k in range(6, limit.bit_length()) if 1 << k < limit]
+    return edges if len(edges) <= 3 else [*edges[:2], edges[-1]]
 
 
 def _spec_verify(ctx: CaseContext) -> Case:

@@ -80,3 +80,16 @@ def test_planted_defect_is_caught(defect: str, mutation_seed: int) -> None:
 def test_fixed_variant_passes(variant: str, mutation_seed: int) -> None:
     report = invariance.check(FIXED[variant](), device="cpu", seed=mutation_seed)
     assert report.passed, report.summary()
+
+
+def test_a_neighbour_repeated_step_to_step_is_batch_variant(mutation_seed: int) -> None:
+    """chunked_prefill's decode neighbour is in every step of schedule b: a deterministic
+    backend whose rows follow the parity of the call's token count gives it another result in
+    some steps. Each occurrence repeats exactly when run again: batch variance, shrunk (a
+    re-run compared with the last occurrence of each row called it nondeterministic)."""
+    report = invariance.check(Planted("tokens_parity"), device="cpu",
+                              perturbations=["chunked_prefill"], seed=mutation_seed)
+    cell = report.results[0]
+    assert cell.status == "failed" and cell.coverage["repeated_rows"] > 0, report.summary()
+    assert {v.classification for v in cell.violations} == {"batch-variant"}
+    assert cell.violations[0].shrunk and "ran out" not in cell.violations[0].note

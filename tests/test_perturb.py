@@ -173,12 +173,17 @@ def test_lockstep_groups_of_identical_requests() -> None:
                    for occ in origins.values())  # copies: one row, computed many times
 
 
-def test_spec_verify_windows_straddle_every_split_boundary() -> None:
-    scale = SMALL.for_split(1024)
+@pytest.mark.parametrize(("split", "edges"), [(1024, [1024, 2048]), (256, [256, 512, 1024]),
+                                              (None, [64, 128, 1024])])
+def test_spec_verify_windows_straddle_split_boundaries(split: int | None,
+                                                      edges: list[int]) -> None:
+    """Rows on both sides of several split boundaries (the first two and the last below the
+    longest request; powers of two for a backend that declares no split)."""
+    scale = SMALL.for_split(split)
     case = next(iter(PERTURBATIONS["spec_verify"].cases(
         scale=scale, heads=HeadConfig(), dtype=torch.float32, seed=0, budget=1)))
     rows = {c.stop for st in case.b.steps for c in st.chunks}
-    assert {1024, 1025, 2048, 2049} <= rows
+    assert rows == {kv for edge in edges for kv in (edge, edge + 1)}
     # No step computes a long prompt the other schedule computes too (it proved nothing and
     # cost minutes under the Triton interpreter): only the draft windows and decodes.
     assert max(st.num_tokens for s in (case.a, case.b) for st in s.steps) <= 16

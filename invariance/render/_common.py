@@ -79,11 +79,11 @@ def cell_text(cell: PerturbationResult) -> str:
     """One grid cell in words: verdict, violating cases / cases run, worst ULP distance."""
     word = STATUS_WORD.get(cell.status, cell.status)
     if cell.status == "passed":
-        return f"{word} · {cell.cases} cases · 0 ULP"
+        return f"{word} · {plural(cell.cases, 'case')} · 0 ULP"
     if cell.status == "failed":
         return f"{word} · {cell.num_violations}/{cell.cases} cases · {cell.max_ulp} ULP"
     if cell.status == "error":
-        return f"{word} · after {cell.cases} cases"
+        return f"{word} · after {plural(cell.cases, 'case')}"
     return f"{word}" + (f" ({cell.error})" if cell.error else "")
 
 
