@@ -38,8 +38,10 @@ def test_batch_variant_control_is_caught(dtype: torch.dtype) -> None:
     assert {"batch_size", "neighbors"} <= failed
     assert "repeat" not in failed  # it is deterministic, only batch-variant
     v = report.cell("batch_size", report.dtypes[0]).violations[0]
-    # Shrunk: described from the case shown (the target alone vs next to one other request).
-    assert v.shrunk and "alone" in v.schedule_a and "one call of 2 requests" in v.schedule_b
+    # Shrunk: described from the case shown (the target alone vs next to a few requests: at
+    # half precision the output's rounding can hide the chunk change of a batch of 2 or 3).
+    assert v.shrunk and "alone" in v.schedule_a and "one call of " in v.schedule_b
+    assert len(v.case_data["b"]["steps"]) == 1 and len(v.case_data["b"]["steps"][0]) <= 8
     assert v.differing_tokens > 0 and v.max_ulp > 0
     assert any(d.name == "lse" for d in v.diffs)
 
