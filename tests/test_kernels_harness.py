@@ -86,7 +86,6 @@ def test_cpu_checks_split_finer_as_the_capabilities_declare(monkeypatch: pytest.
     """On CPU tensors the default split is CPU_SPLIT_TOKENS, the capabilities say so, and the
     check sizes its rows from it; an explicit split size is kept on every device."""
     import kernels
-
     from invariance.backends.kernels import CPU_SPLIT_TOKENS
 
     seen: list[object] = []

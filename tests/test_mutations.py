@@ -24,15 +24,15 @@ ACCURACY_ONLY = {d for d in DEFECTS if d.startswith("accuracy_") or d == "zeros"
 #: B == 7, B > 40, 13 <= B <= 16, 40 < B <= 48 (any size of that bucket), more than 24 decodes
 #: (found in a call of 33 with some prefill rows); token_threshold fires at
 #: 33 query tokens in one call, found with decode rows, i.e. 33 requests; query_tokens_128 at
-#: 128 query tokens, found with prefill chunks of at most 24 tokens, i.e. 6 chunks and the
-#: focus; kv_total_2048 at 2048 KV tokens, found in calls of requests of at most 1100 tokens
-#: and one short one; kv_total_window at 1024-2047 KV tokens, found in a call of up to 65
-#: ordinary requests, none of which can go without leaving the window; shrinking removes and
-#: shortens, it never merges requests).
+#: 128 query tokens, found in a call of up to 65 decodes and short chunks; kv_total_2048 at 2048
+#: KV tokens, found in calls of requests of at most 1100 tokens and one short one;
+#: kv_total_window at 1024-2047 KV tokens, found in a call of up to 65 ordinary requests, none
+#: of which can go without leaving the window; three_long_rows: the focus and three long rows;
+#: shrinking removes and shortens, it never merges requests).
 SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33,
                    "batch7": 7, "batch_over_40": 41, "batch_13_to_16": 13, "bucket_48": 48,
-                   "decodes_over_24": 33, "query_tokens_128": 7, "kv_total_2048": 4,
-                   "kv_total_window": 65}
+                   "decodes_over_24": 33, "query_tokens_128": 65, "kv_total_2048": 4,
+                   "kv_total_window": 65, "three_long_rows": 4}
 
 
 def _requests_per_schedule(case_data: dict) -> list[int]:

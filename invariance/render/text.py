@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from invariance.render._common import cell_text, fmt_float, violation_lines
+from invariance.render._common import (
+    cell_text,
+    fmt_float,
+    shown_case,
+    violation_lines,
+    worst_case,
+)
 from invariance.report import PerturbationResult, Report
 
 __all__ = ["cell_line", "failure_text", "summary_lines"]
@@ -34,10 +40,12 @@ def failure_text(report: Report, nodeid: str = "") -> str:
             lines.append(f"  {cell.perturbation} [{cell.dtype}]: ERROR {cell.error}")
             continue
         worst = max((d.max_abs_diff for v in cell.violations for d in v.diffs), default=0.0)
+        case = worst_case(cell)
         lines.append(
             f"  {cell.perturbation} [{cell.dtype}]: {cell.num_violations} of {cell.cases} "
             f"case(s) differ, max {cell.max_ulp} ULP, max |diff| {fmt_float(worst)} "
-            f"({cell.description})")
+            + (f"(worst in case {case}{shown_case(cell)}) " if case is not None else "")
+            + f"({cell.description})")
         if not cell.violations:
             continue
         v = cell.violations[0]
