@@ -19,7 +19,13 @@ from invariance.backends import Capabilities
 from invariance.backends import available as available_backends
 from invariance.backends import resolve as resolve_backend
 from invariance.batch import AttentionBatch, AttentionResult
-from invariance.compare import CaseComparison, TensorDiff, compare_bits, compare_outputs
+from invariance.compare import (
+    CaseComparison,
+    TensorDiff,
+    compare_bits,
+    compare_outputs,
+    compare_runs,
+)
 from invariance.features import Features
 from invariance.model import ModelReport, check_model, replay_model
 from invariance.outputs import OutputError
@@ -89,6 +95,7 @@ __all__ = [
     "check_model",
     "compare_bits",
     "compare_outputs",
+    "compare_runs",
     "load_case",
     "materialize",
     "measure_accuracy",

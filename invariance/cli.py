@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "compare the bits, check accuracy against the float64 reference, and "
                     f"print the report. The backend defaults to {DEFAULT_BACKEND}.")
     add_options(c.add_argument)
-    c.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    c.add_argument("--no-progress", action="store_true",
+                   help="never show progress on stderr (a bar on a terminal, else a line per "
+                        "finished cell)")
     c.add_argument("--cases", metavar="DIR", type=Path,
                    help="save each shown violation as a case file (replay it with "
                         "'invariance replay')")
@@ -526,7 +528,8 @@ class _Progress:
 
 def _progress(err: Console, enabled: bool) -> tuple[
         AbstractContextManager[Any], Callable[[int, int, str], None] | None]:
-    """A transient rich progress bar on stderr, only when stderr is a terminal."""
+    """A transient rich progress bar on stderr, only when stderr is a terminal: cases done of
+    all, the running case's cell and number, elapsed time (moving while a case runs)."""
     if not enabled or not err.is_terminal:
         return nullcontext(), None
     from rich.progress import (
@@ -595,13 +598,25 @@ def cmd_check(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
                           f"({spec.total_cases()} cases) on the CPU; expect a long run",
                           style="yellow"))
     command = shlex.join([PROG, *argv])
-    save_progress = _Progress(targets.get("--json"), command,
-                              len(spec.dtypes) * len(spec.perturbations), io.err)
+    cells = len(spec.dtypes) * len(spec.perturbations)
+    save_progress = _Progress(targets.get("--json"), command, cells, io.err)
+    # Progress goes to stderr: a bar on a terminal, else (a CI log, a redirect) a line per
+    # finished cell.
+    log_cells = not args.no_progress and not io.err.is_terminal
+
+    def on_cell(partial: Report) -> None:
+        save_progress(partial)
+        if log_cells and partial.results:
+            from invariance.render import cell_line
+
+            io.err.print(Text(cell_line(partial.results[-1], len(partial.results), cells)),
+                         soft_wrap=True)
+
     bar, progress = _progress(io.err, not args.no_progress)
     status = 0
     try:
         with bar:
-            report = run_spec(spec, progress=progress, on_cell=save_progress)
+            report = run_spec(spec, progress=progress, on_cell=on_cell)
     except CheckInterrupted as exc:
         report, status = exc.report, _interrupt_status(exc.cause)
     io.signals.defer()  # the outputs are written whole, whatever arrives now

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +29,7 @@ __all__ = [
     "bits",
     "compare_bits",
     "compare_outputs",
+    "compare_runs",
     "ulp_distance",
 ]
 
@@ -207,17 +208,29 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
     return list(reversed(out))
 
 
+#: One row of a schedule's output: ``(side, step)`` of the schedule (``"a"`` or ``"b"``; for a
+#: re-run, ``"run"`` and ``"re-run"``) and the step (call) that computed it.
+Source = tuple[str, int]
+
+
 @dataclass
 class CaseComparison:
-    """Bitwise comparison of the (request, token) rows two schedules both computed.
+    """Bitwise comparison of rows that must agree: every (request, token) two schedules both
+    computed, and every row computed more than once within one schedule.
 
-    ``keys[i]`` labels row ``i``; ``differing_rows`` are the indices into ``keys`` whose output
-    row or LSE differs in any bit."""
+    Pair ``i`` compares two rows; ``keys[i]`` labels it (the (request, token) of its second
+    row) and ``sources[i]`` says where its two rows come from (:data:`Source`): ``("a", s)``
+    and ``("b", t)`` for a row both schedules computed; ``("b", s)`` and ``("b", t)`` for a row
+    schedule b computed twice (a neighbour repeated in every step, two requests with one
+    prompt), which differs only if the backend does not give one row the same bits in every
+    batch. ``differing_rows`` are the indices of the pairs whose output row or LSE differs in
+    any bit; ``out`` and ``lse`` compare the first rows of all pairs with their second rows."""
 
     keys: list[tuple[int, int]]
     out: TensorDiff
     lse: TensorDiff
     differing_rows: list[int]
+    sources: list[tuple[Source, Source]] = field(default_factory=list)
 
     @property
     def equal(self) -> bool:
@@ -232,24 +245,87 @@ class CaseComparison:
         """The smallest differing token index of ``request_id``; ``None`` when none differs."""
         return min((t for _, t in self.differing_keys(request_id)), default=None)
 
+    def within(self, i: int) -> str | None:
+        """The schedule whose own two rows pair ``i`` compares (``"a"``, ``"b"``), or
+        ``None`` when it compares rows of two schedules (or two runs)."""
+        if not self.sources:
+            return None
+        (x, _), (y, _) = self.sources[i]
+        return x if x == y else None
 
-def compare_outputs(a: ScheduleOutput, b: ScheduleOutput) -> CaseComparison:
-    """Compare every (request, token) computed by both ``a`` and ``b``, in ``a``'s order."""
-    b_index = b.index()
-    rows_a = [i for i, k in enumerate(a.keys) if k in b_index]
-    keys = [a.keys[i] for i in rows_a]
-    dev = a.out.device
-    ia = torch.tensor(rows_a, dtype=torch.long, device=dev)
-    ib = torch.tensor([b_index[k] for k in keys], dtype=torch.long, device=b.out.device)
-    out_a, out_b = a.out[ia], b.out[ib].to(dev)
-    lse_a, lse_b = a.lse[ia], b.lse[ib].to(dev)
-    out = compare_bits(out_a, out_b, name="out", dims=("request", "token", "head", "dim"),
+    def describe(self, i: int) -> str:
+        """Pair ``i`` in words, e.g. ``request 3 token 7: schedule b's step 0 vs its step 2``."""
+        rid, token = self.keys[i]
+        head = f"request {rid} token {token}"
+        if not self.sources:
+            return head
+        (x, sx), (y, sy) = self.sources[i]
+        if x == y:
+            return (f"{head} computed twice in schedule {x}, in steps {sx} and {sy}: one row, "
+                    "two results")
+        return f"{head}: schedule {x} step {sx} vs schedule {y} step {sy}"
+
+
+def _pairs_compared(x_out: torch.Tensor, x_lse: torch.Tensor, y_out: torch.Tensor,
+                    y_lse: torch.Tensor, keys: list[tuple[int, int]],
+                    sources: list[tuple[Source, Source]]) -> CaseComparison:
+    out = compare_bits(x_out, y_out, name="out", dims=("request", "token", "head", "dim"),
                        row_labels=keys)
-    lse = compare_bits(lse_a, lse_b, name="lse", dims=("request", "token", "head"),
+    lse = compare_bits(x_lse, y_lse, name="lse", dims=("request", "token", "head"),
                        row_labels=keys)
     differing: list[int] = []
     if not (out.equal and lse.equal):
-        row_diff = (bits(out_a) != bits(out_b)).flatten(1).any(1) | (
-            bits(lse_a) != bits(lse_b)).any(1)
+        row_diff = (bits(x_out) != bits(y_out)).flatten(1).any(1) | (
+            bits(x_lse) != bits(y_lse)).any(1)
         differing = torch.nonzero(row_diff).flatten().tolist()
-    return CaseComparison(keys, out, lse, differing)
+    return CaseComparison(keys, out, lse, differing, sources)
+
+
+def compare_outputs(a: ScheduleOutput, b: ScheduleOutput, *,
+                    request: int | None = None) -> CaseComparison:
+    """Compare every row that must agree, bit for bit: each row both ``a`` and ``b`` computed
+    (the first occurrence in ``a`` with the first in ``b``, in ``a``'s order), then each row
+    computed again within ``a`` and within ``b`` with that schedule's first occurrence of it.
+
+    Rows are matched by origin (:meth:`ScheduleOutput.origin_of`): a token of a request that
+    repeats another's prompt matches the prompt's row. Every occurrence is thus compared with
+    every other, through the first ones. ``request``: only the pairs labelled with that
+    request."""
+    first: dict[str, dict[tuple[int, int], int]] = {"a": {}, "b": {}}
+    for side, o in (("a", a), ("b", b)):
+        for i in range(len(o.keys)):
+            first[side].setdefault(o.origin_of(i), i)
+    outputs = {"a": a, "b": b}
+    pairs: list[tuple[tuple[int, int], str, int, str, int]] = [
+        (a.keys[i], "a", i, "b", first["b"][origin])
+        for origin, i in first["a"].items() if origin in first["b"]]
+    for side, o in (("a", a), ("b", b)):
+        pairs += [(o.keys[i], side, first[side][o.origin_of(i)], side, i)
+                  for i in range(len(o.keys)) if first[side][o.origin_of(i)] != i]
+    if request is not None:
+        pairs = [p for p in pairs if p[0][0] == request]
+    dev = a.out.device
+    # Both schedules' rows in one tensor: a's rows, then b's.
+    offset = {"a": 0, "b": len(a.keys)}
+    all_out = torch.cat([a.out, b.out.to(dev)])
+    all_lse = torch.cat([a.lse, b.lse.to(dev)])
+    ix = torch.tensor([offset[p[1]] + p[2] for p in pairs], dtype=torch.long, device=dev)
+    iy = torch.tensor([offset[p[3]] + p[4] for p in pairs], dtype=torch.long, device=dev)
+    sources = [((sx, outputs[sx].step_of(i)), (sy, outputs[sy].step_of(j)))
+               for _, sx, i, sy, j in pairs]
+    return _pairs_compared(all_out[ix], all_lse[ix], all_out[iy], all_lse[iy],
+                           [p[0] for p in pairs], sources)
+
+
+def compare_runs(first: ScheduleOutput, again: ScheduleOutput) -> CaseComparison:
+    """Compare two runs of one schedule occurrence by occurrence: row ``i`` of ``first`` (a
+    (request, token, step)) with row ``i`` of ``again``. ``ValueError`` when the runs did not
+    compute the same occurrences."""
+    occurrences = [(k, first.step_of(i)) for i, k in enumerate(first.keys)]
+    if occurrences != [(k, again.step_of(i)) for i, k in enumerate(again.keys)]:
+        raise ValueError("compare_runs: expected two runs of one schedule (the same (request, "
+                         "token, step) occurrences in the same order), got different rows")
+    dev = first.out.device
+    sources = [(("run", s), ("re-run", s)) for _, s in occurrences]
+    return _pairs_compared(first.out, first.lse, again.out.to(dev), again.lse.to(dev),
+                           list(first.keys), sources)

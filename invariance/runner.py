@@ -23,7 +23,7 @@ import torch
 
 from invariance.accuracy import AccuracyAccumulator
 from invariance.backends import Backend, capabilities
-from invariance.compare import CaseComparison, compare_outputs
+from invariance.compare import CaseComparison, compare_outputs, compare_runs
 from invariance.features import Features
 from invariance.perturb import SCALES, Case, Perturbation, Scale
 from invariance.replay import case_to_dict, reproducer
@@ -35,7 +35,8 @@ from invariance.workload import HeadConfig, dtype_name
 
 __all__ = ["CheckInterrupted", "Progress", "SignalInterrupt", "check", "run_spec"]
 
-#: ``progress(done, total, label)`` is called after every case.
+#: ``progress(done, total, label)`` is called when a case starts (``label`` names the cell and
+#: the case, ``done`` the cases finished before it) and after it finishes.
 Progress = Callable[[int, int, str], None]
 #: ``on_cell(report)`` is called after every finished cell with the report so far.
 OnCell = Callable[[Report], None]
@@ -121,7 +122,8 @@ def check(
       ``Capabilities.features``; the check's requests grow past the window.
     - ``kv_dtype``: ``"fp8_e4m3"`` for an FP8 K/V cache with fixed dequantization scales
       (queries float16/bfloat16; default dtype then bfloat16 on CPU, both on CUDA).
-    - ``progress``: called as ``progress(done, total, label)`` after each case.
+    - ``progress``: called as ``progress(done, total, label)`` when each case starts and
+      after it finishes.
     - ``on_cell``: called with the report so far after each finished cell.
 
     Raises ``ValueError`` for bad arguments (naming the argument, the expected and the actual)
@@ -195,6 +197,11 @@ class _Counter:
         if self.progress is not None:
             self.progress(self.done, self.total, label)
 
+    def starting(self, label: str) -> None:
+        """A case starts: show its label with the count of cases finished so far."""
+        if self.progress is not None:
+            self.progress(self.done, self.total, label)
+
 
 def _where(exc: BaseException) -> str:
     """The innermost frames of ``exc``'s traceback, as ``file:line in function`` (for reports)."""
@@ -202,20 +209,29 @@ def _where(exc: BaseException) -> str:
     return " <- ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames))
 
 
-def _coverage(case: Case, out: ScheduleOutput, cov: dict[str, Any]) -> None:
-    """What a case compared: row positions (KV lengths), batch sizes, rows; with a window,
-    the rows the window cuts (position > window) and those it does not."""
-    if out.keys:
+def _coverage(case: Case, cmp: CaseComparison, cov: dict[str, Any]) -> None:
+    """What a case compared: the longest compared row (its KV length), the batch sizes and the
+    largest calls (KV tokens, query tokens) of its schedules, rows compared (pairs of rows that
+    must agree) and how many of those were rows repeated within one schedule; with a window, the
+    rows the window cuts (position > window) and those it does not."""
+    if cmp.keys:
         cov["max_compared_kv_len"] = max(cov.get("max_compared_kv_len", 0),
-                                         max(t for _, t in out.keys) + 1)
-    sizes = {st.batch_size for s in (case.a, case.b) for st in s.steps}
-    cov["batch_sizes"] = sorted(set(cov.get("batch_sizes", [])) | sizes)
-    cov["compared_rows"] = cov.get("compared_rows", 0) + len(out.keys)
+                                         max(t for _, t in cmp.keys) + 1)
+    steps = [st for s in (case.a, case.b) for st in s.steps]
+    cov["batch_sizes"] = sorted(set(cov.get("batch_sizes", [])) |
+                                {st.batch_size for st in steps})
+    cov["max_call_kv_tokens"] = max([cov.get("max_call_kv_tokens", 0),
+                                     *(sum(c.stop for c in st.chunks) for st in steps)])
+    cov["max_call_query_tokens"] = max([cov.get("max_call_query_tokens", 0),
+                                        *(st.num_tokens for st in steps)])
+    cov["compared_rows"] = cov.get("compared_rows", 0) + len(cmp.keys)
+    cov["repeated_rows"] = cov.get("repeated_rows", 0) + sum(
+        1 for i in range(len(cmp.keys)) if cmp.within(i) is not None)
     window = case.workload.features.window
     if window is not None:
-        past = sum(1 for _, t in out.keys if t > window)
+        past = sum(1 for _, t in cmp.keys if t > window)
         cov["rows_past_window_edge"] = cov.get("rows_past_window_edge", 0) + past
-        cov["rows_inside_window"] = cov.get("rows_inside_window", 0) + len(out.keys) - past
+        cov["rows_inside_window"] = cov.get("rows_inside_window", 0) + len(cmp.keys) - past
 
 
 def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAccumulator,
@@ -230,7 +246,9 @@ def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAc
     label = f"{p.name} · {dtype_name(dt)}"
     cases = p.cases(scale=spec.scale, heads=spec.heads, dtype=dt, seed=spec.seed,
                     budget=spec.budget, features=spec.features)
+    count = max(1, spec.budget) * p.cases_per_budget
     for i, case in enumerate(cases):
+        counter.starting(f"{label} · case {i + 1}/{count}")
         try:
             cache: dict[tuple[int, str], torch.Tensor] = {}
             out_a = run_schedule(spec.backend, case.workload, case.a, spec.device, cache)
@@ -243,6 +261,9 @@ def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAc
                 cell.num_violations += 1
                 cell.max_ulp = max(cell.max_ulp, cmp.out.max_ulp, cmp.lse.max_ulp)
                 if len(cell.violations) < spec.max_violations:
+                    counter.starting(f"{label} · case {i + 1}/{count} · a violation: re-run"
+                                     + (", shrink" if spec.shrink and not cell.violations
+                                        else ""))
                     violation = _violation(spec, p, dt, i, case, cmp, out_a, out_b,
                                            first=not cell.violations)
         except Exception as exc:  # a crashing backend is a result, not a crash of the check
@@ -251,7 +272,7 @@ def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAc
             cell.cases = i + 1
             break
         cell.cases = i + 1
-        _coverage(case, out_b if len(out_b.keys) > len(out_a.keys) else out_a, cell.coverage)
+        _coverage(case, cmp, cell.coverage)
         cell.compared_tokens += len(cmp.keys)
         rate = len(cmp.differing_rows) / max(1, len(cmp.keys))
         ulp = max(cmp.out.max_ulp, cmp.lse.max_ulp)
@@ -265,20 +286,36 @@ def _run_cell(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: AccuracyAc
     return cell
 
 
-def _restrict(out: ScheduleOutput, request_id: int) -> ScheduleOutput:
-    rows = [i for i, k in enumerate(out.keys) if k[0] == request_id]
-    idx = torch.tensor(rows, dtype=torch.long, device=out.out.device)
-    return ScheduleOutput([out.keys[i] for i in rows], out.out[idx], out.lse[idx])
-
-
 def _deterministic(spec: CheckSpec, case: Case, out_a: ScheduleOutput,
                    out_b: ScheduleOutput) -> bool:
-    """Run both schedules again: does each agree with itself?"""
+    """Run both schedules again: does each agree with itself, occurrence by occurrence (each
+    (request, token, step) with the same one of the re-run)? A row computed in several steps
+    of one schedule is compared with itself across steps by :func:`compare_outputs`, never
+    here: its occurrences may differ from each other and still repeat exactly."""
     for schedule, first in ((case.a, out_a), (case.b, out_b)):
         again = run_schedule(spec.backend, case.workload, schedule, spec.device)
-        if not compare_outputs(first, again).equal:
+        if not compare_runs(first, again).equal:
             return False
     return True
+
+
+def _repeated(cmp: CaseComparison, focus: int) -> tuple[str, int, int] | None:
+    """``(schedule, step, step)`` when ``focus``'s first difference is a row computed twice
+    within one schedule, else ``None``."""
+    row = next(i for i in cmp.differing_rows if cmp.keys[i][0] == focus)
+    side = cmp.within(row)
+    if side is None:
+        return None
+    (_, s1), (_, s2) = cmp.sources[row]
+    return side, s1, s2
+
+
+def _repeated_note(cmp: CaseComparison) -> str:
+    """A note when the first differing pair is one row computed twice within one schedule."""
+    i = cmp.differing_rows[0] if cmp.differing_rows else None
+    if i is None or cmp.within(i) is None:
+        return ""
+    return cmp.describe(i)
 
 
 def _violation(spec: CheckSpec, p: Perturbation, dt: torch.dtype, i: int, case: Case,
@@ -292,24 +329,25 @@ def _violation(spec: CheckSpec, p: Perturbation, dt: torch.dtype, i: int, case: 
     if spec.shrink and first and not nondeterministic:
         try:
             result = shrink(spec.backend, case, focus, spec.device,
-                            first_token=cmp.first_differing_token(focus))
+                            first_token=cmp.first_differing_token(focus),
+                            repeated=_repeated(cmp, focus))
         except Exception as exc:  # the original case still stands
             note = f"shrinking failed: {type(exc).__name__}: {exc}"
         else:
             shown = result.case
             if result.exhausted:
                 note = f"shrink budget ran out after {result.tries} runs"
-    mine = compare_outputs(_restrict(out_a, focus), _restrict(out_b, focus))
+    mine = compare_outputs(out_a, out_b, request=focus)
     if shown is not case:
         cache: dict[tuple[int, str], torch.Tensor] = {}
-        shrunk_a, shrunk_b = (
-            _restrict(run_schedule(spec.backend, shown.workload, s, spec.device, cache), focus)
-            for s in (shown.a, shown.b))
-        shrunk_cmp = compare_outputs(shrunk_a, shrunk_b)
+        shrunk_a, shrunk_b = (run_schedule(spec.backend, shown.workload, s, spec.device, cache)
+                              for s in (shown.a, shown.b))
+        shrunk_cmp = compare_outputs(shrunk_a, shrunk_b, request=focus)
         if shrunk_cmp.equal:  # cannot happen for a deterministic backend; keep the original
             shown = case
         else:
             mine = shrunk_cmp
+    note = "; ".join(n for n in (_repeated_note(mine), note) if n)
     return Violation(
         perturbation=p.name, dtype=dtype_name(dt), case=i,
         schedule_a=shown.a.describe(), schedule_b=shown.b.describe(), request_id=focus,
@@ -335,6 +373,7 @@ def _run_isolated(spec: CheckSpec, p: Perturbation, dt: torch.dtype, acc: Accura
     from invariance.isolate import run_in_child
 
     t0 = time.perf_counter()
+    counter.starting(f"{p.name} · {dtype_name(dt)} (in a child process)")
     result = run_in_child(spec, p, dtype_name(dt))
     for _ in range(spec.budget * p.cases_per_budget):
         counter.step(f"{p.name} · {dtype_name(dt)}")

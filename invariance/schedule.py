@@ -231,7 +231,8 @@ def materialize(
     written into fresh pages placed by ``layout`` (in the workload's cache dtype), queries
     concatenated in chunk order, the workload's features set on the batch.
 
-    ``content_cache`` (optional) memoises each request's full K/V content across steps.
+    ``content_cache`` (optional) memoises each request's full K/V content and its chunks'
+    query rows across steps.
     """
     device = torch.device(device)
     heads, dtype = workload.heads, workload.dtype
@@ -272,7 +273,7 @@ def materialize(
                     cache[pages[full], :rem] = kv[full * P:]
             table[b, : len(phys)] = torch.tensor(phys, dtype=torch.int32)
         # Only the chunk's query tokens (a decode needs one row, not the whole request's q).
-        queries.append(workload.content(c.request_id, "q", c.start, c.stop, device))
+        queries.append(_query_content(workload, c, device, content_cache))
     q_lens = [c.q_len for c in step.chunks]
     cu = [0]
     for n in q_lens:
@@ -316,6 +317,18 @@ def _share_prefix_pages(workload: Workload, step: Step, page_size: int,
         placement[b][:shared] = owner[:shared]
 
 
+def _query_content(workload: Workload, chunk: Chunk, device: torch.device,
+                   cache: dict[tuple[int, str], torch.Tensor] | None) -> torch.Tensor:
+    """The query rows of ``chunk`` (memoised per (request, start, stop): a chunk recurs in
+    both schedules of a case, and across a shrink's tries)."""
+    if cache is None:
+        return workload.content(chunk.request_id, "q", chunk.start, chunk.stop, device)
+    key = (chunk.request_id, f"q{chunk.start}:{chunk.stop}")
+    if key not in cache:
+        cache[key] = workload.content(chunk.request_id, "q", chunk.start, chunk.stop, device)
+    return cache[key]
+
+
 def _full_content(
     workload: Workload, request_id: int, kind: str, device: torch.device,
     cache: dict[tuple[int, str], torch.Tensor] | None,
@@ -336,14 +349,33 @@ def _full_content(
 @dataclass
 class ScheduleOutput:
     """Per-token results of one schedule: ``keys[i] = (request_id, token)`` is row ``i`` of
-    ``out`` ``[N, Hq, D]`` and ``lse`` ``[N, Hq]``. Padding requests are left out."""
+    ``out`` ``[N, Hq, D]`` and ``lse`` ``[N, Hq]``. Padding requests are left out.
+
+    A (request, token) may occur several times (a decode neighbour repeated in every step of a
+    chunked prefill): ``steps[i]`` is the step that computed row ``i``, so ``(keys[i],
+    steps[i])`` names one occurrence. ``origins[i]`` is the row's origin
+    (:meth:`Workload.origin`): rows of one origin are the same row by content (a request that
+    repeats a prompt, one prompt sampled several times). Both are empty when unknown (then every
+    row is its own origin, computed in step 0)."""
 
     keys: list[tuple[int, int]]
     out: torch.Tensor
     lse: torch.Tensor
+    steps: list[int] = field(default_factory=list)
+    origins: list[tuple[int, int]] = field(default_factory=list)
 
     def index(self) -> dict[tuple[int, int], int]:
-        return {k: i for i, k in enumerate(self.keys)}
+        """Each key's first row."""
+        out: dict[tuple[int, int], int] = {}
+        for i, k in enumerate(self.keys):
+            out.setdefault(k, i)
+        return out
+
+    def step_of(self, i: int) -> int:
+        return self.steps[i] if self.steps else 0
+
+    def origin_of(self, i: int) -> tuple[int, int]:
+        return self.origins[i] if self.origins else self.keys[i]
 
 
 BackendFn = Callable[[AttentionBatch], object]
@@ -436,20 +468,23 @@ def run_schedule(
     ``cache`` (optional) memoises request content; share one between schedules of a workload."""
     padding = schedule.padding_ids(workload)
     keys: list[tuple[int, int]] = []
+    steps: list[int] = []
     outs: list[torch.Tensor] = []
     lses: list[torch.Tensor] = []
-    for step, _batch, out, lse in iter_step_results(backend, workload, schedule, device, cache):
+    results = iter_step_results(backend, workload, schedule, device, cache)
+    for index, (step, _batch, out, lse) in enumerate(results):
         row = 0
         for c in step.chunks:
             if c.request_id not in padding and c.q_len:
                 keys.extend((c.request_id, t) for t in range(c.start, c.stop))
+                steps.extend([index] * c.q_len)
                 outs.append(out[row:row + c.q_len].clone())
                 lses.append(lse[row:row + c.q_len].clone())
             row += c.q_len
     heads = workload.heads
     dev = torch.device(device)
     return ScheduleOutput(
-        keys=keys,
+        keys=keys, steps=steps, origins=[workload.origin(r, t) for r, t in keys],
         out=torch.cat(outs) if outs else torch.empty(
             0, heads.num_q_heads, heads.head_dim, dtype=workload.dtype, device=dev),
         lse=torch.cat(lses) if lses else torch.empty(

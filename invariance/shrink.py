@@ -1,19 +1,26 @@
 """Shrinking a failing case to the smallest pair of schedules that still disagrees.
 
 A violation is about one *focus* request. Shrinking keeps a change only while the focus request
-still differs between the two schedules, and works in three passes:
+still differs between the two schedules, or within one of them (a row it computed twice, in two
+steps or for two requests with one prompt, with two results: :func:`invariance.compare_outputs`).
+Such a difference first becomes a case of its own: the two steps that computed the row, each a
+schedule. Then four passes:
 
-1. **Requests**: other requests are removed from one schedule at a time (halves first, then one
-   by one); a request that only one schedule needs (a neighbour, a padding request) is removed
-   from that schedule alone.
-2. **KV lengths**: each request is cut shorter in both schedules (its chunks end at a new
+1. **Requests**: the fewest other requests (in id order) that still fail are found by
+   bisection (a trigger that counts requests, such as a batch size threshold, needs a few
+   tries, not one per request); then other requests are removed from one schedule at a time
+   (halves first, then one by one while few remain); a request that only one schedule needs
+   (a neighbour, a padding request) is removed from that schedule alone.
+2. **Steps**: steps are removed one at a time, each schedule keeping at least one.
+3. **KV lengths**: each request is cut shorter in both schedules (its chunks end at a new
    length, halving while the disagreement persists); the focus request never below its first
    differing token.
-3. **Chunks**: each chunk computing several query tokens is cut to its last one (other
+4. **Chunks**: each chunk computing several query tokens is cut to its last one (other
    requests) or to the tokens from the first differing one (the focus request); the KV a chunk
    sees is unchanged, only the query rows it computes shrink.
 
-The budget of backend runs is explicit and the result says whether it ran out.
+The budget of backend runs is explicit (``max_tries`` plus two per request of the case: a case
+of many requests may need one try per request) and the result says whether it ran out.
 """
 
 from __future__ import annotations
@@ -147,41 +154,87 @@ def _focus_steps(schedule: Schedule, focus: int) -> Schedule:
 
 
 def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch.device,
-           max_tries: int = DEFAULT_MAX_TRIES, first_token: int | None = None) -> ShrinkResult:
-    """Shrink ``case`` while ``focus`` still differs between its schedules (module docstring):
-    steps without ``focus`` first (one try), then requests, KV lengths and chunks.
+           max_tries: int = DEFAULT_MAX_TRIES, first_token: int | None = None,
+           repeated: tuple[str, int, int] | None = None) -> ShrinkResult:
+    """Shrink ``case`` while ``focus`` still differs between its schedules, or within one of
+    them (module docstring): steps without ``focus`` first (one try); a row computed twice
+    within one schedule that differs: the two steps that computed it, each a schedule of its
+    own (one try); then requests, KV lengths and chunks.
 
+    ``max_tries``: runs of the pair of schedules, plus two per request of ``case``.
     ``first_token``: the focus request's first differing token in ``case``, when the caller has
-    compared it already (else one more run finds it)."""
+    compared it already (else one more run finds it); ``repeated``: when that first difference
+    is a row computed twice within schedule ``side``, ``(side, step, step)``."""
     tries = 0
     shrunk = False
+    # Request content is a function of the workload, which stays the same until the end: one
+    # cache for every try.
+    cache: dict[tuple[int, str], torch.Tensor] = {}
     first_diff = first_token or 0  # the focus request's first differing token, current case
+    # Where the focus request's first difference lies in the last failing candidate: a row
+    # computed twice within one schedule, as (schedule, step, step), or None.
+    within: tuple[str, int, int] | None = repeated
 
     def still_fails(candidate: Case) -> bool:
-        nonlocal tries, first_diff
+        nonlocal tries, first_diff, within
         tries += 1
         if not candidate.a.steps or not candidate.b.steps:
             return False
-        cache: dict[tuple[int, str], torch.Tensor] = {}
         cmp = compare_outputs(run_schedule(backend, candidate.workload, candidate.a, device, cache),
-                              run_schedule(backend, candidate.workload, candidate.b, device, cache))
+                              run_schedule(backend, candidate.workload, candidate.b, device, cache),
+                              request=focus)
         token = cmp.first_differing_token(focus)
         if token is not None:
             first_diff = token
+            row = cmp.differing_rows[0]
+            side = cmp.within(row)
+            (_, s1), (_, s2) = cmp.sources[row]
+            within = (side, s1, s2) if side is not None else None
         return token is not None
 
     def attempts() -> Iterator[Case]:
         """Candidate cases, generated lazily from the current ``case`` (which a kept candidate
         replaces)."""
         yield from _remove_requests()
+        yield from _remove_steps()
         yield from _shorten()
         yield from _trim_chunks()
+
+    def _remove_steps() -> Iterator[Case]:
+        # Steps left holding only what another step computes too (the focus alone, once its
+        # neighbours are gone): each schedule keeps at least one.
+        for side in ("a", "b"):
+            k = 0
+            while len(getattr(case, side).steps) > 1 and k < len(getattr(case, side).steps):
+                own: Schedule = getattr(case, side)
+                fewer = replace(own, steps=own.steps[:k] + own.steps[k + 1:])
+                before = case
+                yield replace(case, a=fewer) if side == "a" else replace(case, b=fewer)
+                if case is before:
+                    k += 1
 
     def _remove_requests() -> Iterator[Case]:
         # Candidates already run are not run again (delta debugging's cache, keyed on the
         # candidate's requests per schedule; lengths do not change in this phase): a batch needing
         # many requests would otherwise spend its budget re-trying them.
         tried: set[tuple[frozenset[int], frozenset[int]]] = set()
+        # Bisection on how many of the other requests (by id) are kept, from both schedules.
+        others = sorted((set(_requests(case.a)) | set(_requests(case.b))) - {focus})
+        lo, hi = 0, len(others)  # keeping others[:hi] fails
+        while lo < hi:
+            mid = (lo + hi) // 2
+            drop = frozenset(others[mid:hi])
+            candidate = replace(case, a=_without(case.a, drop), b=_without(case.b, drop))
+            tried.add((frozenset(_requests(candidate.a)), frozenset(_requests(candidate.b))))
+            before = case
+            yield candidate
+            if case is not before:
+                hi = mid
+            else:
+                lo = mid + 1
+        # Requests whose removal from both schedules, alone, made the case pass: not tried
+        # again after another side's progress (which hardly ever frees them).
+        needed: set[int] = set()
         progressed = True
         while progressed:
             progressed = False
@@ -189,7 +242,12 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                 # A request in one schedule only was already tried under "both".
                 in_a, in_b = set(_requests(case.a)), set(_requests(case.b))
                 others = sorted((in_a | in_b if side == "both" else in_a & in_b) - {focus})
+                if side == "both":
+                    others = [r for r in others if r not in needed]
                 size = max(1, len(others) // 2)
+                # Groups of one only among a few: many requests of which no eighth can go are
+                # a batch the trigger needs whole (a batch size), not worth one try each.
+                smallest = max(1, len(others) // 8)
                 while others:
                     i, removed = 0, False
                     while i < len(others):
@@ -207,9 +265,11 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
                             removed = progressed = True
                             others = [r for r in others if r not in group]
                         else:
+                            if size == 1 and side == "both":
+                                needed |= group
                             i += size
                     if not removed:
-                        if size == 1:
+                        if size <= smallest:
                             break
                         size = (size + 1) // 2  # 3 -> 2 -> 1: pairs too (a slot's parity)
 
@@ -267,10 +327,20 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
     if fewer and still_fails(candidate):
         case, shrunk = candidate, True
     elif first_token is None:
-        still_fails(case)  # the first differing token of the original case
+        still_fails(case)  # where the original case differs
+    if within is not None:
+        # One row computed twice within one schedule differs: the two steps that computed it,
+        # as schedules of their own, disagree (one step: it disagrees with itself).
+        side, s1, s2 = within
+        own: Schedule = getattr(case, side)
+        candidate = replace(case, a=replace(own, steps=(own.steps[s1],), label=""),
+                            b=replace(own, steps=(own.steps[s2],), label=""))
+        if candidate != case and still_fails(candidate):
+            case, shrunk = candidate, True
+    budget = max_tries + 2 * len(set(_requests(case.a)) | set(_requests(case.b)))
     exhausted = False
     for candidate in attempts():
-        if tries >= max_tries:
+        if tries >= budget:
             exhausted = True
             break
         if still_fails(candidate):

@@ -199,7 +199,7 @@ class CheckSpec:
         fn = resolve(backend)
         caps = capabilities(fn)
         _negotiate(fn.name, caps, dtypes, head_cfg, dev, perts, explicit, feats)
-        scale_obj = scale_obj.for_split(caps.split_tokens).for_window(feats.window)
+        scale_obj = scale_obj.for_split(caps.split_on(dev.type)).for_window(feats.window)
         spec = cls(
             backend=fn, dtypes=dtypes, heads=head_cfg, perturbations=perts,
             budget=check_int("budget", budget), seed=check_int("seed", seed), device=dev,

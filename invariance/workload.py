@@ -253,6 +253,8 @@ class Workload:
     seed: int = 0
     features: Features = field(default_factory=Features)
 
+    _by_id: dict[int, Request] = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         ids = [r.id for r in self.requests]
         if len(set(ids)) != len(ids):
@@ -266,13 +268,14 @@ class Workload:
             raise ValueError(f"Workload.dtype: expected float16 or bfloat16 with an FP8 KV "
                              f"cache (kv_dtype {self.features.kv_dtype}), got "
                              f"{dtype_name(self.dtype)}")
+        object.__setattr__(self, "_by_id", {r.id: r for r in self.requests})
 
     def request(self, request_id: int) -> Request:
         """The request with id ``request_id``."""
-        for r in self.requests:
-            if r.id == request_id:
-                return r
-        raise KeyError(f"request {request_id} is not in this workload")
+        try:
+            return self._by_id[request_id]
+        except KeyError:
+            raise KeyError(f"request {request_id} is not in this workload") from None
 
     def content(
         self, request_id: int, kind: Kind, start: int, stop: int, device: torch.device | str
@@ -297,6 +300,20 @@ class Workload:
             device, req.family, large=self.features.large_scale,
             fp8=self.features.kv_dtype is not None,
         )
+
+    def origin(self, request_id: int, token: int) -> tuple[int, int]:
+        """The ``(request, token)`` whose row ``(request_id, token)`` is: itself, or for a token
+        inside a shared prompt prefix (``Request.prefix``) the prompt's owner's, followed to the
+        first request that owns it. Two rows of the same origin read the same query and the
+        same keys and values at the same positions: an invariant backend gives them the same
+        bits, in any call."""
+        rid = request_id
+        for _ in range(len(self.requests)):
+            prefix = self.request(rid).prefix
+            if prefix is None or token >= prefix[1]:
+                break
+            rid = prefix[0]
+        return rid, token
 
     @property
     def kv_dtype(self) -> torch.dtype:

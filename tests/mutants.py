@@ -25,9 +25,17 @@ Facts = dict[str, int]
 def _facts(batch: AttentionBatch) -> Facts:
     q_lens = batch.q_lens()
     kv = batch.kv_lens.tolist()
+    first_pages = {int(batch.block_table[b, 0]) for b in range(batch.batch_size) if kv[b]}
     return {"B": batch.batch_size, "T": batch.num_tokens, "max_kv": max(kv, default=0),
             "prefills": sum(1 for n in q_lens if n > 1), "decodes": sum(1 for n in q_lens
-                                                                         if n == 1)}
+                                                                         if n == 1),
+            "kv_total": sum(kv), "long_rows": sum(1 for n in kv if n > 512),
+            # Every request reads the same first page: one shared prefix (a cascade path).
+            "shared_prefix": int(batch.batch_size >= 2 and len(first_pages) == 1
+                                 and all(kv)),
+            # Every request has the same query and KV lengths (lock-step).
+            "uniform": int(batch.batch_size >= 2
+                           and len(set(zip(q_lens, kv, strict=True))) == 1)}
 
 
 def _gather(batch: AttentionBatch, b: int, extra: int = 0,
@@ -78,11 +86,16 @@ class Planted:
     """Split-KV float32 attention; ``defect`` names the planted bug ("" = none).
 
     ``split``: tokens per split (fixed: invariant); ``reverse``: fold the splits last to first
-    (a different but fixed order: still invariant)."""
+    (a different but fixed order: still invariant); ``row_split``: rows before position 64
+    use half the split (chosen per row from its own position: still invariant); ``dedup``:
+    a row whose query, keys and values repeat an earlier row's of the same call is copied,
+    not computed (still invariant: the same inputs give the same bits)."""
 
     defect: str = ""
     split: int = 32
     reverse: bool = False
+    row_split: bool = False
+    dedup: bool = False
     calls: int = field(default=0, repr=False)
     rng: random.Random = field(default_factory=random.Random, repr=False)
 
@@ -100,6 +113,20 @@ class Planted:
             "spec_path": 2 <= q_len <= 8,
             "graph_bucket": f["B"] % 8 == 0,
             "slot_parity": b % 2 == 1,
+            "batch7": f["B"] == 7,
+            "batch_over_40": f["B"] > 40,
+            "batch_13_to_16": 13 <= f["B"] <= 16,
+            "bucket_48": 40 < f["B"] <= 48,
+            "decodes_over_24": f["decodes"] > 24,
+            "cascade": bool(f["shared_prefix"]),
+            "lockstep": bool(f["uniform"]),
+            "two_long_rows": f["long_rows"] >= 2,
+            "three_long_rows": f["long_rows"] >= 3,
+            "kv_total_2048": f["kv_total"] >= 2048,
+            "kv_total_window": 1024 <= f["kv_total"] < 2048,
+            "query_tokens_128": f["T"] >= 128,
+            "tokens_parity": f["T"] % 2 == 0,
+            "decode_tokens_parity": q_len == 1 and f["T"] % 2 == 0,
         }.get(d, False)
         return s // 2 if changed else s
 
@@ -111,6 +138,7 @@ class Planted:
         cu = batch.cu_seqlens_q.tolist()
         kv_lens = batch.kv_lens.tolist()
         seen_pages: set[int] = set()
+        done: dict[object, tuple[torch.Tensor, torch.Tensor]] = {}
         running_max = float("-inf")
         scale = batch.sm_scale * (1.01 if self.defect == "accuracy_scale" else 1.0)
         owner = list(range(batch.batch_size))
@@ -151,7 +179,22 @@ class Planted:
             if self.defect == "off_by_one":  # sees one key past its position
                 pos = torch.clamp(pos + 1, max=k.shape[0] - 1)
             split = self.split_for(f, hi - lo, kv_lens[b], b)
-            o, s = _attend(batch.q[lo:hi], pos, k, v, scale, split, self.reverse)
+            key = (batch.q[lo:hi].numpy().tobytes(), k.numpy().tobytes(), v.numpy().tobytes(),
+                   tuple(pos.tolist())) if self.dedup else None
+            if key is not None and key in done:
+                o, s = done[key]
+            elif self.row_split:
+                near = pos < 64
+                o = torch.empty(hi - lo, batch.num_q_heads, batch.head_dim)
+                s = torch.empty(hi - lo, batch.num_q_heads)
+                for rows, size in ((near, split // 2), (~near, split)):
+                    if bool(rows.any()):
+                        o[rows], s[rows] = _attend(batch.q[lo:hi][rows], pos[rows], k, v,
+                                                   scale, size, self.reverse)
+            else:
+                o, s = _attend(batch.q[lo:hi], pos, k, v, scale, split, self.reverse)
+            if key is not None:
+                done[key] = (o, s)
             if self.defect == "lse_only":
                 s2 = _attend(batch.q[lo:hi], pos, k, v, scale,
                              self.split // 2 if f["B"] >= 3 else self.split)[1]
@@ -194,6 +237,22 @@ DEFECTS: dict[str, str] = {
     "graph_bucket": "split changes for batch sizes that are multiples of 8",
     "slot_parity": "odd batch slots take another split",
     "shared_page_zeros": "a physical page read by two requests reads zeros the second time",
+    "batch7": "split changes in batches of exactly 7 (off the old ladder)",
+    "batch_over_40": "split changes in batches of more than 40",
+    "batch_13_to_16": "split changes for batch sizes 13 to 16 (a window)",
+    "bucket_48": "split changes for batch sizes 41 to 48 (one CUDA-graph bucket)",
+    "decodes_over_24": "split changes when more than 24 decode rows share a call",
+    "cascade": "a cascade path when every request of the call reads the same first page",
+    "lockstep": "a dense path when every request has the same query and KV lengths",
+    "two_long_rows": "split changes when two or more rows of the call exceed 512 keys",
+    "three_long_rows": "split changes when three or more rows of the call exceed 512 keys",
+    "kv_total_2048": "split changes when the call holds 2048 KV tokens or more",
+    "kv_total_window": "split changes when the call holds 1024-2047 KV tokens",
+    "query_tokens_128": "split changes when the call holds 128 query tokens or more",
+    "tokens_parity": "split follows the parity of the call's query tokens (deterministic; a "
+                     "neighbour repeated in every step of a chunked prefill changes)",
+    "decode_tokens_parity": "decode rows' split follows the parity of the call's query tokens "
+                            "(only the repeated neighbour of a chunked prefill sees it there)",
     "accuracy_scale": "softmax scale 1% off (invariant, inaccurate)",
     "accuracy_gqa": "wrong GQA head mapping (invariant, inaccurate)",
     "accuracy_long_rows": "+0.5 on every row at position >= 200 (invariant, inaccurate)",
@@ -206,6 +265,8 @@ FIXED: dict[str, Callable[[], Planted]] = {
     "split16": lambda: Planted(split=16),
     "split1000": lambda: Planted(split=1000),
     "reverse_fold": lambda: Planted(reverse=True),
+    "row_split": lambda: Planted(row_split=True),
+    "dedup_identical_rows": lambda: Planted(dedup=True),
 }
 
 

@@ -76,11 +76,16 @@ def test_kernels_declare_their_split_size() -> None:
     import kernels
     from invariance.backends.kernels import KernelsBackend
 
-    assert KernelsBackend().capabilities.split_tokens == kernels.DEFAULT_SPLIT_SIZE
+    caps = KernelsBackend().capabilities
+    assert caps.split_tokens == kernels.DEFAULT_SPLIT_SIZE
     spec = invariance.CheckSpec.build(KernelsBackend(split_size=128), device="cpu")
     assert spec.scale.long == 1100  # already > 2.5 splits of 128
+    # On the CPU, 256-token splits (tests/test_kernels_harness.py): 1100 > 2.5 of them too.
     spec = invariance.CheckSpec.build("kernels", device="cpu")
-    assert spec.scale.long == 1024 * 5 // 2 + 3  # the longest row spans 2.5 default splits
+    assert spec.scale.split == caps.split_on("cpu") and spec.scale.long == 1100
+    # Elsewhere the longest row spans 2.5 default splits.
+    small = invariance.SCALES["small"].for_split(caps.split_on("cuda"))
+    assert small.long == 1024 * 5 // 2 + 3
 
 
 def test_kernels_declare_their_head_dims() -> None:

@@ -65,7 +65,13 @@ def test_check_reference_passes_and_prints_a_table(tmp_path: Path) -> None:
     assert "perturbation × dtype" in proc.stdout
     assert "│ repeat" in proc.stdout and "PASS · 3 cases" in proc.stdout
     assert "accuracy against the float64 reference" in proc.stdout
-    assert proc.stderr == ""  # no progress bar when stderr is not a terminal
+    assert "coverage: 48 rows compared in 1 cell" in proc.stdout
+    # Not a terminal: no bar, a line per finished cell on stderr (stdout holds the report).
+    assert proc.stderr.startswith("[1/1] repeat · float32: PASS · 3 cases · 0 ULP (")
+    assert len(proc.stderr.splitlines()) == 1
+    quiet = run_cli("check", "--backend", "reference", *FAST, "--perturb", "repeat",
+                    "--no-progress", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 def test_batch_variant_fails_in_every_format(outputs: dict[str, Path]) -> None:
@@ -246,3 +252,14 @@ def test_progress_only_on_a_terminal() -> None:
         update(1, 4, "batch_size [float32]")
     _, update = _progress(Console(file=io.StringIO(), force_terminal=True), False)
     assert update is None
+
+
+def test_progress_moves_per_case_with_the_running_case_named() -> None:
+    calls: list[tuple[int, int, str]] = []
+    invariance.check("reference", device="cpu", perturbations="repeat,spec_verify",
+                     progress=lambda done, total, label: calls.append((done, total, label)))
+    # Each case is announced when it starts (cases done so far, its cell and number) and
+    # counted when it ends: the display moves inside a cell, not only between cells.
+    assert calls[:3] == [(0, 5, "repeat · float32 · case 1/3"), (1, 5, "repeat · float32"),
+                         (1, 5, "repeat · float32 · case 2/3")]
+    assert (3, 5, "spec_verify · float32 · case 1/2") in calls and calls[-1][:2] == (5, 5)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from invariance import AttentionResult, assert_bitwise_equal, compare_bits
-from invariance.compare import bits, ulp_distance
+from invariance.compare import bits, compare_outputs, compare_runs, ulp_distance
+from invariance.schedule import ScheduleOutput
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -76,3 +77,44 @@ def test_assert_bitwise_equal_passes_and_fails_readably() -> None:
         assert_bitwise_equal(torch.zeros(2), torch.zeros(3))
     with pytest.raises(TypeError, match="expected a tensor"):
         assert_bitwise_equal("x", torch.zeros(1))  # type: ignore[arg-type]
+
+
+def _output(keys: list[tuple[int, int]], steps: list[int], values: list[float],
+            origins: list[tuple[int, int]] | None = None) -> ScheduleOutput:
+    out = torch.tensor(values).view(-1, 1, 1).repeat(1, 2, 4)
+    return ScheduleOutput(keys, out, out[:, :, 0].clone(), steps, origins or [])
+
+
+def test_rows_repeated_within_a_schedule_are_compared_with_each_other() -> None:
+    # Request 5 token 3 is computed in steps 0 and 2 of schedule b (a decode neighbour of a
+    # chunked prefill); schedule a never computes it: only b's own two occurrences can differ.
+    a = _output([(0, 0), (0, 1)], [0, 0], [1.0, 2.0])
+    b = _output([(0, 0), (5, 3), (0, 1), (5, 3)], [0, 0, 1, 2], [1.0, 7.0, 2.0, 7.5])
+    cmp = compare_outputs(a, b)
+    assert not cmp.equal and cmp.differing_keys() == [(5, 3)]
+    row = cmp.differing_rows[0]
+    assert cmp.within(row) == "b" and cmp.sources[row] == (("b", 0), ("b", 2))
+    assert "computed twice in schedule b, in steps 0 and 2" in cmp.describe(row)
+    # The rows both schedules computed are compared as before, once each.
+    assert cmp.keys.count((0, 0)) == 1 and cmp.within(cmp.keys.index((0, 0))) is None
+    same = _output([(0, 0), (5, 3), (0, 1), (5, 3)], [0, 0, 1, 2], [1.0, 7.0, 2.0, 7.0])
+    assert compare_outputs(a, same).equal  # negative control: equal repeats pass
+
+
+def test_rows_of_one_origin_are_one_row() -> None:
+    # Request 2 repeats request 1's prompt: its token 4 is request 1's token 4, by content.
+    b = _output([(1, 4), (2, 4)], [0, 0], [3.0, 3.5], origins=[(1, 4), (1, 4)])
+    cmp = compare_outputs(_output([], [], []), b)
+    assert cmp.differing_keys() == [(2, 4)] and cmp.within(0) == "b"
+    assert compare_outputs(_output([], [], []), b, request=1).keys == []
+
+
+def test_a_rerun_is_compared_occurrence_by_occurrence() -> None:
+    # A deterministic but batch-variant backend: the repeated row differs between its steps,
+    # the same way in both runs. Per occurrence, the runs agree (it is not nondeterministic).
+    first = _output([(5, 3), (5, 3)], [0, 1], [7.0, 7.5])
+    assert compare_runs(first, _output([(5, 3), (5, 3)], [0, 1], [7.0, 7.5])).equal
+    changed = compare_runs(first, _output([(5, 3), (5, 3)], [0, 1], [7.0, 7.25]))
+    assert changed.differing_rows == [1] and changed.sources[1] == (("run", 1), ("re-run", 1))
+    with pytest.raises(ValueError, match="compare_runs: expected two runs of one schedule"):
+        compare_runs(first, _output([(5, 3)], [0], [7.0]))

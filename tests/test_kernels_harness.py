@@ -79,3 +79,34 @@ def _why(report: invariance.Report) -> str:
         lines += [f"  {d.summary()}" for v in r.violations[:1] for d in v.diffs]
     lines += [str(a) for a in report.accuracy if not a.passed]
     return "\n".join(lines)
+
+
+def test_cpu_checks_split_finer_as_the_capabilities_declare(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """On CPU tensors the default split is CPU_SPLIT_TOKENS, the capabilities say so, and the
+    check sizes its rows from it; an explicit split size is kept on every device."""
+    import kernels
+    from invariance.backends.kernels import CPU_SPLIT_TOKENS
+
+    seen: list[object] = []
+
+    def record(*args: object, split_size: object, **kwargs: object) -> object:
+        seen.append(split_size)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(kernels, "unified_attention", record)
+    wl = invariance.Workload((invariance.Request(0, 5),))
+    batch = invariance.materialize(wl, invariance.Step((invariance.Chunk(0, 4, 5),)),
+                                   invariance.PageLayout(), "cpu")
+    for backend in (KernelsBackend(), KernelsBackend(split_size=1024),
+                    KernelsBackend(lead_split_size=512)):
+        with pytest.raises(RuntimeError, match="recorded"):
+            backend(batch)
+    assert seen == [CPU_SPLIT_TOKENS, 1024, 512]
+    caps = KernelsBackend().capabilities
+    assert caps.split_on("cpu") == CPU_SPLIT_TOKENS
+    assert caps.split_on("cuda") == caps.split_tokens == kernels.DEFAULT_SPLIT_SIZE
+    cpu = invariance.CheckSpec.build("kernels", device="cpu").scale
+    assert cpu.split == CPU_SPLIT_TOKENS and cpu.long >= 2.5 * CPU_SPLIT_TOKENS
+    gpu_split = invariance.CheckSpec.build("kernels:split_size=1024", device="cpu").scale
+    assert gpu_split.split == 1024 and gpu_split.long == 1024 * 5 // 2 + 3

@@ -20,10 +20,19 @@ pytestmark = pytest.mark.mutation
 PERTURBATIONS = [p.name for p in invariance.PERTURBATIONS.values() if not p.requires_cuda]
 ACCURACY_ONLY = {d for d in DEFECTS if d.startswith("accuracy_") or d == "zeros"}
 #: Requests per schedule a shrunk case may keep: 3 (issue 9's target), except where the defect's
-#: trigger is itself a batch of more requests (tests/mutants.py: B >= 4, B >= 16, B % 8 == 0;
-#: token_threshold fires at 33 query tokens in one call, found with decode rows, i.e. 33
-#: requests, and shrinking removes and shortens, it never merges requests).
-SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33}
+#: trigger is itself a batch of more requests (tests/mutants.py: B >= 4, B >= 16, B % 8 == 0,
+#: B == 7, B > 40, 13 <= B <= 16, 40 < B <= 48 (any size of that bucket), more than 24 decodes
+#: (found in a call of 33 with some prefill rows); token_threshold fires at
+#: 33 query tokens in one call, found with decode rows, i.e. 33 requests; query_tokens_128 at
+#: 128 query tokens, found in a call of up to 65 decodes and short chunks; kv_total_2048 at 2048
+#: KV tokens, found in calls of requests of at most 1100 tokens and one short one;
+#: kv_total_window at 1024-2047 KV tokens, found in a call of up to 65 ordinary requests, none
+#: of which can go without leaving the window; three_long_rows: the focus and three long rows;
+#: shrinking removes and shortens, it never merges requests).
+SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33,
+                   "batch7": 7, "batch_over_40": 41, "batch_13_to_16": 13, "bucket_48": 48,
+                   "decodes_over_24": 33, "query_tokens_128": 65, "kv_total_2048": 4,
+                   "kv_total_window": 65, "three_long_rows": 4}
 
 
 def _requests_per_schedule(case_data: dict) -> list[int]:
@@ -71,6 +80,19 @@ def test_planted_defect_is_caught(defect: str, mutation_seed: int) -> None:
 def test_fixed_variant_passes(variant: str, mutation_seed: int) -> None:
     report = invariance.check(FIXED[variant](), device="cpu", seed=mutation_seed)
     assert report.passed, report.summary()
+
+
+def test_a_neighbour_repeated_step_to_step_is_batch_variant(mutation_seed: int) -> None:
+    """chunked_prefill's decode neighbour is in every step of schedule b: a deterministic
+    backend whose rows follow the parity of the call's token count gives it another result in
+    some steps. Each occurrence repeats exactly when run again: batch variance, shrunk (a
+    re-run compared with the last occurrence of each row called it nondeterministic)."""
+    report = invariance.check(Planted("tokens_parity"), device="cpu",
+                              perturbations=["chunked_prefill"], seed=mutation_seed)
+    cell = report.results[0]
+    assert cell.status == "failed" and cell.coverage["repeated_rows"] > 0, report.summary()
+    assert {v.classification for v in cell.violations} == {"batch-variant"}
+    assert cell.violations[0].shrunk and "ran out" not in cell.violations[0].note
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,13 @@ from invariance.render import (
     to_junit,
     to_markdown,
 )
-from invariance.render._common import cell_text, plot_feature
+from invariance.render._common import (
+    cell_text,
+    coverage_line,
+    coverage_text,
+    plot_feature,
+    violation_title,
+)
 from invariance.report import AccuracyResult, PerturbationResult, Report
 
 PERTURBS = ["batch_size", "repeat"]
@@ -247,3 +253,45 @@ def test_cosmetic_words_are_singular_when_one() -> None:
 
     assert plural(1, "more violating case") == "1 more violating case"
     assert plural(2, "more violating case") == "2 more violating cases"
+
+
+def test_coverage_in_every_format(variant: Report) -> None:
+    cell = variant.cell("batch_size", "float32")
+    sizes = "1-17, 24, 32, 40, 48, 56, 64, 65"
+    rows = cell.coverage["compared_rows"]
+    line = coverage_line(variant)
+    rows += variant.cell("repeat", "float32").coverage["compared_rows"]
+    assert line.startswith(f"coverage: {rows} rows compared in 2 cells")
+    assert "rows up to" in line and f"batch sizes {sizes}" in line
+    text = render_console(variant)
+    flat = " ".join(text.split())
+    assert line in flat and "coverage: what each cell compared" in text
+    assert f"batch_size │ float32 │ {cell.coverage['max_compared_kv_len']} │ {sizes}" in flat
+    md = to_markdown(variant)
+    assert "## Coverage" in md and "| batch_size | float32 | " in md and sizes in md
+    assert f"_{line}_" in md
+    page = to_html(variant)
+    assert "<h2>Coverage</h2>" in page and sizes in page and line in page
+    suite = ET.fromstring(to_junit(variant)).find("testsuite")
+    assert suite is not None
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["coverage"] == line
+    out = {c.get("name"): c.findtext("system-out") for c in suite.iter("testcase")}
+    assert out["batch_size[float32]"] == f"coverage: {coverage_text(cell)}\n"
+    assert f"batches {sizes}" in coverage_text(cell)
+
+
+def test_headline_says_which_case_the_worst_ulp_comes_from(variant: Report) -> None:
+    cell = copy.deepcopy(variant.cell("batch_size", "float32"))
+    v = cell.violations[0]
+    cell.points = [{"max_ulp": 10.0}, {"max_ulp": 8007.0}]
+    cell.max_ulp = 8007
+    v.case, v.shrunk = 0, True
+    v.diffs[0].max_ulp, v.diffs[1].max_ulp = 438, 0
+    assert violation_title(cell).endswith(
+        "not bitwise identical (max 8007 ULP in case 1); the case shown: case 0, shrunk, "
+        "438 ULP")
+    # The case shown is the worst, unshrunk: the headline's number is its own.
+    v.case, v.shrunk = 1, False
+    v.diffs[0].max_ulp = 8007
+    assert violation_title(cell).endswith("(max 8007 ULP in case 1)")

@@ -69,6 +69,9 @@ class Capabilities:
       batch's feature fields, so it has to say it reads them.
     - ``feature_conflicts``: sets of features it takes one by one but not together (asking
       for all of one set is a usage error too).
+    - ``cpu_split_tokens``: the split size it uses on CPU tensors, when that is another one
+      (a backend run by an interpreter on CPU may split finer, so that rows across several
+      splits are short); a check on the CPU sizes its rows from it.
     """
 
     dtypes: tuple[str, ...] = DTYPE_NAMES
@@ -78,6 +81,7 @@ class Capabilities:
     split_tokens: int | None = None
     features: frozenset[str] = frozenset()
     feature_conflicts: tuple[frozenset[str], ...] = ()
+    cpu_split_tokens: int | None = None
 
     def lacks(self, required: frozenset[str]) -> str | None:
         """Why these capabilities cannot run the features ``required``, or ``None``."""
@@ -89,6 +93,12 @@ class Capabilities:
             if conflict <= required:
                 return f"cannot combine {' and '.join(sorted(conflict))}"
         return None
+
+    def split_on(self, device: str) -> int | None:
+        """The split size on ``device`` (a device type, ``"cpu"`` or ``"cuda"``)."""
+        if device == "cpu" and self.cpu_split_tokens:
+            return self.cpu_split_tokens
+        return self.split_tokens
 
 
 def capabilities(backend: object) -> Capabilities:
@@ -134,16 +144,19 @@ BUILTIN: dict[str, _Builtin] = {
         "(deliberately not invariant)"),
     "kernels": _Builtin(
         "invariance.backends.kernels:invariant",
-        "Triton paged attention, fixed split size, plan chosen per batch (invariant); options: "
+        "Triton paged attention, fixed split size (1024 tokens, 256 on CPU), plan chosen per "
+        "batch (invariant); options: "
         "kernels:split_size=N|none,lead_split_size=N,plan=...,block_m=...,num_warps=...,"
         "num_stages=...",
         _KERNELS, True),
     "kernels-fused": _Builtin(
         "invariance.backends.kernels:fused",
-        "Triton paged attention, fixed split size, fused plan (invariant)", _KERNELS, True),
+        "Triton paged attention, fixed split size (1024 tokens, 256 on CPU), fused plan "
+        "(invariant)", _KERNELS, True),
     "kernels-split": _Builtin(
         "invariance.backends.kernels:split",
-        "Triton paged attention, fixed split size, split-parallel plan + merge (invariant)",
+        "Triton paged attention, fixed split size (1024 tokens, 256 on CPU), split-parallel "
+        "plan + merge (invariant)",
         _KERNELS, True),
     "kernels-heuristic": _Builtin(
         "invariance.backends.kernels:heuristic",

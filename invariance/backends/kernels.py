@@ -17,6 +17,12 @@ cache itself is ``k_cache`` / ``v_cache``), only those the batch uses, so a batc
 features calls the kernel exactly as before. A kernel whose signature lacks one of them (an
 older ``kernels``) makes the call raise ``ValueError`` naming the parameter: never a silent
 result without the feature.
+
+On CPU tensors the default split size is 256 tokens (:data:`CPU_SPLIT_TOKENS`), declared in the
+capabilities: the interpreter walks every KV tile in Python, and a check compares rows across
+several splits, which at 1024 tokens per split took minutes. The kernels, their contract (a
+split size fixed per deployment, lead splits of 128 tokens inside the first split) and every
+code path are the same; ``kernels:split_size=1024`` checks the GPU's split size on the CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ _DEFAULT: Literal["default"] = "default"
 # kernels.DEFAULT_SPLIT_SIZE, not imported here: importing kernels imports triton, which must
 # wait until the interpreter is switched on (see above). tests/test_bad_inputs.py checks they agree.
 _DEFAULT_SPLIT_TOKENS = 1024
+#: The default split size on CPU tensors (the Triton interpreter; module docstring).
+CPU_SPLIT_TOKENS = 256
 _PLANS = ("auto", "fused", "split")
 # kernels.Tuning's checks, repeated so that options fail when parsed, before anything runs (and
 # without importing triton; tests/test_bench.py checks they agree with kernels.Tuning).
@@ -62,7 +70,8 @@ def _enable_interpreter_on_cpu(batch: AttentionBatch) -> None:
 @dataclass(frozen=True)
 class KernelsBackend:
     """``kernels.unified_attention`` with a fixed ``split_size`` (``"default"`` =
-    ``kernels.DEFAULT_SPLIT_SIZE``; ``None`` = the batch-variant control heuristic) and ``plan``.
+    ``kernels.DEFAULT_SPLIT_SIZE``, :data:`CPU_SPLIT_TOKENS` on CPU tensors; ``None`` = the
+    batch-variant control heuristic) and ``plan``.
 
     ``block_m`` / ``num_warps`` / ``num_stages`` / ``block_n`` become a ``kernels.Tuning`` (launch
     overrides of the tile configuration ``kernels.tile_config`` fixes per (dtype, head_dim, GPU);
@@ -109,17 +118,33 @@ class KernelsBackend:
     @property
     def capabilities(self) -> Capabilities:
         """Every dtype and device; head dims 64, 128, 256; CUDA graphs (no host sync during
-        capture); the split size, so the check compares rows across several splits; every
-        feature (module docstring, "Features")."""
-        split = _DEFAULT_SPLIT_TOKENS if self.split_size == _DEFAULT else self.split_size
-        return Capabilities(head_dims=(64, 128, 256), split_tokens=split,
-                            features=frozenset(_FEATURE_PARAMS))
+        capture); the split size (on CPU tensors too), so the check compares rows across
+        several splits; every feature (module docstring, "Features")."""
+        features = frozenset(_FEATURE_PARAMS)
+        if self.split_size == _DEFAULT:
+            return Capabilities(head_dims=(64, 128, 256), split_tokens=_DEFAULT_SPLIT_TOKENS,
+                                cpu_split_tokens=self._cpu_split(), features=features)
+        return Capabilities(head_dims=(64, 128, 256), split_tokens=self.split_size,
+                            features=features)
+
+    def _cpu_split(self) -> int:
+        """The default split size on CPU tensors: :data:`CPU_SPLIT_TOKENS`, or the lead split
+        or tile size asked for when that is larger (the split size must be a multiple of
+        both)."""
+        return max(CPU_SPLIT_TOKENS, self.lead_split_size or 0, self.block_n or 0)
 
     def __call__(self, batch: AttentionBatch) -> AttentionResult:
         _enable_interpreter_on_cpu(batch)
         import kernels
 
-        split = kernels.DEFAULT_SPLIT_SIZE if self.split_size == _DEFAULT else self.split_size
+        split, lead = self.split_size, self.lead_split_size
+        if split == _DEFAULT:
+            split = self._cpu_split() if batch.device.type == "cpu" else kernels.DEFAULT_SPLIT_SIZE
+            if (lead is None and split != kernels.DEFAULT_SPLIT_SIZE
+                    and split > kernels.DEFAULT_LEAD_SPLIT_SIZE
+                    and kernels.DEFAULT_LEAD_SPLIT_SIZE % (self.block_n or 1) == 0):
+                # The contract's shape on CPU too: the first split cut into lead splits.
+                lead = kernels.DEFAULT_LEAD_SPLIT_SIZE
         tuning = kernels.Tuning(
             block_m=self.block_m(batch) if callable(self.block_m) else self.block_m,
             num_warps=self.num_warps, num_stages=self.num_stages, block_n=self.block_n,
@@ -127,7 +152,7 @@ class KernelsBackend:
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, split_size=split,
-            lead_split_size=self.lead_split_size, plan=self.kernel_plan, tuning=tuning,
+            lead_split_size=lead, plan=self.kernel_plan, tuning=tuning,
             host_lens=self._host_lens(batch), **feature_kwargs(batch, kernels.unified_attention),
         )
         return AttentionResult(out, lse)

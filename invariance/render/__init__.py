@@ -26,12 +26,13 @@ from invariance.render.model import (
     print_model_report,
 )
 from invariance.render.tables import print_environment, print_listing
-from invariance.render.text import failure_text, summary_lines
+from invariance.render.text import cell_line, failure_text, summary_lines
 
 __all__ = [
     "CellChange",
     "ReportComparison",
     "bench_to_markdown",
+    "cell_line",
     "compare_reports",
     "comparison_to_markdown",
     "failure_text",

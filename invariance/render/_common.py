@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from invariance.compare import TensorDiff
+from invariance.perturb import ranges
 from invariance.report import (
     AccuracyResult,
     PerturbationResult,
@@ -27,6 +28,10 @@ __all__ = [
     "accuracy_row",
     "cell_name",
     "cell_text",
+    "coverage_header",
+    "coverage_line",
+    "coverage_rows",
+    "coverage_text",
     "diff_rows",
     "environment_rows",
     "fmt_float",
@@ -35,11 +40,13 @@ __all__ = [
     "plot_feature",
     "plural",
     "row_label",
+    "shown_case",
     "shown_violations",
     "verdict",
     "violation_heading",
     "violation_lines",
     "violation_title",
+    "worst_case",
 ]
 
 #: Violations shown per cell (the report keeps a few; the rest are only counted).
@@ -81,11 +88,11 @@ def cell_text(cell: PerturbationResult) -> str:
     """One grid cell in words: verdict, violating cases / cases run, worst ULP distance."""
     word = STATUS_WORD.get(cell.status, cell.status)
     if cell.status == "passed":
-        return f"{word} · {cell.cases} cases · 0 ULP"
+        return f"{word} · {plural(cell.cases, 'case')} · 0 ULP"
     if cell.status == "failed":
         return f"{word} · {cell.num_violations}/{cell.cases} cases · {cell.max_ulp} ULP"
     if cell.status == "error":
-        return f"{word} · after {cell.cases} cases"
+        return f"{word} · after {plural(cell.cases, 'case')}"
     return f"{word}" + (f" ({cell.error})" if cell.error else "")
 
 
@@ -131,11 +138,115 @@ def grid(report: Report) -> Grid:
     return Grid(rows, dtypes, cells, descriptions)
 
 
+def worst_case(cell: PerturbationResult) -> int | None:
+    """The index of the case whose ULP distance is the cell's worst (its points hold one per
+    case); ``None`` when the points do not say."""
+    ulps = [p.get("max_ulp") for p in cell.points]
+    for i, ulp in enumerate(ulps):
+        if ulp is not None and ulp == cell.max_ulp:
+            return i
+    return None
+
+
 def violation_title(cell: PerturbationResult) -> str:
+    """A failed cell's headline: violating cases, the worst ULP distance and the case it comes
+    from, and, when the case shown below is another one or shrunk to another distance, that
+    case and its own distance."""
     if cell.status == "error":
         return f"{cell_name(cell)}: error after {cell.cases} cases"
+    worst = worst_case(cell)
+    where = f" in case {worst}" if worst is not None else ""
     return (f"{cell_name(cell)}: {cell.num_violations} of {cell.cases} cases "
-            f"not bitwise identical (max {cell.max_ulp} ULP)")
+            f"not bitwise identical (max {cell.max_ulp} ULP{where})" + shown_case(cell))
+
+
+def shown_case(cell: PerturbationResult) -> str:
+    """``; the case shown: case 0, shrunk, 438 ULP`` when the violation a failed cell shows
+    first is not its worst case as it is (another case, or shrunk to another distance);
+    ``""`` otherwise."""
+    if not cell.violations:
+        return ""
+    v = cell.violations[0]
+    if v.case == worst_case(cell) and v.max_ulp == cell.max_ulp:
+        return ""
+    return f"; the case shown: case {v.case}{', shrunk' if v.shrunk else ''}, {v.max_ulp} ULP"
+
+
+def _int(cov: dict[str, object], key: str) -> int | None:
+    value = cov.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _sizes(cov: dict[str, object]) -> list[int]:
+    sizes = cov.get("batch_sizes")
+    if not isinstance(sizes, list):
+        return []
+    return [n for n in sizes if isinstance(n, int) and not isinstance(n, bool)]
+
+
+def coverage_text(cell: PerturbationResult) -> str:
+    """What a cell compared, in words: ``rows up to 2563 tokens · batches 1-17, 24 · calls up
+    to 4097 KV / 257 query tokens · 425 rows compared (256 within a schedule)``; ``-`` when
+    it recorded nothing."""
+    cov = cell.coverage
+    parts = []
+    longest = _int(cov, "max_compared_kv_len")
+    if longest is not None:
+        parts.append(f"rows up to {longest} tokens")
+    sizes = _sizes(cov)
+    if sizes:
+        parts.append(f"batches {ranges(sizes)}")
+    kv, q = _int(cov, "max_call_kv_tokens"), _int(cov, "max_call_query_tokens")
+    if kv is not None and q is not None:
+        parts.append(f"calls up to {kv} KV / {q} query tokens")
+    rows, repeated = _int(cov, "compared_rows"), _int(cov, "repeated_rows")
+    if rows is not None:
+        parts.append(f"{rows} rows compared" + (f" ({repeated} within a schedule)"
+                                                if repeated else ""))
+    return " · ".join(parts) or "-"
+
+
+def coverage_header() -> tuple[str, ...]:
+    return ("perturbation", "dtype", "longest row (KV)", "batch sizes",
+            "largest call (KV / query tokens)", "rows compared (repeated in a schedule)")
+
+
+def coverage_rows(report: Report) -> list[tuple[str, ...]]:
+    """One row per cell that ran (:func:`coverage_header`)."""
+    rows: list[tuple[str, ...]] = []
+    for cell in report.results:
+        cov = cell.coverage
+        if cell.status == "skipped" or not cov:
+            continue
+        kv, q = _int(cov, "max_call_kv_tokens"), _int(cov, "max_call_query_tokens")
+        rows_compared, repeated = _int(cov, "compared_rows"), _int(cov, "repeated_rows")
+        longest = _int(cov, "max_compared_kv_len")
+        rows.append((
+            cell.perturbation, cell.dtype, "-" if longest is None else str(longest),
+            ranges(_sizes(cov)) or "-",
+            "-" if kv is None or q is None else f"{kv} / {q}",
+            "-" if rows_compared is None else str(rows_compared)
+            + (f" ({repeated})" if repeated else "")))
+    return rows
+
+
+def coverage_line(report: Report) -> str:
+    """The whole report's coverage in one line (every cell that ran together)."""
+    cells = [c for c in report.results if c.status != "skipped" and c.coverage]
+    if not cells:
+        return "coverage: nothing compared"
+    longest = max((_int(c.coverage, "max_compared_kv_len") or 0 for c in cells), default=0)
+    sizes = sorted({n for c in cells for n in _sizes(c.coverage)})
+    kv = max((_int(c.coverage, "max_call_kv_tokens") or 0 for c in cells), default=0)
+    q = max((_int(c.coverage, "max_call_query_tokens") or 0 for c in cells), default=0)
+    rows = sum(_int(c.coverage, "compared_rows") or 0 for c in cells)
+    repeated = sum(_int(c.coverage, "repeated_rows") or 0 for c in cells)
+    text = (f"coverage: {rows} rows compared in {plural(len(cells), 'cell')}"
+            + (f" ({repeated} of them computed twice within a schedule)" if repeated else "")
+            + f"; rows up to {longest} KV tokens; batch sizes {ranges(sizes) or '-'}")
+    if kv or q:
+        text += f"; calls up to {kv} KV tokens and {q} query tokens"
+    return text
 
 
 def violation_heading(v: Violation) -> str:

@@ -12,6 +12,9 @@ from invariance.render._common import (
     accuracy_header,
     accuracy_row,
     cell_text,
+    coverage_header,
+    coverage_line,
+    coverage_rows,
     environment_rows,
     grid,
     more_violations,
@@ -39,9 +42,10 @@ def _cell(text: str, status: str) -> Text:
 
 
 def print_report(report: Report, console: Console, *, reproducers: bool = True) -> None:
-    """Print ``report`` on ``console``: summary, perturbation × dtype table, the first
-    violations of each failed cell (with the shrunk reproducer), accuracy, environment, and the
-    summary again as the last line. ``reproducers=False`` leaves out the reproducer code."""
+    """Print ``report`` on ``console``: summary, perturbation × dtype table and the coverage in
+    one line, the first violations of each failed cell (with the shrunk reproducer), accuracy,
+    what each cell compared, environment, and the summary again as the last line.
+    ``reproducers=False`` leaves out the reproducer code."""
     g = grid(report)
     console.print(Text(report.summary(), style="bold green" if report.passed else "bold red"),
                   soft_wrap=True)
@@ -58,10 +62,13 @@ def print_report(report: Report, console: Console, *, reproducers: bool = True) 
             row.append(_cell(cell_text(cell), cell.status) if cell else Text("-", style="dim"))
         table.add_row(*row)
     console.print(table)
+    console.print(Text(coverage_line(report), style="dim"), soft_wrap=True)
 
     for cell in report.failed_cells():
         console.print()
-        console.rule(Text(violation_title(cell), style=STYLES[cell.status]), align="left")
+        console.rule(Text(f"{cell.perturbation} [{cell.dtype}]", style=STYLES[cell.status]),
+                     align="left")
+        console.print(Text(violation_title(cell), style=STYLES[cell.status]))
         console.print(Text(cell.description, style="dim"))
         if cell.status == "error":
             console.print(Text(cell.error or "the backend raised", style=STYLES["error"]))
@@ -92,6 +99,18 @@ def print_report(report: Report, console: Console, *, reproducers: bool = True) 
             acc.add_row(*map(Text, cells[:-1]),
                         _cell(cells[-1], "passed" if a.passed else "failed"))
         console.print(acc)
+
+    cov_rows = coverage_rows(report)
+    if cov_rows:
+        console.print()
+        cov = Table(title="coverage: what each cell compared", title_justify="left")
+        sizes = min(40, max(len(r[3]) for r in cov_rows))  # batch sizes on one line if they fit
+        for col, h in enumerate(coverage_header()):
+            cov.add_column(h, overflow="fold", no_wrap=col in (0, 1),
+                           min_width=sizes if col == 3 else None)
+        for r in cov_rows:
+            cov.add_row(*map(Text, r))
+        console.print(cov)
 
     console.print()
     env = Table(title="environment", title_justify="left", show_header=False)

@@ -13,6 +13,9 @@ from invariance.render._common import (
     accuracy_header,
     accuracy_row,
     cell_text,
+    coverage_header,
+    coverage_line,
+    coverage_rows,
     diff_rows,
     environment_rows,
     grid,
@@ -244,12 +247,17 @@ def to_html(report: Report) -> str:
         "darker red means a larger ULP distance. Skipped cells are never counted as passed."
         "</p>",
         _heatmap(g),
+        f'<p class="dim">{_e(coverage_line(report))}</p>',
         _figures(report, g),
         _violations(report),
     ]
     if report.accuracy:
         parts.append("<h2>Accuracy against the float64 reference</h2>")
         parts.append(_table(accuracy_header(), [accuracy_row(a) for a in report.accuracy]))
+    cov_rows = coverage_rows(report)
+    if cov_rows:
+        parts.append("<h2>Coverage</h2><p class=\"dim\">What each cell compared.</p>")
+        parts.append(_table(coverage_header(), cov_rows))
     parts.append("<h2>Environment</h2>")
     parts.append(_table(("", ""), environment_rows(report)))
     parts.append("</body></html>")

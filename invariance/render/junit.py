@@ -1,5 +1,6 @@
-"""The report as JUnit XML for CI: one ``<testcase>`` per (perturbation, dtype) cell and one per
-dtype for accuracy."""
+"""The report as JUnit XML for CI: one ``<testcase>`` per (perturbation, dtype) cell (what it
+compared in its ``<system-out>``) and one per dtype for accuracy; the whole report's coverage
+is a property of the suite."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import xml.etree.ElementTree as ET
 
 from invariance.render._common import (
     accuracy_row,
+    coverage_line,
+    coverage_text,
     fmt_float,
     more_violations,
     plural,
@@ -41,6 +44,8 @@ def _cell_case(parent: ET.Element, classname: str, cell: PerturbationResult) -> 
         err.text = f"{violation_title(cell)}\n{cell.error or ''}\n"
     elif cell.status == "skipped":
         ET.SubElement(case, "skipped", message=cell.error or "skipped")
+    if cell.coverage:
+        ET.SubElement(case, "system-out").text = f"coverage: {coverage_text(cell)}\n"
 
 
 def _accuracy_case(parent: ET.Element, classname: str, a: AccuracyResult) -> None:
@@ -92,6 +97,7 @@ def to_junit(report: Report) -> str:
     cmd = report.command
     if cmd:
         values["command"] = cmd
+    values["coverage"] = coverage_line(report)
     for name, value in values.items():
         ET.SubElement(props, "property", name=name, value=value)
     for cell in report.results:

@@ -9,6 +9,9 @@ from invariance.render._common import (
     accuracy_header,
     accuracy_row,
     cell_text,
+    coverage_header,
+    coverage_line,
+    coverage_rows,
     diff_rows,
     environment_rows,
     grid,
@@ -48,8 +51,8 @@ def _fence(code: str, lang: str = "") -> list[str]:
 
 
 def to_markdown(report: Report) -> str:
-    """``report`` as Markdown: summary, perturbation x dtype table, violations with
-    reproducers, accuracy, environment."""
+    """``report`` as Markdown: summary, perturbation x dtype table and the coverage line,
+    violations with reproducers, accuracy, coverage per cell, environment."""
     g = grid(report)
     out = [f"# invariance: {verdict(report)}", "", f"**{_esc(report.summary())}**", ""]
     out += ["## Perturbations", "",
@@ -63,6 +66,7 @@ def to_markdown(report: Report) -> str:
         row.append(g.descriptions.get(p, ""))
         rows.append(row)
     out += _table(["perturbation", *g.dtypes, "what changes"], rows)
+    out += ["", f"_{_esc(coverage_line(report))}_"]
 
     failed = report.failed_cells()
     if failed:
@@ -87,6 +91,11 @@ def to_markdown(report: Report) -> str:
     if report.accuracy:
         out += ["", "## Accuracy against the float64 reference", ""]
         out += _table(accuracy_header(), [accuracy_row(a) for a in report.accuracy])
+
+    cov_rows = coverage_rows(report)
+    if cov_rows:
+        out += ["", "## Coverage", "", "What each cell compared.", ""]
+        out += _table(coverage_header(), cov_rows)
 
     out += ["", "## Environment", ""]
     out += _table(["what", "value"], [(k, v) for k, v in environment_rows(report)])

@@ -1,4 +1,5 @@
-"""Plain-text renderings: what a failing pytest check prints and the plugin's terminal summary.
+"""Plain-text renderings: what a failing pytest check prints, the plugin's terminal summary and
+the CLI's line per finished cell.
 
 All text comes from the report itself; a violation describes the case it shows (the shrunk one
 when shrinking succeeded), so its numbers are what its reproducer replays.
@@ -8,10 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from invariance.render._common import cell_name, fmt_float, violation_lines
-from invariance.report import Report
+from invariance.render._common import (
+    cell_name,
+    cell_text,
+    fmt_float,
+    shown_case,
+    violation_lines,
+    worst_case,
+)
+from invariance.report import PerturbationResult, Report
 
-__all__ = ["failure_text", "summary_lines"]
+__all__ = ["cell_line", "failure_text", "summary_lines"]
+
+
+def cell_line(cell: PerturbationResult, done: int, total: int) -> str:
+    """One finished cell as a log line, e.g. ``[3/15] neighbors · float32: PASS · 3 cases ·
+    0 ULP (4.2s)``."""
+    return (f"[{done}/{total}] {cell.perturbation} · {cell.dtype}: {cell_text(cell)} "
+            f"({cell.seconds:.1f}s)")
 
 
 def failure_text(report: Report, nodeid: str = "") -> str:
@@ -26,10 +41,12 @@ def failure_text(report: Report, nodeid: str = "") -> str:
             lines.append(f"  {cell_name(cell)}: ERROR {cell.error}")
             continue
         worst = max((d.max_abs_diff for v in cell.violations for d in v.diffs), default=0.0)
+        case = worst_case(cell)
         lines.append(
             f"  {cell_name(cell)}: {cell.num_violations} of {cell.cases} "
             f"case(s) differ, max {cell.max_ulp} ULP, max |diff| {fmt_float(worst)} "
-            f"({cell.description})")
+            + (f"(worst in case {case}{shown_case(cell)}) " if case is not None else "")
+            + f"({cell.description})")
         if not cell.violations:
             continue
         v = cell.violations[0]
