@@ -755,7 +755,11 @@ def _call_totals(ctx: CaseContext) -> Case:
     short = ctx.scale.short
     if ctx.index % 2 == 0:
         # Probes (see CaseContext.request): a short decode and the long requests.
-        base = [ctx.decode(ctx.rng.randint(4 * short[0], 8 * short[0]), family="gaussian")]
+        w = ctx.features.window
+        # With a window, a short decode inside its edge (the long ones are past it).
+        n_short = (ctx.rng.randint(max(1, w // 2), w + 1) if w is not None and w >= 1
+                   else ctx.rng.randint(4 * short[0], 8 * short[0]))
+        base = [ctx.decode(n_short, family="gaussian")]
         top = ctx.scale.max_call_kv.bit_length() - 1
         long = ctx.long_len()
         pool = [ctx.decode(n, family=f) for n, f in ((long, "gaussian"), (long - 1, "ties"),

@@ -371,7 +371,9 @@ def test_every_perturbation_compares_rows_on_both_sides_of_the_window(window: in
             past += sum(t > window for t in pos)
             inside += sum(t <= window for t in pos)
         assert past > 0, p.name
-        if window and p.name != "prefix_sharing":  # its prompts are all longer than the window
+        # prefix_sharing's prompts are all longer than the window; spec_verify compares draft
+        # tokens at split boundaries, past the window: every row the window cuts.
+        if window and p.name not in ("prefix_sharing", "spec_verify"):
             assert inside > 0, p.name
 
 
