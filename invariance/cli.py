@@ -113,6 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    _add_check_parser(sub, common)
+    _add_saved_report_parsers(sub, common)
+    _add_replay_parser(sub, common)
+    _add_bench_parser(sub, common)
+    _add_model_parser(sub, common)
+
+    sub.add_parser("list", parents=[common], help="list backends and perturbations")
+    e = sub.add_parser("env", parents=[common],
+                       help="show GPU, driver, CUDA, torch, triton, Python, platform")
+    e.add_argument("--device", choices=("cpu", "cuda"),
+                   help="default: cuda when available, else cpu")
+    return parser
+
+
+def _add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     c = sub.add_parser(
         "check", parents=[common], help="check a backend over every (dtype, perturbation)",
         description="Run every perturbation's schedule pairs through a backend at each dtype, "
@@ -127,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "'invariance replay')")
     _add_outputs(c, ("json", "markdown", "html", "junit"))
 
+
+def _add_saved_report_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``report`` (re-render one saved report) and ``compare`` (two of them)."""
     r = sub.add_parser("report", parents=[common], help="re-render a saved JSON report",
                        description="Print a saved report and write it in other formats.")
     r.add_argument("path", metavar="PATH.json", type=Path)
@@ -146,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "cells ran different cases; by default an error)")
     _add_outputs(cmp, ("markdown",))
 
+
+def _add_replay_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     rp = sub.add_parser("replay", parents=[common], help="replay a saved case in this process",
                         description="Run the two schedules of a case file (check --cases) or "
                                     "of a report's violation and compare their bits. Exit 1 "
@@ -161,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--model", metavar="MODEL",
                     help="model cases: the model to replay on (default: the case's)")
 
+
+def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     bn = sub.add_parser(
         "bench", parents=[common], help="time backends on named workloads (CUDA)",
         description="Time backends on named workloads: CUDA-graph replay (eager with a note "
@@ -196,15 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
     bn.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_outputs(bn, ("json", "markdown"))
-
-    _add_model_parser(sub, common)
-
-    sub.add_parser("list", parents=[common], help="list backends and perturbations")
-    e = sub.add_parser("env", parents=[common],
-                       help="show GPU, driver, CUDA, torch, triton, Python, platform")
-    e.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default: cuda when available, else cpu")
-    return parser
 
 
 def _add_model_parser(sub: Any, common: argparse.ArgumentParser) -> None:

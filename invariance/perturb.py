@@ -263,10 +263,14 @@ class CaseContext:
         r = self.request(ctx + new)
         return Chunk(r.id, ctx, ctx + new)
 
-    def target(self, k: int | None = None) -> Chunk:
-        """A decode or a prefill chunk: alternating with ``k`` when given, else at random."""
+    def target(self, k: int | None = None, spans: bool = False) -> Chunk:
+        """A decode or a prefill chunk: alternating with ``k`` when given, else at random.
+        ``spans``: its context is in the upper half of ordinary lengths, so any KV split
+        smaller than that cuts it (a row shorter than one split shows no change of split)."""
         use_decode = (k % 2 == 0) if k is not None else self.rng.random() < 0.6
-        return self.decode() if use_decode else self.prefill_chunk()
+        lo, hi = self.scale.short
+        n = self.rng.randint(max(lo, hi // 2), hi) if spans else None
+        return self.decode(n) if use_decode else self.prefill_chunk(n)
 
     def workload(self) -> Workload:
         return Workload(tuple(self.requests), self.heads, self.dtype, self.seed,  # type: ignore[arg-type]
@@ -440,11 +444,12 @@ def _order(ctx: CaseContext) -> Case:
 def _neighbors(ctx: CaseContext) -> Case:
     """A target and a long request (the longest in the first case of every budget unit), each
     alone vs together in hostile batches."""
-    target = ctx.target(ctx.index)
-    long = ctx.long()
     # The case with the longest request (the first of a budget unit) is the hostile batch of
-    # many short neighbours.
+    # many short neighbours; its target spans several splits of any split a longest-request
+    # heuristic would choose between.
     variant = (ctx.index + 1) % 3
+    target = ctx.target(ctx.index, spans=variant == 1)
+    long = ctx.long()
     lo, hi = ctx.ladder(1), max(ctx.scale.ladder)
     layout = ctx.layout()
     if variant == 0:

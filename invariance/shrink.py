@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -153,6 +153,197 @@ def _focus_steps(schedule: Schedule, focus: int) -> Schedule:
     return replace(schedule, steps=steps, label="")
 
 
+@dataclass
+class _Shrinker:
+    """One shrink in progress: ``case`` is the current failing case (a kept candidate replaces
+    it), ``tries`` the runs spent, ``first_diff`` the focus request's first differing token in
+    the last failing run and ``within`` where it lay when it was a row computed twice within
+    one schedule, as ``(schedule, step, step)``. The passes are generators of candidates made
+    lazily from the current ``case``: each looks at ``case`` after a yield to learn whether
+    its candidate was kept."""
+
+    backend: Callable[..., object]
+    case: Case
+    focus: int
+    device: torch.device
+    first_diff: int = 0
+    within: tuple[str, int, int] | None = None
+    tries: int = 0
+    # Request content is a function of the workload, which stays the same until the end: one
+    # cache for every try.
+    cache: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+
+    def still_fails(self, candidate: Case) -> bool:
+        """Run ``candidate``'s two schedules; whether the focus request still differs (and
+        where, in :attr:`first_diff` and :attr:`within`)."""
+        self.tries += 1
+        if not candidate.a.steps or not candidate.b.steps:
+            return False
+        run = run_schedule
+        cmp = compare_outputs(
+            run(self.backend, candidate.workload, candidate.a, self.device, self.cache),
+            run(self.backend, candidate.workload, candidate.b, self.device, self.cache),
+            request=self.focus)
+        token = cmp.first_differing_token(self.focus)
+        if token is not None:
+            self.first_diff = token
+            row = cmp.differing_rows[0]
+            side = cmp.within(row)
+            (_, s1), (_, s2) = cmp.sources[row]
+            self.within = (side, s1, s2) if side is not None else None
+        return token is not None
+
+    def attempts(self) -> Iterator[Case]:
+        """Every pass's candidates, in the module docstring's order."""
+        yield from self.remove_requests()
+        yield from self.remove_steps()
+        yield from self.shorten()
+        yield from self.trim_chunks()
+
+    def remove_steps(self) -> Iterator[Case]:
+        """Steps left holding only what another step computes too (the focus alone, once its
+        neighbours are gone): each schedule keeps at least one."""
+        for side in ("a", "b"):
+            k = 0
+            while len(getattr(self.case, side).steps) > 1 and k < len(getattr(self.case,
+                                                                                side).steps):
+                own: Schedule = getattr(self.case, side)
+                fewer = replace(own, steps=own.steps[:k] + own.steps[k + 1:])
+                before = self.case
+                yield replace(before, a=fewer) if side == "a" else replace(before, b=fewer)
+                if self.case is before:
+                    k += 1
+
+    def remove_requests(self) -> Iterator[Case]:
+        """Bisection on how many other requests are kept, then groups of them from one or both
+        schedules. Candidates already run are not run again (delta debugging's cache, keyed on
+        the candidate's requests per schedule; lengths do not change in this pass): a batch
+        needing many requests would otherwise spend its budget re-trying them."""
+        tried: set[tuple[frozenset[int], frozenset[int]]] = set()
+        yield from self._bisect_requests(tried)
+        yield from self._remove_groups(tried)
+
+    def _bisect_requests(self, tried: set[tuple[frozenset[int], frozenset[int]]]
+                         ) -> Iterator[Case]:
+        """Bisection on how many of the other requests (by id) are kept, from both schedules."""
+        case = self.case
+        others = sorted((set(_requests(case.a)) | set(_requests(case.b))) - {self.focus})
+        lo, hi = 0, len(others)  # keeping others[:hi] fails
+        while lo < hi:
+            mid = (lo + hi) // 2
+            drop = frozenset(others[mid:hi])
+            before = self.case
+            candidate = replace(before, a=_without(before.a, drop), b=_without(before.b, drop))
+            tried.add((frozenset(_requests(candidate.a)), frozenset(_requests(candidate.b))))
+            yield candidate
+            if self.case is not before:
+                hi = mid
+            else:
+                lo = mid + 1
+
+    def _remove_groups(self, tried: set[tuple[frozenset[int], frozenset[int]]]
+                       ) -> Iterator[Case]:
+        """Groups of other requests (halves, down to single ones while few remain) from both
+        schedules, then from each alone. Requests whose removal from both schedules, alone,
+        made the case pass are not tried again after another side's progress (which hardly
+        ever frees them)."""
+        needed: set[int] = set()
+        progressed = True
+        while progressed:
+            progressed = False
+            for side in ("both", "a", "b"):
+                # A request in one schedule only was already tried under "both".
+                in_a, in_b = set(_requests(self.case.a)), set(_requests(self.case.b))
+                others = sorted((in_a | in_b if side == "both" else in_a & in_b) - {self.focus})
+                if side == "both":
+                    others = [r for r in others if r not in needed]
+                size = max(1, len(others) // 2)
+                # Groups of one only among a few: many requests of which no eighth can go are
+                # a batch the trigger needs whole (a batch size), not worth one try each.
+                smallest = max(1, len(others) // 8)
+                while others:
+                    i, removed = 0, False
+                    while i < len(others):
+                        group = frozenset(others[i:i + size])
+                        before = self.case
+                        new_a = _without(before.a, group) if side in ("both", "a") else before.a
+                        new_b = _without(before.b, group) if side in ("both", "b") else before.b
+                        key = (frozenset(_requests(new_a)), frozenset(_requests(new_b)))
+                        if key in tried:
+                            i += size
+                            continue
+                        tried.add(key)
+                        yield replace(before, a=new_a, b=new_b)
+                        if self.case is not before:  # kept
+                            removed = progressed = True
+                            others = [r for r in others if r not in group]
+                        else:
+                            if size == 1 and side == "both":
+                                needed |= group
+                            i += size
+                    if not removed:
+                        if size <= smallest:
+                            break
+                        size = (size + 1) // 2  # 3 -> 2 -> 1: pairs too (a slot's parity)
+
+    def shorten(self) -> Iterator[Case]:
+        """Every other request halved at once while that still fails; then each request (the
+        focus first) cut on its own."""
+        while True:
+            lengths = _lengths(self.case)
+            cuts = {r: n // 2 for r, n in lengths.items() if r != self.focus and n > 1}
+            if not cuts:
+                break
+            before = self.case
+            a, b = before.a, before.b
+            for r, n in cuts.items():
+                a, b = _cut(a, r, n), _cut(b, r, n)
+            yield replace(before, a=a, b=b)
+            if self.case is before:
+                break
+        for rid in [self.focus, *sorted(set(_lengths(self.case)) - {self.focus})]:
+            yield from self._shorten_one(rid)
+
+    def _cut_both(self, rid: int, length: int) -> Case:
+        return replace(self.case, a=_cut(self.case.a, rid, length),
+                       b=_cut(self.case.b, rid, length))
+
+    def _shorten_one(self, rid: int) -> Iterator[Case]:
+        """Request ``rid`` halved while that still fails; the focus cut once, to just past its
+        first differing token (or halfway there when that passes)."""
+        focus = rid == self.focus
+        while True:
+            length = _lengths(self.case).get(rid, 0)
+            new = self.first_diff + 1 if focus else max(1, length // 2)
+            if new >= length:
+                return
+            before = self.case
+            yield self._cut_both(rid, new)
+            if self.case is before:
+                if focus and new < length - 1:  # the tight cut failed: try halfway
+                    half = (new + length) // 2
+                    before = self.case
+                    yield self._cut_both(rid, half)
+                    if self.case is not before:
+                        continue
+                return
+            if focus:
+                return
+
+    def trim_chunks(self) -> Iterator[Case]:
+        """Chunks of several query tokens cut to their last one (other requests) or to the
+        tokens from the first differing one (the focus)."""
+        for side in ("a", "b"):
+            for chunk in [c for st in getattr(self.case, side).steps for c in st.chunks
+                          if c.q_len > 1]:
+                start = (max(chunk.start, min(self.first_diff, chunk.stop - 1))
+                         if chunk.request_id == self.focus else chunk.stop - 1)
+                if start <= chunk.start:
+                    continue
+                own = _trim(getattr(self.case, side), chunk, start)
+                yield replace(self.case, a=own) if side == "a" else replace(self.case, b=own)
+
+
 def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch.device,
            max_tries: int = DEFAULT_MAX_TRIES, first_token: int | None = None,
            repeated: tuple[str, int, int] | None = None) -> ShrinkResult:
@@ -165,184 +356,33 @@ def shrink(backend: Callable[..., object], case: Case, focus: int, device: torch
     ``first_token``: the focus request's first differing token in ``case``, when the caller has
     compared it already (else one more run finds it); ``repeated``: when that first difference
     is a row computed twice within schedule ``side``, ``(side, step, step)``."""
-    tries = 0
+    state = _Shrinker(backend, case, focus, device, first_diff=first_token or 0,
+                      within=repeated)
     shrunk = False
-    # Request content is a function of the workload, which stays the same until the end: one
-    # cache for every try.
-    cache: dict[tuple[int, str], torch.Tensor] = {}
-    first_diff = first_token or 0  # the focus request's first differing token, current case
-    # Where the focus request's first difference lies in the last failing candidate: a row
-    # computed twice within one schedule, as (schedule, step, step), or None.
-    within: tuple[str, int, int] | None = repeated
-
-    def still_fails(candidate: Case) -> bool:
-        nonlocal tries, first_diff, within
-        tries += 1
-        if not candidate.a.steps or not candidate.b.steps:
-            return False
-        cmp = compare_outputs(run_schedule(backend, candidate.workload, candidate.a, device, cache),
-                              run_schedule(backend, candidate.workload, candidate.b, device, cache),
-                              request=focus)
-        token = cmp.first_differing_token(focus)
-        if token is not None:
-            first_diff = token
-            row = cmp.differing_rows[0]
-            side = cmp.within(row)
-            (_, s1), (_, s2) = cmp.sources[row]
-            within = (side, s1, s2) if side is not None else None
-        return token is not None
-
-    def attempts() -> Iterator[Case]:
-        """Candidate cases, generated lazily from the current ``case`` (which a kept candidate
-        replaces)."""
-        yield from _remove_requests()
-        yield from _remove_steps()
-        yield from _shorten()
-        yield from _trim_chunks()
-
-    def _remove_steps() -> Iterator[Case]:
-        # Steps left holding only what another step computes too (the focus alone, once its
-        # neighbours are gone): each schedule keeps at least one.
-        for side in ("a", "b"):
-            k = 0
-            while len(getattr(case, side).steps) > 1 and k < len(getattr(case, side).steps):
-                own: Schedule = getattr(case, side)
-                fewer = replace(own, steps=own.steps[:k] + own.steps[k + 1:])
-                before = case
-                yield replace(case, a=fewer) if side == "a" else replace(case, b=fewer)
-                if case is before:
-                    k += 1
-
-    def _remove_requests() -> Iterator[Case]:
-        # Candidates already run are not run again (delta debugging's cache, keyed on the
-        # candidate's requests per schedule; lengths do not change in this phase): a batch needing
-        # many requests would otherwise spend its budget re-trying them.
-        tried: set[tuple[frozenset[int], frozenset[int]]] = set()
-        # Bisection on how many of the other requests (by id) are kept, from both schedules.
-        others = sorted((set(_requests(case.a)) | set(_requests(case.b))) - {focus})
-        lo, hi = 0, len(others)  # keeping others[:hi] fails
-        while lo < hi:
-            mid = (lo + hi) // 2
-            drop = frozenset(others[mid:hi])
-            candidate = replace(case, a=_without(case.a, drop), b=_without(case.b, drop))
-            tried.add((frozenset(_requests(candidate.a)), frozenset(_requests(candidate.b))))
-            before = case
-            yield candidate
-            if case is not before:
-                hi = mid
-            else:
-                lo = mid + 1
-        # Requests whose removal from both schedules, alone, made the case pass: not tried
-        # again after another side's progress (which hardly ever frees them).
-        needed: set[int] = set()
-        progressed = True
-        while progressed:
-            progressed = False
-            for side in ("both", "a", "b"):
-                # A request in one schedule only was already tried under "both".
-                in_a, in_b = set(_requests(case.a)), set(_requests(case.b))
-                others = sorted((in_a | in_b if side == "both" else in_a & in_b) - {focus})
-                if side == "both":
-                    others = [r for r in others if r not in needed]
-                size = max(1, len(others) // 2)
-                # Groups of one only among a few: many requests of which no eighth can go are
-                # a batch the trigger needs whole (a batch size), not worth one try each.
-                smallest = max(1, len(others) // 8)
-                while others:
-                    i, removed = 0, False
-                    while i < len(others):
-                        group = frozenset(others[i:i + size])
-                        new_a = _without(case.a, group) if side in ("both", "a") else case.a
-                        new_b = _without(case.b, group) if side in ("both", "b") else case.b
-                        key = (frozenset(_requests(new_a)), frozenset(_requests(new_b)))
-                        if key in tried:
-                            i += size
-                            continue
-                        tried.add(key)
-                        before = case
-                        yield replace(case, a=new_a, b=new_b)
-                        if case is not before:  # kept
-                            removed = progressed = True
-                            others = [r for r in others if r not in group]
-                        else:
-                            if size == 1 and side == "both":
-                                needed |= group
-                            i += size
-                    if not removed:
-                        if size <= smallest:
-                            break
-                        size = (size + 1) // 2  # 3 -> 2 -> 1: pairs too (a slot's parity)
-
-    def _shorten() -> Iterator[Case]:
-        while True:  # every other request halved at once, while that still fails
-            lengths = _lengths(case)
-            cuts = {r: n // 2 for r, n in lengths.items() if r != focus and n > 1}
-            if not cuts:
-                break
-            a, b = case.a, case.b
-            for r, n in cuts.items():
-                a, b = _cut(a, r, n), _cut(b, r, n)
-            before = case
-            yield replace(case, a=a, b=b)
-            if case is before:
-                break
-        for rid in [focus, *sorted(set(_lengths(case)) - {focus})]:
-            while True:
-                length = _lengths(case).get(rid, 0)
-                floor = first_diff + 1 if rid == focus else 1
-                new = max(floor, length // 2) if rid != focus else floor
-                if new >= length:
-                    break
-                before = case
-                yield replace(case, a=_cut(case.a, rid, new), b=_cut(case.b, rid, new))
-                if case is before:
-                    if rid == focus and new < length - 1:  # the tight cut failed: try halfway
-                        half = (new + length) // 2
-                        if half < length:
-                            before = case
-                            yield replace(case, a=_cut(case.a, rid, half),
-                                          b=_cut(case.b, rid, half))
-                            if case is not before:
-                                continue
-                    break
-                if rid == focus:
-                    break
-
-    def _trim_chunks() -> Iterator[Case]:
-        for side in ("a", "b"):
-            for chunk in [c for st in getattr(case, side).steps for c in st.chunks
-                          if c.q_len > 1]:
-                start = (max(chunk.start, min(first_diff, chunk.stop - 1))
-                         if chunk.request_id == focus else chunk.stop - 1)
-                if start <= chunk.start:
-                    continue
-                if side == "a":
-                    yield replace(case, a=_trim(case.a, chunk, start))
-                else:
-                    yield replace(case, b=_trim(case.b, chunk, start))
-
     candidate = replace(case, a=_focus_steps(case.a, focus), b=_focus_steps(case.b, focus))
     fewer = (len(candidate.a.steps), len(candidate.b.steps)) != (len(case.a.steps),
                                                                  len(case.b.steps))
-    if fewer and still_fails(candidate):
-        case, shrunk = candidate, True
+    if fewer and state.still_fails(candidate):
+        state.case, shrunk = candidate, True
     elif first_token is None:
-        still_fails(case)  # where the original case differs
-    if within is not None:
+        state.still_fails(case)  # where the original case differs
+    if state.within is not None:
         # One row computed twice within one schedule differs: the two steps that computed it,
         # as schedules of their own, disagree (one step: it disagrees with itself).
-        side, s1, s2 = within
-        own: Schedule = getattr(case, side)
-        candidate = replace(case, a=replace(own, steps=(own.steps[s1],), label=""),
+        side, s1, s2 = state.within
+        now = state.case
+        own: Schedule = getattr(now, side)
+        candidate = replace(now, a=replace(own, steps=(own.steps[s1],), label=""),
                             b=replace(own, steps=(own.steps[s2],), label=""))
-        if candidate != case and still_fails(candidate):
-            case, shrunk = candidate, True
-    budget = max_tries + 2 * len(set(_requests(case.a)) | set(_requests(case.b)))
+        if candidate != now and state.still_fails(candidate):
+            state.case, shrunk = candidate, True
+    budget = max_tries + 2 * len(set(_requests(state.case.a)) | set(_requests(state.case.b)))
     exhausted = False
-    for candidate in attempts():
-        if tries >= budget:
+    for candidate in state.attempts():
+        if state.tries >= budget:
             exhausted = True
             break
-        if still_fails(candidate):
-            case, shrunk = candidate, True
-    return ShrinkResult(_prune_workload(case) if shrunk else case, shrunk, tries, exhausted)
+        if state.still_fails(candidate):
+            state.case, shrunk = candidate, True
+    case = state.case
+    return ShrinkResult(_prune_workload(case) if shrunk else case, shrunk, state.tries, exhausted)

@@ -25,19 +25,38 @@ ACCURACY_ONLY = {d for d in DEFECTS if d.startswith("accuracy_") or d == "zeros"
 #: (found in a call of 33 with some prefill rows); token_threshold fires at
 #: 33 query tokens in one call, found with decode rows, i.e. 33 requests; query_tokens_128 at
 #: 128 query tokens, found in a call of up to 65 decodes and short chunks; kv_total_2048 at 2048
-#: KV tokens, found in calls of requests of at most 1100 tokens and one short one;
-#: kv_total_window at 1024-2047 KV tokens, found in a call of up to 65 ordinary requests, none
+#: KV tokens: as many requests as the case's lengths need, so its bound is minimality
+#: (:data:`KV_TOTAL_TRIGGERS`), not a count; kv_total_window at 1024-2047 KV tokens, found in a call of up to 65 ordinary requests, none
 #: of which can go without leaving the window; three_long_rows: the focus and three long rows;
 #: shrinking removes and shortens, it never merges requests).
 SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33,
                    "batch7": 7, "batch_over_40": 41, "batch_13_to_16": 13, "bucket_48": 48,
-                   "decodes_over_24": 33, "query_tokens_128": 65, "kv_total_2048": 4,
+                   "decodes_over_24": 33, "query_tokens_128": 65,
                    "kv_total_window": 65, "three_long_rows": 4}
+#: Defects triggered by a call holding this many KV tokens: the shrunk case keeps no request
+#: (other than the compared ones) whose removal would still leave that many in its call.
+KV_TOTAL_TRIGGERS = {"kv_total_2048": 2048}
 
 
 def _requests_per_schedule(case_data: dict) -> list[int]:
     return [len({chunk[0] for step in case_data[side]["steps"] for chunk in step})
             for side in ("a", "b")]
+
+
+def _removable_requests(case_data: dict, at_least: int) -> list[int]:
+    """Requests (not compared) of a call in ``case_data`` holding ``at_least`` KV tokens
+    that could go and leave the call at ``at_least`` or more: none in a minimal case."""
+    focus = set(case_data["focus"])
+    out = []
+    for side in ("a", "b"):
+        for step in case_data[side]["steps"]:
+            kv: dict[int, int] = {}
+            for rid, _start, stop in step:
+                kv[rid] = max(kv.get(rid, 0), stop)
+            total = sum(kv.values())
+            if total >= at_least:
+                out += [rid for rid, n in kv.items() if rid not in focus and total - n >= at_least]
+    return out
 
 
 def _first_failure(backend: Planted, seed: int) -> invariance.Report | None:
@@ -70,6 +89,11 @@ def test_planted_defect_is_caught(defect: str, mutation_seed: int) -> None:
         if report.violations:  # the first one is the shrunk one: finished, and small enough
             first = report.violations[0]
             assert "ran out" not in first.note, first.note
+            if defect in KV_TOTAL_TRIGGERS:
+                extra = _removable_requests(first.case_data, KV_TOTAL_TRIGGERS[defect])
+                assert not extra, f"{defect}: requests {extra} could go: {first.schedule_a} | " \
+                                  f"{first.schedule_b}"
+                return
             limit = SHRUNK_REQUESTS.get(defect, 3)
             sizes = _requests_per_schedule(first.case_data)
             assert max(sizes) <= limit, f"{defect}: shrunk to {sizes} requests per schedule " \

@@ -89,6 +89,46 @@ def attention_function(backend: ResolvedBackend,
     return attention
 
 
+def _real_rows(attention_mask: torch.Tensor | None, B: int, Lq: int, Lk: int, layer: str,
+               dev: torch.device, name: str, kwargs: dict[str, Any]
+               ) -> tuple[list[list[bool]], list[list[bool]]]:
+    """Which queries ``[B][Lq]`` and keys ``[B][Lk]`` of each batch row are real (a query
+    that sees its own key; a key some real query sees). The mask must be causal over each
+    row's real keys, else the layer is refused."""
+    allowed = _allowed(attention_mask, B, Lq, Lk, layer, dev)
+    q_pos = torch.arange(Lq, device=dev) + (Lk - Lq)
+    causal = torch.arange(Lk, device=dev)[None, :] <= q_pos[:, None]
+    real_q = allowed[:, torch.arange(Lq, device=dev), q_pos]  # sees its own key
+    real_k = (allowed & real_q[:, :, None]).any(1)  # [B, Lk]
+    expected = real_k[:, None, :] & causal[None]
+    if bool(((allowed != expected) & real_q[:, :, None]).any()):
+        window = kwargs.get("sliding_window")
+        why = f" (a sliding window of {window})" if window else ""
+        raise ValueError(
+            f"attention_mask of {layer}: backend {name} computes causal attention "
+            f"over each request's keys [0, pos]; this layer's mask is another pattern{why}")
+    return real_q.tolist(), real_k.tolist()
+
+
+def _paged(ks: list[torch.Tensor], vs: list[torch.Tensor], page_size: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys and values ``[kv_len, Hkv, D]`` per request as caches ``[pages, page_size, Hkv,
+    D]`` on consecutive pages, and the block table ``[requests, max pages]``."""
+    Hkv, D = ks[0].shape[1], ks[0].shape[2]
+    pages = [-(-k.shape[0] // page_size) for k in ks]
+    k_cache = ks[0].new_zeros(sum(pages), page_size, Hkv, D)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.zeros(len(ks), max(pages), dtype=torch.int32)
+    first = 0
+    for r, p in enumerate(pages):
+        n = ks[r].shape[0]
+        k_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = ks[r]
+        v_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = vs[r]
+        table[r, :p] = torch.arange(first, first + p, dtype=torch.int32)
+        first += p
+    return k_cache, v_cache, table
+
+
 def _pack(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
           value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float | None,
           kwargs: dict[str, Any], name: str, page_size: int
@@ -104,24 +144,12 @@ def _pack(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
             raise ValueError(f"attention of {layer}: backend {name} computes plain "
                              f"softmax attention; the model asks for {feature}")
     B, Hq, Lq, D = query.shape
-    Hkv, Lk = key.shape[1], key.shape[2]
+    Lk = key.shape[2]
     if value.shape[-1] != D:
         raise ValueError(f"value of {layer}: expected head dim {D} (the query's), got "
                          f"{value.shape[-1]}")
     dev = query.device
-    allowed = _allowed(attention_mask, B, Lq, Lk, layer, dev)
-    q_pos = torch.arange(Lq, device=dev) + (Lk - Lq)
-    causal = torch.arange(Lk, device=dev)[None, :] <= q_pos[:, None]
-    real_q = allowed[:, torch.arange(Lq, device=dev), q_pos]  # sees its own key
-    real_k = (allowed & real_q[:, :, None]).any(1)  # [B, Lk]
-    expected = real_k[:, None, :] & causal[None]
-    if bool(((allowed != expected) & real_q[:, :, None]).any()):
-        window = kwargs.get("sliding_window")
-        why = f" (a sliding window of {window})" if window else ""
-        raise ValueError(
-            f"attention_mask of {layer}: backend {name} computes causal attention "
-            f"over each request's keys [0, pos]; this layer's mask is another pattern{why}")
-    rq, rk = real_q.tolist(), real_k.tolist()
+    rq, rk = _real_rows(attention_mask, B, Lq, Lk, layer, dev, name, kwargs)
     qs, ks, vs, q_lens, kv_lens, rows = [], [], [], [], [], []
     for b in range(B):
         qi = [i for i in range(Lq) if rq[b][i]]
@@ -142,16 +170,7 @@ def _pack(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     out = query.new_zeros(B, Lq, Hq, D)
     if not rows:
         return None, rows, q_lens, out
-    pages = [-(-n // page_size) for n in kv_lens]
-    k_cache = key.new_zeros(sum(pages), page_size, Hkv, D)
-    v_cache = torch.zeros_like(k_cache)
-    table = torch.zeros(len(rows), max(pages), dtype=torch.int32)
-    first = 0
-    for r, (n, p) in enumerate(zip(kv_lens, pages, strict=True)):
-        k_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = ks[r]
-        v_cache.view(-1, Hkv, D)[first * page_size:first * page_size + n] = vs[r]
-        table[r, :p] = torch.arange(first, first + p, dtype=torch.int32)
-        first += p
+    k_cache, v_cache, table = _paged(ks, vs, page_size)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     batch = AttentionBatch(
         q=torch.cat(qs).contiguous(), k_cache=k_cache, v_cache=v_cache,
