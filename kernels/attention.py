@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels import _interpreter
 from kernels._checks import _LOG2E, _check_sm_scale
+from kernels._device import _interpreting
 from kernels.config import DEFAULT_SPLIT_SIZE
 from kernels.launch import _launch_fused, _launch_split
 from kernels.plan import PLANS, HostStats, LaunchPlan, Tuning, _plan_call, plan_attention
@@ -123,6 +125,8 @@ def unified_attention(
     if T == 0:
         return out, lse
     inputs = (q, k_cache, v_cache, cu_seqlens_q.contiguous(), kv_lens.contiguous(), block_table)
+    if _interpreting():
+        _interpreter.install()
     launch = _launch_fused if lp.plan == "fused" else _launch_split
     launch(lp, inputs, out, lse, scale * _LOG2E, features)
     return out, lse

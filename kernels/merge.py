@@ -7,6 +7,7 @@ import os
 import torch
 import triton
 
+from kernels import _interpreter
 from kernels._triton.merge_kernels import _merge_states_kernel
 
 __all__ = ["merge_states"]
@@ -57,6 +58,8 @@ def merge_states(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tenso
     if not (outputs.device.type == "cuda" or (outputs.device.type == "cpu" and interpreting)):
         raise ValueError(f"outputs: expected a CUDA tensor (or CPU under TRITON_INTERPRET=1), got "
                          f"device {outputs.device}")
+    if interpreting:
+        _interpreter.install()
     out = torch.zeros((N, H, D), dtype=torch.float32, device=outputs.device)
     lse = torch.full((N, H), float("-inf"), dtype=torch.float32, device=outputs.device)
     if N == 0 or H == 0:

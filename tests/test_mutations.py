@@ -26,8 +26,9 @@ ACCURACY_ONLY = {d for d in DEFECTS if d.startswith("accuracy_") or d == "zeros"
 #: 33 query tokens in one call, found with decode rows, i.e. 33 requests; query_tokens_128 at
 #: 128 query tokens, found in a call of up to 65 decodes and short chunks; kv_total_2048 at 2048
 #: KV tokens: as many requests as the case's lengths need, so its bound is minimality
-#: (:data:`KV_TOTAL_TRIGGERS`), not a count; kv_total_window at 1024-2047 KV tokens, found in a call of up to 65 ordinary requests, none
-#: of which can go without leaving the window; three_long_rows: the focus and three long rows;
+#: (:data:`KV_TOTAL_TRIGGERS`), not a count; kv_total_window at 1024-2047 KV tokens, found in
+#: a call of up to 65 ordinary requests, none of which can go without leaving the window;
+#: three_long_rows: the focus and three long rows;
 #: shrinking removes and shortens, it never merges requests).
 SHRUNK_REQUESTS = {"long_row_split": 4, "batch16": 16, "graph_bucket": 8, "token_threshold": 33,
                    "batch7": 7, "batch_over_40": 41, "batch_13_to_16": 13, "bucket_48": 48,
