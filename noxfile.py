@@ -1,6 +1,7 @@
-"""nox sessions. ``nox`` runs the default ones: ``tests`` (the whole suite once, the dtype matrix
-inside it where a test depends on the dtype), ``mutations`` (the planted-defect sweep at two
-seeds), ``lint`` and ``typecheck``. ``nox -l`` lists all of them.
+"""nox sessions. ``nox`` runs the default ones: ``tests`` (the suite but its slow tests, the
+dtype matrix inside it where a test depends on the dtype), ``mutations`` (the planted-defect
+sweep at two seeds), ``lint`` and ``typecheck``. ``nox -l`` lists all of them; CI also runs
+``slow`` and the sweep at 20 seeds.
 
 Every session runs in the environment nox itself runs in (``venv_backend="none"``): install the
 project once with README's first command, and no session builds another multi-GB environment.
@@ -22,8 +23,18 @@ QUICK_SEEDS, CI_SEEDS = 2, 20
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite on CPU (kernels in the Triton interpreter), every dtype, two workers."""
-    session.run("python", "-m", "pytest", "-n", "2", "-m", "not mutation", *session.posargs)
+    """The test suite on CPU (kernels in the Triton interpreter), every dtype, two workers; the
+    tests marked slow run in ``nox -s slow`` (CI runs both)."""
+    session.run("python", "-m", "pytest", "-n", "2", "-m", "not mutation and not slow",
+                *session.posargs)
+
+
+@nox.session(default=False)
+def slow(session: nox.Session) -> None:
+    """The slow tests: the tools run as scripts, whole checks of the kernels through the
+    interpreter, the kernels' bit-neutral settings compared pairwise (CI runs them)."""
+    session.run("python", "-m", "pytest", "-n", "2", "-m", "slow and not mutation",
+                *session.posargs)
 
 
 @nox.session

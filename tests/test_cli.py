@@ -213,6 +213,7 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Traceback" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cpu_kernels_run_without_triton_interpret_set() -> None:
     # A fresh process: triton fixes its interpreter mode when first imported.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

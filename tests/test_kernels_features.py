@@ -101,6 +101,7 @@ CASES = [
 
 @pytest.mark.parametrize(("settings", "dtype_name"), CASES)
 @pytest.mark.parametrize("backend", PLANS)
+@pytest.mark.slow
 def test_kernels_pass_with_features(backend: KernelsBackend, settings: dict[str, Any],
                                     dtype_name: str) -> None:
     report = invariance.check(backend, dtype=dtype_name, device="cpu",
@@ -118,6 +119,7 @@ def test_kernels_match_the_reference_on_one_batch(backend: KernelsBackend) -> No
     torch.testing.assert_close(got.lse, ref.lse, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_heuristic_control_with_a_window_is_caught() -> None:
     report = invariance.check("kernels-heuristic", dtype="float32", device="cpu",
                               perturbations=["neighbors"], shrink=False,

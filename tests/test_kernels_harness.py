@@ -33,6 +33,7 @@ CPU_PERTURBATIONS = ["mixed", "prefill_vs_decode", "paging", "padding", "prefix_
 
 
 @pytest.mark.parametrize("backend", PLANS)
+@pytest.mark.slow
 def test_invariant_plans_pass(backend: KernelsBackend) -> None:
     report = invariance.check(backend, dtype="float32", device="cpu",
                               perturbations=CPU_PERTURBATIONS)
@@ -46,6 +47,7 @@ def test_registered_backend_passes_with_the_default_split() -> None:
     assert report.passed, _why(report)
 
 
+@pytest.mark.slow
 def test_heuristic_control_is_caught() -> None:
     report = invariance.check("kernels-heuristic", dtype="float32", device="cpu",
                               perturbations=["neighbors"], shrink=False)
@@ -54,6 +56,7 @@ def test_heuristic_control_is_caught() -> None:
     assert failed == {"neighbors"}, _why(report)
 
 
+@pytest.mark.slow
 def test_cpu_interpreter_switches_on_by_itself() -> None:
     """Without TRITON_INTERPRET, listing backends and checking the kernels on CPU still works
     (nothing imports triton before the adapter switches the interpreter on); a fresh process,

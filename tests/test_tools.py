@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+#: Subprocess runs and whole checks through the interpreter: `nox -s slow` (CI).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

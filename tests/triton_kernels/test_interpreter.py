@@ -41,6 +41,7 @@ def _bits(patch: str) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.slow
 def test_same_bits_with_and_without_the_shortcut() -> None:
     assert _bits("1") == _bits("0")
 

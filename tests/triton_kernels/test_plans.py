@@ -69,6 +69,7 @@ def test_value_blocks_give_the_same_bits(dtype: torch.dtype, make_batch, args_of
         assert_same_bits(cut, one, f"{blocks} value blocks vs 1, split size {size}")
 
 
+@pytest.mark.slow
 def test_eight_value_blocks_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
                                                assert_same_bits) -> None:
     """Eight V column blocks of 16 columns (head dim 128) vs one, with two tiles per loop step
@@ -156,6 +157,7 @@ def test_value_blocks_double_while_the_grid_stays_small() -> None:
 
 
 @pytest.mark.parametrize("blocks", [1, 2])
+@pytest.mark.slow
 def test_two_tiles_per_step_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
                                                assert_same_bits, blocks: int) -> None:
     """The split plan walking its fully visible tiles two per loop step vs one: rows over 0-7
@@ -173,6 +175,7 @@ def test_two_tiles_per_step_give_the_same_bits(dtype: torch.dtype, make_batch, a
         assert_same_bits(two, one, f"2 tiles per step vs 1, split size {size}")
 
 
+@pytest.mark.slow
 def test_the_fused_nested_loop_gives_the_flat_loops_bits(dtype: torch.dtype, make_batch,
                                                          args_of, assert_same_bits) -> None:
     """The fused plan with an inner loop per split (one and two fully visible tiles per step)
@@ -1184,6 +1187,7 @@ def test_control_mode_ignores_host_lens_for_sizes(dtype: torch.dtype, make_batch
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)
+@pytest.mark.slow
 def test_k_rows_and_k_columns_give_the_same_bits(dtype: torch.dtype, make_batch, args_of,
                                                  assert_same_bits, monkeypatch, seed: int,
                                                  split_tiles: int, page_size: int) -> None:
@@ -1374,6 +1378,7 @@ LEAD_CASES = [
 
 
 @pytest.mark.parametrize(("seed", "split_tiles", "lead_tiles", "page_size"), LEAD_CASES)
+@pytest.mark.slow
 def test_lead_splits_give_the_same_bits_in_every_plan(
         dtype: torch.dtype, make_batch, args_of, assert_same_bits, seed: int, split_tiles: int,
         lead_tiles: int, page_size: int) -> None:
