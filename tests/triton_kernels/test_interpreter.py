@@ -48,14 +48,19 @@ def test_same_bits_with_and_without_the_shortcut() -> None:
 
 def test_a_launch_patches_the_language_once(make_batch, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Without the shortcut every helper call walks the language modules again; with it, a
-    launch walks them once (a few ``_patch_builtin`` calls, not a few per helper call)."""
+    launch walks them once (a few ``_patch_builtin`` calls, not a few per helper call), and
+    restores them when it ends."""
     import torch
     from triton.runtime import interpreter
 
     import kernels
     from kernels import _interpreter
 
+    if os.environ.get("KERNELS_INTERPRETER_PATCH") == "0":
+        pytest.skip("the shortcut is switched off (KERNELS_INTERPRETER_PATCH=0)")
     _interpreter.install()
+    import triton.language as tl
+    originals = (tl.range, tl.load, tl.tensor.__add__)
     walks, launches = [], []
     original, launch = interpreter._patch_builtin, interpreter.GridExecutor.__call__
     monkeypatch.setattr(interpreter, "_patch_builtin",
@@ -70,3 +75,5 @@ def test_a_launch_patches_the_language_once(make_batch, monkeypatch) -> None:  #
     # too (6 more): at most 10 per launch. As shipped, the interpreter walks again on every
     # helper call (341 walks for this call).
     assert launches and 0 < len(walks) <= 10 * len(launches), (len(walks), len(launches))
+    # The launch restored what it patched: a language left patched would leak between launches.
+    assert (tl.range, tl.load, tl.tensor.__add__) == originals
