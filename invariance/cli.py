@@ -503,6 +503,13 @@ def _report_written(written: _Written, err: Console) -> None:
         err.print(Text(f"{PROG}: error: {line}", style="bold red"), soft_wrap=True)
 
 
+def _finish(written: _Written, err: Console, status: int) -> int:
+    """Say what was written and what could not be; exit 2 when an output failed, else
+    ``status`` (the verdict's)."""
+    _report_written(written, err)
+    return 2 if written.errors else status
+
+
 class _Progress:
     """``on_cell``: the report so far, after every cell, to ``PATH.partial`` beside a ``--json``
     file (never over ``PATH``: a complete earlier report stays until the new one is complete;
@@ -676,10 +683,7 @@ def _model_report(args: argparse.Namespace, targets: dict[str, Target], io: _IO)
     written = _Written()
     _write_model_outputs(report, targets, written, io.stdout)
     print_model_report(report, io.out)
-    _report_written(written, io.err)
-    if written.errors:
-        return 2
-    return 0 if report.passed else 1
+    return _finish(written, io.err, 0 if report.passed else 1)
 
 
 def cmd_report(args: argparse.Namespace, io: _IO) -> int:
@@ -694,10 +698,7 @@ def cmd_report(args: argparse.Namespace, io: _IO) -> int:
     written = _Written()
     _write_reports(report, targets, written, io.stdout)
     print_report(report, io.out)
-    _report_written(written, io.err)
-    if written.errors:
-        return 2
-    return 0 if report.passed else 1
+    return _finish(written, io.err, 0 if report.passed else 1)
 
 
 def cmd_compare(args: argparse.Namespace, io: _IO) -> int:
@@ -716,10 +717,7 @@ def cmd_compare(args: argparse.Namespace, io: _IO) -> int:
     if "--markdown" in targets:
         _write(targets["--markdown"], comparison_to_markdown(comparison), written, io.stdout)
     print_comparison(comparison, io.out, all_cells=args.all)
-    _report_written(written, io.err)
-    if written.errors:
-        return 2
-    return 1 if comparison.regressed else 0
+    return _finish(written, io.err, 1 if comparison.regressed else 0)
 
 
 def cmd_replay(args: argparse.Namespace, io: _IO) -> int:
@@ -821,10 +819,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     for flag, target in targets.items():
         _write(target, texts[flag](), written, io.stdout)
     print_bench(report, io.out)
-    _report_written(written, io.err)
-    if written.errors:
-        return 2
-    return 1 if report.errors() else 0
+    return _finish(written, io.err, 1 if report.errors() else 0)
 
 
 def _write_model_outputs(report: ModelReport, targets: dict[str, Target], written: _Written,

@@ -133,7 +133,7 @@ def test_a_module_called_several_times_is_keyed_by_call_order() -> None:
     report = check_model(_Shared, scenarios="batch", batch_sizes=[2], **CPU)
     o = report.scenarios[0].origin
     assert o is not None and (o.path, o.call) == ("shared.planted", 0)
-    assert report.scenarios[0].clean_prefix >= 3  # inp, shared.fixed and shared, call 0
+    assert report.scenarios[0].clean_prefix >= 3  # inp, shared.fixed and shared's first use
     assert "shared.planted" in report.summary()
 
 
