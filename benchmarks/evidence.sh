@@ -7,8 +7,11 @@
 # Steps (each writes $OUT/STEP/ and packs it into $OUT/STEP.tgz; every command it runs is
 # recorded in $OUT/STEP/commands.txt, the machine in $OUT/STEP/gpu.txt):
 #   check     the full check of `kernels` at fp16, bf16 and fp32 with the Gluon launches
-#             counted, the batch-dependent control at bf16 (it must fail), the GPU kernel tests
-#             (the check step of the current set ran them with the feature tests too)
+#             counted (heads 32:8:128), the same at head dims 64 (64:8:64) and 256 (16:8:256),
+#             the batch-dependent control at bf16 (it must fail), the GPU kernel tests; the
+#             measured table in force (kernels/tuned/<gpu>.json)
+#   tune      `invariance tune` over the default and shapes grids into $OUT/tune/<gpu>.json
+#             (--resume: run it again to search the buckets a first run had no time for)
 #   features  the kernels' feature tests, the full check with each feature at fp16 and bf16 (window + sinks at the
 #             gpt-oss-like heads 64:8:64, soft-cap + window at 16:8:256, an FP8 cache at
 #             32:8:128) and the control with the window
@@ -54,10 +57,22 @@ flashinfer_site() {
 step_check() {
   run check 330 python3 benchmarks/count_gluon.py check --backend kernels --device cuda \
     --no-progress --json "$C/kernels-all-dtypes.json" --markdown "$C/kernels-all-dtypes.md"
+  for h in 64:8:64 16:8:256; do
+    run "check-d${h##*:}" 200 $INV check --backend kernels --device cuda --heads "$h" \
+      --no-progress --json "$C/kernels-d${h##*:}.json" --markdown "$C/kernels-d${h##*:}.md"
+  done
   run control 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
     --no-progress --json "$C/control-bf16.json" --markdown "$C/control-bf16.md"
-  run tests-gpu 240 python3 -m pytest -q -p no:cacheprovider -rfE \
-    tests/triton_kernels/test_gpu.py
+  run tests-gpu ${GPU_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -rfE \
+    tests/triton_kernels/test_gpu.py tests/triton_kernels/test_tuned.py
+}
+
+step_tune() {
+  gpu=$(python3 -c "import torch; from kernels.tuned import device_slug; \
+print(device_slug(torch.cuda.get_device_name()))")
+  [ -f "kernels/tuned/$gpu.json" ] && cp "kernels/tuned/$gpu.json" "$C/$gpu.json"
+  run tune ${TUNE_S:-570} $INV tune --grid shapes --grid default --budget-s ${TUNE_BUDGET_S:-430} \
+    --resume --table "$C/$gpu.json" --json "$C/tune.json" --markdown "$C/tune.md"
 }
 
 step_features() {
@@ -125,12 +140,12 @@ step_model() {
   done
 }
 
-[ $# -ge 1 ] || { sed -n '2,24p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,27p' "$0"; exit 2; }
 mkdir -p "$OUT"
 for STEP in "$@"; do
   case "$STEP" in
-    check|features|gluon|sanitizer|peers|bench|model) ;;
-    *) echo "evidence.sh: unknown step '$STEP' (check|features|gluon|sanitizer|peers|bench|model)" >&2
+    check|tune|features|gluon|sanitizer|peers|bench|model) ;;
+    *) echo "evidence.sh: unknown step '$STEP' (check|tune|features|gluon|sanitizer|peers|bench|model)" >&2
        exit 2 ;;
   esac
   C=$OUT/$STEP

@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_saved_report_parsers(sub, common)
     _add_replay_parser(sub, common)
     _add_bench_parser(sub, common)
+    _add_tune_parser(sub, common)
     _add_model_parser(sub, common)
 
     sub.add_parser("list", parents=[common], help="list backends and perturbations")
@@ -218,6 +219,50 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     bn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
     bn.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_outputs(bn, ("json", "markdown"))
+
+
+def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    tn = sub.add_parser(
+        "tune", parents=[common], help="measure the kernels' bit-neutral launch settings and "
+                                       "write the table the planner reads (CUDA)",
+        description="For each shape bucket of the workloads, search the bit-neutral launch "
+                    "settings of kernels (plan, rows, warps, stages, V blocks, tiles per step, "
+                    "loop, keys-as-rows tile), admit a candidate only if its output and LSE "
+                    "equal the rules' bit for bit, keep the fastest if it beats the rules, and "
+                    "write the table (kernels/tuned/<gpu>.json is the one the package ships). "
+                    "The table is written after each bucket. Exit 0, 1 when a bit-defining "
+                    "control candidate was admitted (the comparison cannot see differences), "
+                    "2 usage errors.")
+    tn.add_argument("--table", metavar="PATH", type=Path, required=True,
+                    help="the table file to write (KERNELS_TUNED_TABLE=PATH uses it without "
+                         "installing it)")
+    tn.add_argument("--grid", action="append", metavar="NAME",
+                    help="a named set of workloads, as for bench (repeatable)")
+    tn.add_argument("--workload", action="append", metavar="NAME",
+                    help="a named workload, as for bench (repeatable)")
+    tn.add_argument("--lengths", action="append", metavar="SPEC",
+                    help="your own workload, as for bench (repeatable)")
+    tn.add_argument("--dtype", default="bfloat16", metavar="DTYPE",
+                    help="for workloads that name none (default bfloat16)")
+    tn.add_argument("--heads", default="32:8:128", metavar="Hq:Hkv:D",
+                    help="for workloads that name none (default 32:8:128)")
+    tn.add_argument("--page-size", type=int, default=16, metavar="N",
+                    help="for workloads that name none (default 16)")
+    tn.add_argument("--budget-s", type=float, metavar="S",
+                    help="start no new bucket after S seconds (those left are listed)")
+    tn.add_argument("--margin", type=float, default=0.03, metavar="F",
+                    help="the fraction a candidate must beat the rules by (default 0.03)")
+    tn.add_argument("--iters", type=int, default=10, metavar="N",
+                    help="timed runs per candidate and workload, median (default 10)")
+    tn.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu runs the search under the Triton interpreter (wall-clock "
+                         "times: a test of the method, not a table to ship)")
+    tn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
+    tn.add_argument("--resume", action="store_true",
+                    help="keep the buckets an existing --table already searched (same GPU "
+                         "and Triton release) and search only the others")
+    tn.add_argument("--no-progress", action="store_true", help="print nothing per candidate")
+    _add_outputs(tn, ("json", "markdown"))
 
 
 def _add_model_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -822,6 +867,96 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     return _finish(written, io.err, 1 if report.errors() else 0)
 
 
+class _WallTimer:
+    """Median wall-clock time of ``iters`` calls (the interpreter on a CPU has no CUDA events)."""
+
+    def __init__(self, iters: int) -> None:
+        self.iters = iters
+
+    def time_backend(self, backend: Any, batch: Any) -> Any:  # pragma: no cover - unused
+        raise NotImplementedError("tune times functions only")
+
+    def time_fn(self, fn: Callable[[], object]) -> float:
+        import statistics
+        import time
+
+        times = []
+        for _ in range(self.iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return float(statistics.median(times))
+
+
+def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
+    from invariance.outputs import check_outputs
+
+    targets = check_outputs({"--json": args.json, "--markdown": args.markdown,
+                             "--table": args.table})
+    table = targets.pop("--table")
+    if table.kind != "file":
+        raise UsageError(f"--table: expected a file path, got {args.table}")
+    from invariance.bench import select_workloads
+    from invariance.workload import HeadConfig, parse_dtype
+
+    workloads = select_workloads(args.workload, args.lengths, args.grid)
+    dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
+    if args.page_size < 1:
+        raise UsageError(f"--page-size: expected an int >= 1, got {args.page_size}")
+    if args.iters < 1 or not 0 <= args.margin < 1 or (args.budget_s is not None
+                                                         and args.budget_s < 0):
+        raise UsageError(f"--iters, --margin, --budget-s: expected an int >= 1, a fraction in "
+                         f"[0, 1) and seconds >= 0, got {args.iters}, {args.margin} and "
+                         f"{args.budget_s}")
+    import torch
+
+    timer: Any = None
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("tune: --device cuda needs a CUDA GPU; torch.cuda.is_available() "
+                             "is False here (--device cpu runs the interpreter)")
+        from invariance.bench import CudaTimer
+
+        timer = CudaTimer(iters=args.iters, warmup=3)
+    else:
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        timer = _WallTimer(args.iters)
+    from invariance.outputs import write_atomic
+    from invariance.tune import TuneResult, run_tune
+
+    resume = None
+    if args.resume and table.path.exists():
+        from kernels.tuned import load_table
+
+        load_table(table.path)  # ValueError naming the field -> exit 2
+        import json
+
+        resume = json.loads(table.path.read_text())
+
+    command = shlex.join([PROG, *argv])
+
+    def save(result: TuneResult) -> None:  # after each bucket: nothing measured is lost
+        result.command = command
+        write_atomic(table.path, result.table_json())
+
+    log = (lambda line: None) if args.no_progress else (lambda line: io.err.print(
+        Text(line), soft_wrap=True))
+    result = run_tune(workloads, dtype=dtype, heads=heads, page_size=args.page_size,
+                      device=args.device, timer=timer,
+                      margin=args.margin, budget_s=args.budget_s, seed=args.seed, log=log,
+                      on_bucket=save, resume=resume)
+    result.command = command
+    written = _Written()
+    _write(table, result.table_json(), written, io.stdout)
+    texts = {"--json": result.to_json, "--markdown": result.to_markdown}
+    for flag, target in targets.items():
+        _write(target, texts[flag](), written, io.stdout)
+    io.out.print(Text(result.to_markdown()), soft_wrap=True)
+    return _finish(written, io.err, 0 if result.controls_rejected else 1)
+
+
 def _write_model_outputs(report: ModelReport, targets: dict[str, Target], written: _Written,
                          out: _Stream) -> None:
     """Write every requested format of a model report (as :func:`_write_reports`)."""
@@ -963,6 +1098,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
         return cmd_replay(args, io)
     if args.command == "bench":
         return cmd_bench(args, argv, io)
+    if args.command == "tune":
+        return cmd_tune(args, argv, io)
     if args.command == "model":
         return cmd_model(args, argv, io)
     if args.command == "list":

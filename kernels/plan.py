@@ -4,9 +4,11 @@ schedule it runs (kernels/README.md, "Layers").
 :func:`plan_attention` is a sequence of named steps, each a small function below:
 
 1. :func:`_facts`: the call's shapes and device (no device read);
-2. :func:`_tiles`: the contract's tile width and the launch's tile (rows, warps, stages);
-3. :func:`_lengths`: host statistics of the lengths (read back and checked with
-   ``validate=True``, the caller's ``host_lens``, or none);
+2. :func:`_read_lengths`: host copies of the lengths (read back and checked with
+   ``validate=True``, the caller's ``host_lens``, or none), and :func:`_tuned`: the measured
+   table's settings for the call's bucket (:mod:`kernels.tuned`), if any; then, once with
+   those settings (and again with the rules' if the call cannot take them):
+3. :func:`_tiles`: the contract's tile width and the launch's tile (rows, warps, stages);
 4. :func:`_splits`: split and lead-split sizes and the workspace depth (bit-defining sizes are
    fixed; only the control mode takes them from the batch);
 5. :func:`_choose_plan`: fused or split (bit-neutral);
@@ -34,7 +36,7 @@ from kernels._checks import (
     _check_structure,
     _read_and_check_values,
 )
-from kernels._device import _capturing, _cdiv, _is_pow2, _num_sms, _sm_major
+from kernels._device import _capturing, _cdiv, _device_slug, _is_pow2, _num_sms, _sm_major
 from kernels._triton.attention_kernels import HAS_GDC
 from kernels.config import (
     DEFAULT_LEAD_SPLIT_SIZE,
@@ -62,6 +64,7 @@ from kernels.config import (
     value_blocks,
     wide_tile,
 )
+from kernels.tuned import TunedEntry, active_table, bucket
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention"]
 
@@ -193,6 +196,9 @@ class LaunchPlan:
     # From the lengths read back (validate=True) or from host_lens; counted in blocks of the
     # 128-row tile's block_q (the plan is chosen from them) even where keys_rows gives block_q.
     stats: HostStats | None
+    #: The bucket of the measured table (:mod:`kernels.tuned`) whose settings this call runs;
+    #: None: the shape rules of :mod:`kernels.config` (or the caller's ``Tuning``) decided.
+    tuned: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -290,21 +296,35 @@ def _host_stats(cu: torch.Tensor, kv: torch.Tensor, block_q: int, block_n: int) 
                      longest_tiles=_cdiv(max_kv, block_n), total_tiles=total_tiles)
 
 
-def _lengths(f: _Facts, t: _Tiles, inputs: tuple[torch.Tensor, ...], validate: bool,
-             host_lens: object) -> tuple[HostStats | None, bool]:
-    """(statistics, trusted): with ``validate=True`` outside a capture the lengths and page ids
-    are read back and checked (trusted: they may size the workspace); else the caller's
-    ``host_lens`` steer the plan only; else there are none (shapes alone)."""
+def _read_lengths(f: _Facts, inputs: tuple[torch.Tensor, ...], validate: bool,
+                  host_lens: object) -> _Lengths | None:
+    """Host copies of the lengths: with ``validate=True`` outside a capture they are read back
+    and checked (trusted: they may size the workspace); else the caller's ``host_lens`` (they
+    steer the plan only); else None (shapes alone)."""
     q, k_cache, _, cu_seqlens_q, kv_lens, block_table = inputs
     hint = None if host_lens is None else _check_host_lens(host_lens, f.B, f.T)
     if validate and not _capturing(q.device):
         cu, kv = _read_and_check_values(q, k_cache, cu_seqlens_q, kv_lens, block_table)
-        return _host_stats(cu, kv, t.block_q, t.block_n), True
+        return _Lengths(cu, kv, trusted=True)
     if hint is not None:
         cu = torch.tensor([0, *hint[0]], dtype=torch.int64).cumsum(0)
         kv = torch.tensor(list(hint[1]), dtype=torch.int64)
-        return _host_stats(cu, kv, t.block_q, t.block_n), False
-    return None, False
+        return _Lengths(cu, kv, trusted=False)
+    return None
+
+
+@dataclass(frozen=True)
+class _Lengths:
+    """Host int64 copies of ``cu_seqlens_q`` and ``kv_lens``; ``trusted``: read back and checked
+    (not the caller's ``host_lens``)."""
+
+    cu: torch.Tensor
+    kv: torch.Tensor
+    trusted: bool
+
+    @property
+    def max_kv(self) -> int:
+        return int(self.kv.max()) if self.kv.shape[0] > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -587,6 +607,7 @@ def _plan_call(
                                v_scale)
     if tuning is not None and not isinstance(tuning, Tuning):
         raise ValueError(f"tuning: expected a kernels.Tuning or None, got {tuning!r}")
+    given = tuning
     tuning = tuning or Tuning()
     if not features.plain and tuning.gluon:
         raise ValueError("tuning: gluon=True needs a call without window, sinks, soft-cap or "
@@ -598,10 +619,47 @@ def _plan_call(
     _check_options(split_size, lead_split_size, plan, validate, block_n, q)
     if not features.plain:
         tuning = replace(tuning, gluon=False)
-    t = _tiles(f, cfg, tuning, q, k_cache, v_cache)
-    stats, trusted = _lengths(f, t, inputs, validate, host_lens)
-    if trusted:
+    lengths = _read_lengths(f, inputs, validate, host_lens)
+    if lengths is not None and lengths.trusted:
         _check_feature_values(features)
+    key, entry = _tuned(f, q, lengths, split_size, lead_split_size, plan, given)
+    if entry is not None:
+        try:
+            return _plan_steps(f, cfg, Tuning(**entry.tuning), entry.plan, inputs, lengths,
+                               split_size, lead_split_size, tuned=key), features
+        except ValueError:
+            pass  # a setting this call cannot take: the rules decide (the same bits)
+    return _plan_steps(f, cfg, tuning, plan, inputs, lengths, split_size,
+                       lead_split_size), features
+
+
+def _tuned(f: _Facts, q: torch.Tensor, lengths: _Lengths | None, split_size: int | None,
+           lead_split_size: int | None, plan: str, given: Tuning | None,
+           ) -> tuple[str | None, TunedEntry | None]:
+    """(bucket, entry) of the measured table (:mod:`kernels.tuned`) for this call, or (None,
+    None): only calls with no ``Tuning``, ``plan="auto"``, the default split sizes and no
+    feature, on a GPU (or the interpreter) whose table is in force. Host only."""
+    if (given is not None or plan != "auto" or split_size != DEFAULT_SPLIT_SIZE
+            or lead_split_size not in (None, DEFAULT_LEAD_SPLIT_SIZE) or not f.plain):
+        return None, None
+    table = active_table(_device_slug(q.device))
+    if table is None:
+        return None, None
+    max_kv = lengths.max_kv if lengths is not None else f.bound
+    key = bucket(f.dtype, f.D, f.G, f.page_size, f.B, f.T, max_kv)
+    return key, table.entries.get(key)
+
+
+def _plan_steps(f: _Facts, cfg: TileConfig, tuning: Tuning, plan: str,
+                inputs: tuple[torch.Tensor, ...], lengths: _Lengths | None,
+                split_size: int | None, lead_split_size: int | None,
+                tuned: str | None = None) -> LaunchPlan:
+    """Steps 2 and 4-6 of :func:`plan_attention` for one ``tuning`` and ``plan``."""
+    q, k_cache, v_cache = inputs[:3]
+    t = _tiles(f, cfg, tuning, q, k_cache, v_cache)
+    stats = None if lengths is None else _host_stats(lengths.cu, lengths.kv, t.block_q,
+                                                     t.block_n)
+    trusted = lengths is not None and lengths.trusted
     s = _splits(f, t, split_size, lead_split_size, stats, trusted)
     # Why the split plan could not run the keys-as-rows tile (None: it could), asked once.
     kt_misfit = (None if tuning.keys_rows is False
@@ -621,7 +679,8 @@ def _plan_call(
         dependent_merge=sch.dependent_merge, slot_order=sch.slot_order,
         nested_loop=sch.nested_loop, gluon=sch.gluon, keys_rows=sch.keys_rows,
         scores_ahead=sch.scores_ahead, walk_lead=sch.walk_lead, walk_splits=sch.walk_splits,
-        max_kv_len=s.max_kv, is_control=split_size is None, stats=stats), features
+        max_kv_len=s.max_kv, is_control=split_size is None,
+        stats=stats, tuned=tuned)
 
 
 # ------------------------------------------------------------------------------------------------

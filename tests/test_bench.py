@@ -76,12 +76,15 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert resolve("kernels:lead_split_size=1024").fn == KernelsBackend(lead_split_size=1024)
     assert resolve("kernels:lead_split_size=default").fn == KernelsBackend()
     assert resolve("kernels:host_lens=false").fn == KernelsBackend(use_host_lens=False)
+    assert resolve("kernels:tuned=false").fn == KernelsBackend(use_table=False)
     assert all(BUILTIN[n].options for n in BUILTIN if n.startswith("kernels"))
     for bad, match in [
             ("kernels:nope=1", "kernels option 'nope': unknown; expected one of split_size, "
-                               "lead_split_size, plan, gluon, host_lens, block_m, num_warps, "
+                               "lead_split_size, plan, gluon, host_lens, tuned, block_m, "
+                               "num_warps, "
                                "num_stages, block_n, got 'nope'"),
             ("kernels:host_lens=maybe", "host_lens: expected one of true, false, got 'maybe'"),
+            ("kernels:tuned=2", "tuned: expected one of true, false, got '2'"),
             ("kernels:lead_split_size=0", "lead_split_size: expected an int >= 1 or default, "
                                           "got '0'"),
             ("kernels:split_size=0", "split_size: expected an int >= 1 or none or default, "

@@ -56,7 +56,8 @@ _TUNING_RULES: dict[str, tuple[Callable[[int], bool], str]] = {
     "num_stages": (lambda v: 1 <= v <= 8, "an int in [1, 8]"),
     "block_n": (lambda v: v >= 16 and v & (v - 1) == 0, "a power of two >= 16"),
 }
-_OPTION_KEYS = ("split_size", "lead_split_size", "plan", "gluon", "host_lens", *_TUNING_RULES)
+_OPTION_KEYS = ("split_size", "lead_split_size", "plan", "gluon", "host_lens", "tuned",
+                *_TUNING_RULES)
 _GLUON_VALUES = {"auto": None, "true": True, "false": False}
 _BOOL_VALUES = {"true": True, "false": False}
 
@@ -99,6 +100,9 @@ class KernelsBackend:
     #: Whether :meth:`plan`'s host lengths steer the captured call (``host_lens=false``: the
     #: plan from shapes alone, as an engine that does not pass them gets).
     use_host_lens: bool = True
+    #: Whether the measured launch table in force (``kernels.tuned``) may pick the bit-neutral
+    #: settings (``tuned=false``: the shape rules of ``kernels.config``).
+    use_table: bool = True
     #: The last planned batch (a weak reference) and its host lengths.
     _planned: dict[str, Any] = field(default_factory=dict, init=False, compare=False,
                                      repr=False)
@@ -145,10 +149,14 @@ class KernelsBackend:
                     and kernels.DEFAULT_LEAD_SPLIT_SIZE % (self.block_n or 1) == 0):
                 # The contract's shape on CPU too: the first split cut into lead splits.
                 lead = kernels.DEFAULT_LEAD_SPLIT_SIZE
-        tuning = kernels.Tuning(
+        fields: dict[str, Any] = dict(
             block_m=self.block_m(batch) if callable(self.block_m) else self.block_m,
             num_warps=self.num_warps, num_stages=self.num_stages, block_n=self.block_n,
             gluon=self.gluon)
+        # No override and the table allowed: None, so that the measured table in force
+        # (kernels.tuned) may pick the launch; an explicit Tuning() means the shape rules.
+        tuning = (None if self.use_table and all(v is None for v in fields.values())
+                  else kernels.Tuning(**fields))
         out, lse = kernels.unified_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
             batch.block_table, sm_scale=batch.sm_scale, split_size=split,
@@ -170,8 +178,10 @@ class KernelsBackend:
         ``false``: ``kernels.Tuning.gluon``; at 64 keys ``true`` raises on a batch whose plan is
         the split plan, which ``plan=auto`` picks for decode batches: use
         ``kernels-fused:gluon=true`` there), ``host_lens`` (``true`` / ``false``: whether the
-        lengths :meth:`plan` reads steer a captured call). ``ValueError`` naming the key, what
-        it expects and what it got."""
+        lengths :meth:`plan` reads steer a captured call), ``tuned`` (``true`` / ``false``:
+        whether the measured launch table in force, ``kernels.tuned``, may pick the bit-neutral
+        settings; ``false``: the shape rules). ``ValueError`` naming the key, what it expects
+        and what it got."""
         values: dict[str, Any] = {}
         for key, text in options.items():
             value = text.strip()
@@ -194,11 +204,12 @@ class KernelsBackend:
                     raise ValueError(f"kernels option gluon: expected one of "
                                      f"{', '.join(_GLUON_VALUES)}, got {text!r}")
                 values["gluon"] = _GLUON_VALUES[value.lower()]
-            elif key == "host_lens":
+            elif key in ("host_lens", "tuned"):
                 if value.lower() not in _BOOL_VALUES:
-                    raise ValueError(f"kernels option host_lens: expected one of "
+                    raise ValueError(f"kernels option {key}: expected one of "
                                      f"{', '.join(_BOOL_VALUES)}, got {text!r}")
-                values["use_host_lens"] = _BOOL_VALUES[value.lower()]
+                values["use_host_lens" if key == "host_lens" else "use_table"] = (
+                    _BOOL_VALUES[value.lower()])
             elif key in _TUNING_RULES:
                 values[key] = _int_option(key, value, *_TUNING_RULES[key])
             else:

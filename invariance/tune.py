@@ -1,0 +1,433 @@
+"""Measure the bit-neutral launch settings of ``kernels`` on this GPU and write the table the
+planner reads (:mod:`kernels.tuned`; ARCHITECTURE.md, "Tuning").
+
+    result = run_tune(select_workloads(grids=["default", "shapes"]))
+    Path("kernels/tuned/nvidia-h200.json").write_text(result.table_json())
+
+For each shape bucket (:func:`kernels.tuned.bucket`) of the given workloads:
+
+1. **Reference.** Every workload of the bucket runs with the rules (``Tuning()``, ``plan="auto"``):
+   its output and LSE are the bits every candidate must reproduce, its time the one to beat.
+2. **Search.** A coordinate search over :data:`kernels.tuned.TUNABLE`: both plans first, then,
+   from each plan within 1.5x of the faster, one setting at a time, each value tried with the
+   best settings so far. A candidate the
+   planner refuses for one of the workloads (``ValueError``) is skipped; one whose launch plans
+   equal a candidate already tried is not run again.
+3. **Admission.** A candidate counts only if its output and LSE equal the reference's **bit for
+   bit** on every workload of the bucket; otherwise it is recorded as rejected, with the number
+   of differing elements. In every family (dtype, heads, page size) a *control* candidate with
+   half the contract's KV tile (bit-defining, ``Tuning(block_n=...)``) must be rejected: if it
+   is admitted the comparison cannot see a difference, and the run fails.
+4. **Selection.** The fastest admitted candidate, if it beats the rules by ``margin`` in a
+   re-timing of both (interleaved), becomes the bucket's entry; else the rules keep the bucket.
+
+The table only picks among settings shown to change no bit on these workloads; the proof for
+every batch is the full check with the table in force (``invariance check --backend kernels``),
+which compares rows that land in different buckets. Timing: :class:`invariance.bench.CudaTimer`
+(CUDA-graph replay, L2 flushed) on a GPU; injectable (``timer=``) so that everything else runs on
+a CPU under the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from invariance.batch import AttentionBatch
+from invariance.bench import BENCH_HEADS, BENCH_PAGE_SIZE, BenchWorkload, Timer, build_batch
+from invariance.workload import HeadConfig
+
+__all__ = ["TUNE_SCHEMA", "BucketResult", "Trial", "TuneResult", "run_tune"]
+
+TUNE_SCHEMA = "invariance-tune/1"
+_LAUNCH_FIELDS = ("plan", "block_m", "block_q", "block_n", "num_warps", "num_stages",
+                  "value_blocks", "tiles_per_step", "dependent_merge", "slot_order",
+                  "nested_loop", "gluon", "keys_rows", "scores_ahead", "walk_lead",
+                  "walk_splits")
+
+
+@dataclass
+class Trial:
+    """One candidate on one bucket: ``plan`` and the ``tuning`` overrides; ``us`` summed over
+    the bucket's workloads (None when not timed); ``status``: ``rules`` (the reference),
+    ``admitted``, ``rejected`` (bits differ: ``differing`` elements of out and LSE),
+    ``control-rejected`` / ``control-admitted`` (the block_n control), ``refused`` (the planner
+    raised: ``error``), ``failed`` (compiling or running it raised, e.g. out of shared memory:
+    ``error``) or ``duplicate`` (the same launch as ``same_as``)."""
+
+    plan: str
+    tuning: dict[str, Any]
+    status: str
+    us: float | None = None
+    differing: int = 0
+    error: str = ""
+    same_as: str = ""
+
+    def label(self) -> str:
+        parts = [f"plan={self.plan}", *(f"{k}={v}" for k, v in self.tuning.items())]
+        return ",".join(parts)
+
+
+@dataclass
+class BucketResult:
+    """The search of one bucket: its workloads, every trial, the rules' time and the entry
+    chosen (None: the rules keep the bucket)."""
+
+    bucket: str
+    workloads: list[str]
+    rules_us: float
+    trials: list[Trial] = field(default_factory=list)
+    entry: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        if self.entry is None or not self.entry.get("us"):
+            return None
+        return float(self.rules_us / self.entry["us"])
+
+
+@dataclass
+class TuneResult:
+    """A tuning run: the GPU (``device``, its :func:`kernels.tuned.device_slug`), the Triton
+    release, each bucket's search, the buckets left out for lack of time, and whether every
+    control was rejected."""
+
+    device: str
+    triton: str
+    buckets: list[BucketResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    controls_rejected: bool = True
+    command: str = ""
+    seconds: float = 0.0
+    #: From an earlier table (``resume=``): its entries and the buckets its rules kept, for the
+    #: buckets this run did not search.
+    kept: dict[str, Any] = field(default_factory=dict)
+    kept_rules: list[str] = field(default_factory=list)
+
+    def table(self) -> dict[str, Any]:
+        """The table file's content (:func:`kernels.tuned.load_table` reads it)."""
+        from kernels.tuned import SCHEMA
+
+        entries = dict(self.kept)
+        entries.update({b.bucket: b.entry for b in self.buckets if b.entry is not None})
+        for b in self.buckets:  # searched again and the rules won: the old entry goes
+            if b.entry is None:
+                entries.pop(b.bucket, None)
+        rules = (set(self.kept_rules) | {b.bucket for b in self.buckets if b.entry is None})
+        return {"schema": SCHEMA, "device": self.device, "triton": self.triton,
+                "command": self.command, "entries": dict(sorted(entries.items())),
+                "rules": sorted(rules - set(entries))}
+
+    def table_json(self) -> str:
+        return json.dumps(self.table(), indent=1) + "\n"
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": TUNE_SCHEMA, **asdict(self)}, indent=1) + "\n"
+
+    def to_markdown(self) -> str:
+        lines = [f"# Tuning: {self.device}, triton {self.triton}", "",
+                 f"`{self.command}` ({self.seconds:.0f} s). Every candidate's output and LSE "
+                 "compared bit for bit with the rules' on each workload of its bucket; the "
+                 "block_n control (bit-defining) "
+                 + ("rejected in every family." if self.controls_rejected
+                    else "**ADMITTED somewhere: the comparison cannot see differences**."), "",
+                 "| bucket | workloads | rules us | tuned us | speedup | settings | tried | "
+                 "rejected |", "|---" * 8 + "|"]
+        for b in self.buckets:
+            tried = sum(t.status in ("admitted", "rejected") for t in b.trials)
+            rejected = [t.label() for t in b.trials if t.status == "rejected"]
+            if b.entry is None:
+                tuned, speed, settings = "-", "-", "rules"
+            else:
+                tuned = f"{b.entry['us']:.1f}"
+                speed = f"{b.speedup:.3f}x"
+                settings = ",".join([f"plan={b.entry['plan']}",
+                                     *(f"{k}={v}" for k, v in b.entry["tuning"].items())])
+            lines.append(f"| {b.bucket} | {', '.join(b.workloads)} | {b.rules_us:.1f} | "
+                         f"{tuned} | {speed} | {settings} | {tried} | "
+                         f"{len(rejected)}{': ' + '; '.join(rejected) if rejected else ''} |")
+        if self.skipped:
+            lines += ["", "Not tuned (out of time): " + ", ".join(self.skipped)]
+        return "\n".join(lines) + "\n"
+
+
+class _Bucket:
+    """The workloads of one bucket with their batches, reference bits and calls."""
+
+    def __init__(self, key: str, batches: list[tuple[BenchWorkload, AttentionBatch]]) -> None:
+        self.key, self.batches = key, batches
+        self.refs = [self._call(b, "auto", {})() for _, b in batches]
+
+    @staticmethod
+    def _call(batch: AttentionBatch, plan: str, overrides: dict[str, Any]
+              ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        import kernels
+
+        tuning = kernels.Tuning(**overrides)
+        lens = (batch.q_lens(), batch.kv_lens.tolist())
+
+        def fn() -> tuple[torch.Tensor, torch.Tensor]:
+            return kernels.unified_attention(
+                batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
+                batch.block_table, sm_scale=batch.sm_scale, plan=plan, tuning=tuning,
+                validate=False, host_lens=lens)
+        return fn
+
+    def signature(self, plan: str, overrides: dict[str, Any]) -> tuple[Any, ...]:
+        """The launch plans of a candidate on every workload (``ValueError``: refused)."""
+        import kernels
+
+        sig = []
+        for _, b in self.batches:
+            lp = kernels.plan_attention(
+                b.q, b.k_cache, b.v_cache, b.cu_seqlens_q, b.kv_lens, b.block_table,
+                plan=plan, validate=False, tuning=kernels.Tuning(**overrides),
+                host_lens=(b.q_lens(), b.kv_lens.tolist()))
+            sig.append(tuple(getattr(lp, name) for name in _LAUNCH_FIELDS))
+        return tuple(sig)
+
+    def differing(self, plan: str, overrides: dict[str, Any]) -> int:
+        """Elements of out and LSE whose bits differ from the reference, over the bucket."""
+        from invariance.compare import compare_bits
+
+        total = 0
+        for (_, b), (ref_out, ref_lse) in zip(self.batches, self.refs, strict=True):
+            out, lse = self._call(b, plan, overrides)()
+            total += compare_bits(out, ref_out, name="out").num_different
+            total += compare_bits(lse, ref_lse, name="lse").num_different
+        return total
+
+    def time_us(self, timer: Timer, plan: str, overrides: dict[str, Any]) -> float:
+        return sum(1000.0 * timer.time_fn(_graphed(self._call(b, plan, overrides), b.device))
+                   for _, b in self.batches)
+
+
+def _graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """``fn`` captured in a CUDA graph (an engine's replay); ``fn`` itself on a CPU."""
+    if device.type != "cuda":
+        return fn
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+class _Search:
+    """The coordinate search of one bucket (module docstring, steps 2-4)."""
+
+    def __init__(self, bucket: _Bucket, timer: Timer, margin: float, control_block_n: int | None,
+                 log: Callable[[str], None]) -> None:
+        self.b, self.timer, self.margin, self.log = bucket, timer, margin, log
+        self.seen: dict[tuple[Any, ...], str] = {}
+        self.result = BucketResult(bucket.key, [w.name for w, _ in bucket.batches],
+                                   rules_us=bucket.time_us(timer, "auto", {}))
+        self.result.trials.append(Trial("auto", {}, "rules", us=self.result.rules_us))
+        self.control_block_n = control_block_n
+
+    def trial(self, plan: str, overrides: dict[str, Any]) -> Trial:
+        try:
+            sig = self.b.signature(plan, overrides)
+        except ValueError as exc:
+            t = Trial(plan, dict(overrides), "refused", error=_first_line(exc))
+            self.result.trials.append(t)
+            return t
+        label = Trial(plan, dict(overrides), "").label()
+        if sig in self.seen:
+            t = Trial(plan, dict(overrides), "duplicate", same_as=self.seen[sig])
+            self.result.trials.append(t)
+            return t
+        self.seen[sig] = label
+        try:
+            diff = self.b.differing(plan, overrides)
+            if diff:
+                t = Trial(plan, dict(overrides), "rejected", differing=diff)
+            else:
+                t = Trial(plan, dict(overrides), "admitted",
+                          us=self.b.time_us(self.timer, plan, overrides))
+        except Exception as exc:  # e.g. Triton's OutOfResources at compile time: recorded
+            if self.b.batches[0][1].device.type == "cuda":
+                torch.cuda.synchronize()  # an asynchronous error surfaces here, not later
+            t = Trial(plan, dict(overrides), "failed", error=_first_line(exc))
+        self.log(f"  {label}: {t.status}" + (f" {t.us:.1f} us" if t.us is not None else
+                                              f" ({t.differing} differing)" if t.differing
+                                              else f" ({t.error})"))
+        self.result.trials.append(t)
+        return t
+
+    def control(self) -> bool:
+        """Whether the block_n control was rejected (None block_n: no control here)."""
+        if self.control_block_n is None:
+            return True
+        t = self.trial("auto", {"block_n": self.control_block_n})
+        t.status = {"rejected": "control-rejected", "admitted": "control-admitted"}.get(
+            t.status, t.status)
+        return t.status != "control-admitted"
+
+    def run(self, space: dict[str, tuple[Any, ...]]) -> BucketResult:
+        """Both plans, then the settings one at a time from each plan within 1.5x of the
+        faster; the fastest overall is re-timed against the rules (:meth:`_select`)."""
+        bases = []
+        for plan in space["plan"]:
+            t = self.trial(plan, {})
+            if t.us is not None:
+                bases.append((plan, t.us))
+        if not bases:
+            return self.result
+        fastest = min(us for _, us in bases)
+        best: tuple[str, dict[str, Any], float] | None = None
+        for plan, us in sorted(bases, key=lambda b: b[1]):
+            if us > 1.5 * fastest:
+                continue
+            found = self._descend(plan, us, space)
+            if best is None or found[2] < best[2]:
+                best = found
+        assert best is not None  # the fastest base is always searched
+        self._select(*best)
+        return self.result
+
+    def _descend(self, plan: str, us: float, space: dict[str, tuple[Any, ...]]
+                 ) -> tuple[str, dict[str, Any], float]:
+        best: tuple[str, dict[str, Any], float] = (plan, {}, us)
+        for knob, values in space.items():
+            if knob == "plan":
+                continue
+            for value in values:
+                overrides = {**best[1], knob: value}
+                t = self.trial(plan, overrides)
+                if t.us is not None and t.us < best[2] * (1 - self.margin / 2):
+                    best = (plan, overrides, t.us)
+        return best
+
+    def _select(self, plan: str, overrides: dict[str, Any], _: float) -> None:
+        """Re-time the best and the rules, interleaved, the better of two each; keep the best
+        only if it beats the rules by the margin."""
+        rules, tuned = [], []
+        for _i in range(2):
+            rules.append(self.b.time_us(self.timer, "auto", {}))
+            tuned.append(self.b.time_us(self.timer, plan, overrides))
+        self.result.rules_us = min(rules)
+        if min(tuned) < self.result.rules_us * (1 - self.margin):
+            self.result.entry = {"plan": plan, "tuning": dict(overrides), "us": min(tuned),
+                                 "rules_us": self.result.rules_us,
+                                 "workloads": self.result.workloads}
+
+
+def _family(w: BenchWorkload, dtype: torch.dtype, heads: HeadConfig,
+            page_size: int) -> tuple[torch.dtype, HeadConfig, int]:
+    from invariance.workload import parse_dtype
+
+    return (parse_dtype(w.dtype) if w.dtype else dtype, w.heads or heads,
+            w.page_size or page_size)
+
+
+def _bucket_of(w: BenchWorkload, family: tuple[torch.dtype, HeadConfig, int]) -> str:
+    from kernels.tuned import bucket
+
+    dt, heads, page = family
+    return bucket(dt, heads.head_dim, heads.num_q_heads // heads.num_kv_heads, page,
+                  len(w.q_lens), w.query_tokens, max(w.kv_lens))
+
+
+def _control_block_n(batch: AttentionBatch) -> int | None:
+    """Half the contract's KV tile for this batch (None where that is below 16)."""
+    import kernels
+
+    lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                batch.kv_lens, batch.block_table, validate=False,
+                                tuning=kernels.Tuning())
+    return lp.block_n // 2 if lp.block_n >= 32 else None
+
+
+def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.bfloat16,
+             heads: HeadConfig = BENCH_HEADS, page_size: int = BENCH_PAGE_SIZE,
+             device: torch.device | str = "cuda", timer: Timer | None = None,
+             space: dict[str, tuple[Any, ...]] | None = None, margin: float = 0.03,
+             budget_s: float | None = None, seed: int = 0,
+             log: Callable[[str], None] = lambda _: None,
+             on_bucket: Callable[[TuneResult], None] | None = None,
+             resume: dict[str, Any] | None = None) -> TuneResult:
+    """Search each bucket of ``workloads`` (module docstring) and return the result; its
+    :meth:`TuneResult.table_json` is the table. ``dtype``, ``heads``, ``page_size``: for
+    workloads that name none.
+    ``space``: the settings searched (default :data:`kernels.tuned.TUNABLE`); ``margin``: the
+    fraction a candidate must beat the rules by; ``budget_s``: no new bucket starts after this
+    many seconds (those left are listed in ``skipped``); ``on_bucket``: called after each bucket
+    (write the table as you go); ``resume``: an earlier table of this GPU and Triton release
+    (its file's content): the buckets it searched are not searched again and stay in the
+    table."""
+    import triton
+
+    import kernels  # noqa: F401  (the interpreter switch happens on import, see backends)
+    from kernels._device import _device_slug
+    from kernels.tuned import TUNABLE
+
+    dev = torch.device(device)
+    if timer is None:
+        from invariance.bench import CudaTimer
+
+        timer = CudaTimer(iters=10, warmup=3, device=dev)
+    space = dict(space or TUNABLE)
+    if "plan" not in space:
+        raise ValueError(f"space: expected a 'plan' entry, got keys {sorted(space)}")
+    unknown = sorted(set(space) - set(TUNABLE))
+    if unknown:
+        raise ValueError(f"space: unknown settings {unknown}; expected keys among "
+                         f"{sorted(TUNABLE)}")
+    result = TuneResult(device=_device_slug(dev), triton=triton.__version__)
+    if resume is not None:
+        if (resume.get("device"), resume.get("triton")) != (result.device, result.triton):
+            raise ValueError(f"resume: expected a table of {result.device} under triton "
+                             f"{result.triton}, got one of {resume.get('device')} under "
+                             f"triton {resume.get('triton')}")
+        result.kept = dict(resume.get("entries") or {})
+        result.kept_rules = list(resume.get("rules") or [])
+    done = set(result.kept) | set(result.kept_rules)
+    groups: dict[str, list[BenchWorkload]] = {}
+    for w in workloads:
+        groups.setdefault(_bucket_of(w, _family(w, dtype, heads, page_size)), []).append(w)
+    start = time.monotonic()
+    controlled: set[tuple[Any, ...]] = set()
+    for key, members in groups.items():
+        if key in done:
+            continue
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            result.skipped.append(key)
+            continue
+        t0 = time.monotonic()
+        log(f"{key}: {', '.join(w.name for w in members)}")
+        fam = _family(members[0], dtype, heads, page_size)
+        batches = [(w, build_batch(w, heads=fam[1], dtype=fam[0], page_size=fam[2], device=dev,
+                                   seed=seed)) for w in members]
+        bucket = _Bucket(key, batches)
+        family = (fam[0], fam[1], fam[2])
+        control = None if family in controlled else _control_block_n(batches[0][1])
+        controlled.add(family)
+        search = _Search(bucket, timer, margin, control, log)
+        if not search.control():
+            result.controls_rejected = False
+        result.buckets.append(search.run(space))
+        result.buckets[-1].seconds = time.monotonic() - t0
+        del bucket, batches, search
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        if on_bucket is not None:
+            on_bucket(result)
+    result.seconds = time.monotonic() - start
+    return result
+

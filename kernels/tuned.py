@@ -1,0 +1,223 @@
+"""Measured launch settings: a table, per GPU, of the bit-neutral settings that ran fastest on each
+shape bucket, written by ``invariance tune`` on that GPU and read by the planner.
+
+What a setting may change is fixed by the contract (kernels/README.md, "Bit-defining and
+bit-neutral settings"): the table holds only :class:`~kernels.Tuning` fields other than
+``block_n`` and the plan, never a split size or a tile width. The tuner admits a candidate only
+when its output and LSE equal the rules' bit for bit (``invariance tune``), and the full check
+with the table in place is the proof (reports/<gpu>/). Why a shipped table with the shape rules
+of :mod:`kernels.config` as the fallback, not an autotuner at plan time: ARCHITECTURE.md,
+"Tuning".
+
+**Buckets.** A call's bucket is a pure function of what the planner already knows on the host
+(:func:`bucket`): dtype, head dim, GQA group, page size, batch size, query tokens per request
+and the longest KV length (the checked lengths, the caller's ``host_lens``, else the block
+table's bound). No lookup reads the device, so it is safe under CUDA-graph capture.
+
+**Which table.** ``KERNELS_TUNED_TABLE`` names a table file, or ``off`` (also ``0``) for none;
+unset: ``kernels/tuned/<gpu>.json`` for the running GPU (``nvidia-h200.json`` for an "NVIDIA
+H200"), if the package ships one. A table applies only on the GPU it names, under the Triton
+release (major.minor) it was measured with, and only to calls with the default split sizes, no
+``Tuning`` of the caller's and ``plan="auto"``; everywhere else the rules decide.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "SCHEMA",
+    "TABLE_ENV",
+    "TUNABLE",
+    "TunedEntry",
+    "TunedTable",
+    "active_table",
+    "bucket",
+    "device_slug",
+    "load_table",
+    "table_path",
+]
+
+SCHEMA = "kernels-tuned/1"
+TABLE_ENV = "KERNELS_TUNED_TABLE"
+_TABLE_DIR = Path(__file__).resolve().parent / "tuned"
+_OFF = ("off", "0", "none")
+
+#: The declared space of bit-neutral settings the tuner searches, in the order it tries them,
+#: and the values it tries (``plan`` is the launch plan; the rest are :class:`~kernels.Tuning`
+#: fields). A value a call cannot take (``plan_attention`` raises) is skipped for that call.
+TUNABLE: dict[str, tuple[Any, ...]] = {
+    "plan": ("fused", "split"),
+    "block_m": (64, 128),
+    "num_warps": (4, 8),
+    "value_blocks": (1, 2, 4, 8),
+    "tiles_per_step": (1, 2),
+    "num_stages": (2, 3, 4, 5),
+    "nested_loop": (False, True),
+    "keys_rows": (False, True),
+}
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# Upper bounds of the size classes, and the label of each class (the last is open).
+_BATCH = ((1, "b1"), (4, "b4"), (16, "b16"), (64, "b64"), (256, "b256"), (None, "bmax"))
+_QPER = ((1, "q1"), (8, "q8"), (128, "q128"), (1024, "q1k"), (None, "qmax"))
+_KV = ((1024, "kv1k"), (4096, "kv4k"), (16384, "kv16k"), (65536, "kv64k"), (None, "kvmax"))
+
+
+def _size_class(value: float, classes: tuple[tuple[int | None, str], ...]) -> str:
+    for upper, label in classes:
+        if upper is None or value <= upper:
+            return label
+    raise AssertionError("the last class is open")  # pragma: no cover
+
+
+def bucket(dtype: torch.dtype, head_dim: int, group: int, page_size: int, batch_size: int,
+           num_tokens: int, max_kv_len: int) -> str:
+    """The shape bucket of a call, e.g. ``bf16/d128/g4/p16/b16/q1/kv16k``: dtype, head dim,
+    GQA group, page size, then the class of the batch size (at most 1, 4, 16, 64, 256, more),
+    of the query tokens per request on average (1, 8, 128, 1024, more) and of the longest KV
+    length (1k, 4k, 16k, 64k, more). Pure."""
+    per_request = num_tokens / max(batch_size, 1)
+    return "/".join((
+        _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")), f"d{head_dim}", f"g{group}",
+        f"p{page_size}", _size_class(batch_size, _BATCH), _size_class(per_request, _QPER),
+        _size_class(max_kv_len, _KV)))
+
+
+def device_slug(name: str) -> str:
+    """A GPU's name as a file name: ``"NVIDIA H200"`` -> ``nvidia-h200``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class TunedEntry:
+    """The settings of one bucket: the plan and the :class:`~kernels.Tuning` fields (only those
+    that differ from the rules), with what the tuner measured (us, on its workloads)."""
+
+    plan: str
+    tuning: dict[str, Any]
+    us: float | None = None
+    rules_us: float | None = None
+    workloads: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TunedTable:
+    """One GPU's table: ``device`` (:func:`device_slug`), the Triton release it was measured
+    with, and an entry per bucket (the file also lists, under ``rules``, the buckets searched
+    where no candidate beat the rules)."""
+
+    device: str
+    triton: str
+    entries: dict[str, TunedEntry]
+    path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "device": self.device, "triton": self.triton,
+                "entries": {k: {f.name: (list(getattr(e, f.name)) if f.name == "workloads"
+                                         else getattr(e, f.name)) for f in fields(e)}
+                            for k, e in sorted(self.entries.items())}}
+
+
+def _fail(path: str, what: str, expected: str, got: object) -> ValueError:
+    return ValueError(f"tuned table {path}: {what}: expected {expected}, got {got!r}")
+
+
+def _entry(path: str, key: str, raw: object) -> TunedEntry:
+    from kernels.plan import Tuning  # the table's fields are Tuning's; it checks their values
+
+    if not isinstance(raw, dict):
+        raise _fail(path, f"entry {key!r}", "an object", raw)
+    plan = raw.get("plan")
+    if plan not in ("fused", "split"):
+        raise _fail(path, f"entry {key!r}: plan", "'fused' or 'split'", plan)
+    tuning = raw.get("tuning", {})
+    allowed = set(TUNABLE) - {"plan"}
+    if not isinstance(tuning, dict) or not set(tuning) <= allowed:
+        raise _fail(path, f"entry {key!r}: tuning", f"an object with keys among "
+                    f"{sorted(allowed)}", tuning)
+    try:
+        Tuning(**tuning)
+    except ValueError as exc:
+        raise ValueError(f"tuned table {path}: entry {key!r}: {exc}") from None
+    workloads = raw.get("workloads", [])
+    if not isinstance(workloads, list) or not all(isinstance(w, str) for w in workloads):
+        raise _fail(path, f"entry {key!r}: workloads", "a list of names", workloads)
+    us, rules_us = raw.get("us"), raw.get("rules_us")
+    for name, value in (("us", us), ("rules_us", rules_us)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _fail(path, f"entry {key!r}: {name}", "a number or null", value)
+    return TunedEntry(plan=plan, tuning=dict(tuning), us=us, rules_us=rules_us,
+                      workloads=tuple(workloads))
+
+
+def load_table(path: str | os.PathLike[str]) -> TunedTable:
+    """Read and check a table file (``ValueError`` naming the file and the field)."""
+    p = str(path)
+    try:
+        raw = json.loads(Path(p).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"tuned table {p}: cannot be read as JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+        got = raw.get("schema") if isinstance(raw, dict) else raw
+        raise _fail(p, "schema", repr(SCHEMA), got)
+    for name in ("device", "triton"):
+        if not isinstance(raw.get(name), str) or not raw[name]:
+            raise _fail(p, name, "a non-empty string", raw.get(name))
+    entries = raw.get("entries")
+    rules = raw.get("rules", [])
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        raise _fail(p, "rules", "a list of buckets", rules)
+    if not isinstance(entries, dict):
+        raise _fail(p, "entries", "an object keyed by bucket", entries)
+    return TunedTable(device=raw["device"], triton=raw["triton"], path=p,
+                      entries={str(k): _entry(p, str(k), v) for k, v in entries.items()})
+
+
+def table_path(slug: str) -> Path | None:
+    """The table in force for the GPU ``slug``: ``KERNELS_TUNED_TABLE`` (None when ``off``),
+    else the shipped ``kernels/tuned/<slug>.json`` if it exists."""
+    chosen = os.environ.get(TABLE_ENV, "").strip()
+    if chosen.lower() in _OFF:
+        return None
+    if chosen:
+        return Path(chosen)
+    shipped = _TABLE_DIR / f"{slug}.json"
+    return shipped if shipped.is_file() else None
+
+
+def _release(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+@functools.cache
+def _cached_table(path: str, mtime_ns: int) -> TunedTable:
+    del mtime_ns  # part of the cache key: an edited file is read again
+    return load_table(path)
+
+
+def active_table(slug: str) -> TunedTable | None:
+    """The table that applies on GPU ``slug`` under this Triton release, or None. Host only: a
+    file read once per path (and again when it changes)."""
+    path = table_path(slug)
+    if path is None:
+        return None
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError as exc:
+        raise ValueError(f"{TABLE_ENV}: expected a readable table file or 'off', got "
+                         f"{str(path)!r} ({exc.strerror})") from None
+    table = _cached_table(str(path), mtime)
+    import triton
+
+    if table.device != slug or _release(table.triton) != _release(triton.__version__):
+        return None
+    return table

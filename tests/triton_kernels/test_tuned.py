@@ -1,0 +1,260 @@
+"""The measured launch table (kernels.tuned) and the tuner that writes it (invariance.tune), on the
+Triton interpreter: which calls a table reaches, that it changes settings and never bits, that a
+bad table is named, and that the tuner admits only candidates with the rules' bits (its
+bit-defining control is rejected, and a comparison that cannot see differences fails the run)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import triton
+
+import kernels
+from invariance import HeadConfig, compare_bits
+from invariance.bench import BenchWorkload
+from invariance.cli import main
+from invariance.tune import _Bucket, run_tune
+from kernels._device import _device_slug
+from kernels.tuned import SCHEMA, TABLE_ENV, bucket, device_slug, load_table
+
+#: Where the kernels run in this session (conftest's ``device`` fixture: CUDA when there is one).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+HEADS = HeadConfig(4, 2, 64)  # conftest.HEADS: the smallest GQA configuration
+SHAPE = [(1, 150), (1, 90)]  # two decodes: rows over two 64-key tiles (lead splits of 128)
+
+
+def _call(batch: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = kernels.unified_attention(batch.q, batch.k_cache, batch.v_cache,
+                                         batch.cu_seqlens_q, batch.kv_lens, batch.block_table,
+                                         sm_scale=batch.sm_scale, **kw)
+    return out, lse
+
+
+def _plan(batch: Any, **kw: Any) -> kernels.LaunchPlan:
+    return kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                  batch.kv_lens, batch.block_table, **kw)
+
+
+def _key(batch: Any) -> str:
+    return bucket(batch.q.dtype, HEADS.head_dim, HEADS.num_q_heads // HEADS.num_kv_heads,
+                  batch.k_cache.shape[1], batch.kv_lens.shape[0], batch.q.shape[0],
+                  int(batch.kv_lens.max()))
+
+
+def _write_table(path: Path, entries: dict[str, Any], device: str | None = None,
+                 release: str | None = None) -> Path:
+    """A table for ``device`` (default: the one the tests run on)."""
+    device = device or _device_slug(torch.device(DEVICE))
+    path.write_text(json.dumps({"schema": SCHEMA, "device": device,
+                                "triton": release or triton.__version__, "entries": entries}))
+    return path
+
+
+@pytest.fixture
+def batch(make_batch: Any) -> Any:
+    return make_batch(torch.float32, SHAPE)
+
+
+def test_bucket_classes_are_pure_functions_of_shapes() -> None:
+    assert bucket(torch.bfloat16, 128, 4, 16, 8, 8, 8192) == "bf16/d128/g4/p16/b16/q1/kv16k"
+    assert bucket(torch.float16, 64, 8, 1, 1, 1, 1024) == "fp16/d64/g8/p1/b1/q1/kv1k"
+    assert bucket(torch.float32, 256, 2, 64, 300, 300 * 2000, 200_000) == \
+        "fp32/d256/g2/p64/bmax/qmax/kvmax"
+    # the class edges: at the bound inside, one past it outside
+    assert bucket(torch.bfloat16, 128, 4, 16, 4, 32, 4096).split("/")[4:] == ["b4", "q8", "kv4k"]
+    assert bucket(torch.bfloat16, 128, 4, 16, 5, 45, 4097).split("/")[4:] == \
+        ["b16", "q128", "kv16k"]
+    assert device_slug("NVIDIA H200") == "nvidia-h200"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_a_table_entry_changes_the_launch_and_no_bit(batch: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    rules = _plan(batch)
+    assert rules.tuned is None
+    other = "split" if rules.plan == "fused" else "fused"
+    # Another plan and pipeline depth: bit-neutral on every GPU (stages schedule loads only).
+    stages = 3 if rules.num_stages != 3 else 2
+    path = _write_table(tmp_path / "t.json", {_key(batch): {"plan": other,
+                                                            "tuning": {"num_stages": stages}}})
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    tuned = _plan(batch)
+    assert (tuned.tuned, tuned.plan, tuned.num_stages) == (_key(batch), other, stages)
+    out, lse = _call(batch)
+    ref_out, ref_lse = _call(batch, tuning=kernels.Tuning())  # the rules: the table is off
+    assert compare_bits(out, ref_out).num_different == 0
+    assert compare_bits(lse, ref_lse).num_different == 0
+    # The caller's own settings, another plan or split size, and features keep the rules.
+    assert _plan(batch, tuning=kernels.Tuning()).tuned is None
+    assert _plan(batch, plan=rules.plan).tuned is None
+    assert _plan(batch, split_size=2048).tuned is None
+    assert _plan(batch, window_left=64).tuned is None
+    # A bucket with no entry keeps the rules.
+    monkeypatch.setenv(TABLE_ENV, str(_write_table(tmp_path / "u.json", {})))
+    assert _plan(batch).tuned is None
+
+
+@pytest.mark.parametrize("gpu, release", [("another-gpu", None), (None, "0.1.0")])
+def test_a_table_of_another_gpu_or_triton_release_is_not_used(
+        batch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: str | None,
+        release: str | None) -> None:
+    path = _write_table(tmp_path / "t.json", {_key(batch): {"plan": "split", "tuning": {}}},
+                        device=gpu, release=release)
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    assert _plan(batch).tuned is None
+    monkeypatch.setenv(TABLE_ENV, "off")
+    assert _plan(batch).tuned is None
+
+
+def test_an_entry_the_call_cannot_take_falls_back_to_the_rules(
+        batch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The keys-as-rows tile needs Hopper's Gluon kernels at fp16/bf16: refused for this float32
+    # call, so the rules decide.
+    path = _write_table(tmp_path / "t.json", {_key(batch): {"plan": "split",
+                                                            "tuning": {"keys_rows": True}}})
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    assert _plan(batch) == _plan(batch, tuning=kernels.Tuning())
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda t: t.update(schema="other/1"), "schema"),
+    (lambda t: t.update(device=""), "device"),
+    (lambda t: t["entries"]["k"].update(plan="auto"), "plan"),
+    (lambda t: t["entries"]["k"].update(tuning={"block_n": 32}), "tuning"),
+    (lambda t: t["entries"]["k"].update(tuning={"num_warps": 3}), "Tuning.num_warps"),
+    (lambda t: t["entries"]["k"].update(us="fast"), "us"),
+    (lambda t: t.update(entries=[]), "entries"),
+])
+def test_a_bad_table_is_named_with_its_field(tmp_path: Path, edit: Any, names: str) -> None:
+    table = {"schema": SCHEMA, "device": "x", "triton": "3.6.0",
+             "entries": {"k": {"plan": "split", "tuning": {}}}}
+    edit(table)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match=names) as info:
+        load_table(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_unreadable_table_in_force_is_a_named_error(batch: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TABLE_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=TABLE_ENV):
+        _plan(batch)
+    (tmp_path / "bad.json").write_text("{not json")
+    monkeypatch.setenv(TABLE_ENV, str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="cannot be read as JSON"):
+        _plan(batch)
+
+
+WORKLOAD = BenchWorkload("two-decodes", (1, 1), (150, 90), heads=HEADS, dtype="float32")
+SPACE = {"plan": ("fused", "split"), "num_warps": (4, 8)}
+
+
+def _fake_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Times by setting: the rules 120 us, fused 80, split 100, 8 warps 30 less."""
+    def time_us(self: _Bucket, timer: Any, plan: str, overrides: dict[str, Any]) -> float:
+        base = {"auto": 120.0, "fused": 80.0, "split": 100.0}[plan]
+        return base - (30.0 if overrides.get("num_warps") == 8 else 0.0)
+    monkeypatch.setattr(_Bucket, "time_us", time_us)
+
+
+def test_tune_keeps_the_fastest_admitted_setting_and_rejects_its_control(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_times(monkeypatch)
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
+    [b] = result.buckets
+    assert result.controls_rejected
+    [control] = [t for t in b.trials if t.status.startswith("control")]
+    assert control.status == "control-rejected" and control.differing > 0
+    assert set(control.tuning) == {"block_n"}  # half the contract's tile: bit-defining
+    assert b.entry is not None
+    assert (b.entry["plan"], b.entry["tuning"], b.entry["us"]) == ("fused", {"num_warps": 8}, 50.0)
+    assert b.rules_us == 120.0
+    path = tmp_path / "t.json"
+    path.write_text(result.table_json())
+    assert load_table(path).entries[b.bucket].tuning == {"num_warps": 8}
+
+
+def test_tune_fails_when_the_comparison_cannot_see_a_difference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_times(monkeypatch)
+    monkeypatch.setattr(_Bucket, "differing", lambda self, plan, overrides: 0)
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
+    assert not result.controls_rejected
+    assert "ADMITTED" in result.to_markdown()
+
+
+def test_tune_keeps_the_rules_when_no_candidate_beats_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_Bucket, "time_us", lambda self, timer, plan, overrides: 100.0)
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
+    assert result.buckets[0].entry is None
+    assert result.table()["entries"] == {}
+
+
+def test_tune_rejects_a_setting_that_changes_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate whose launch changes the bits (here the rules' output perturbed for the
+    split plan) is rejected however fast it is."""
+    _fake_times(monkeypatch)
+    original = _Bucket._call
+
+    def call(batch: Any, plan: str, overrides: dict[str, Any]) -> Any:
+        fn = original(batch, plan, overrides)
+        if plan != "split":
+            return fn
+
+        def perturbed() -> tuple[torch.Tensor, torch.Tensor]:
+            out, lse = fn()
+            return out, torch.nextafter(lse, torch.full_like(lse, float("inf")))
+        return perturbed
+    monkeypatch.setattr(_Bucket, "_call", staticmethod(call))
+    monkeypatch.setattr(_Bucket, "time_us",
+                        lambda self, timer, plan, overrides: 10.0 if plan == "split" else 90.0)
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
+    [b] = result.buckets
+    assert {t.status for t in b.trials if t.plan == "split"} == {"rejected"}
+    assert b.entry is None or b.entry["plan"] == "fused"
+
+
+def test_tune_cli_writes_the_table_and_names_bad_arguments(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_times(monkeypatch)
+    monkeypatch.setattr("kernels.tuned.TUNABLE", SPACE)
+    table, md = tmp_path / "t.json", tmp_path / "t.md"
+    assert main(["tune", "--device", DEVICE, "--lengths", "decode:150,90", "--dtype", "fp32",
+                 "--heads", "4:2:64",
+                 "--table", str(table), "--markdown", str(md), "--no-progress"]) == 0
+    loaded = load_table(table)
+    assert loaded.device == _device_slug(torch.device(DEVICE)) and len(loaded.entries) == 1
+    assert "| bucket |" in md.read_text()
+    capsys.readouterr()
+    assert main(["tune", "--device", "cpu", "--lengths", "decode:150", "--table",
+                 str(tmp_path)]) == 2
+    assert "--table" in capsys.readouterr().err
+    assert main(["tune", "--device", "cpu", "--lengths", "decode:150", "--table",
+                 str(table), "--margin", "2"]) == 2
+    assert "--margin" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((Path(kernels.__file__).parent / "tuned").glob("*.json")),
+                         ids=lambda p: p.name)
+def test_every_shipped_table_loads_and_names_its_gpu(path: Path) -> None:
+    from kernels.tuned import TUNABLE
+
+    table = load_table(path)
+    raw = json.loads(path.read_text())
+    assert table.device == path.stem
+    assert table.entries and not set(table.entries) & set(raw["rules"])
+    pattern = r"(fp16|bf16|fp32)/d\d+/g\d+/p\d+/b(\d+|max)/q(\d+|1k|max)/kv(\d+k|max)"
+    for key, entry in table.entries.items():
+        assert re.fullmatch(pattern, key), key
+        assert set(entry.tuning) <= set(TUNABLE) - {"plan"}
+        assert entry.us is not None and entry.rules_us is not None and entry.us < entry.rules_us
