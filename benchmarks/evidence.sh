@@ -62,7 +62,7 @@ step_check() {
       --no-progress --json "$C/kernels-d${h##*:}.json" --markdown "$C/kernels-d${h##*:}.md"
   done
   run control 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
-    --no-progress --json "$C/control-bf16.json" --markdown "$C/control-bf16.md"
+    --no-progress --markdown "$C/control-bf16.md"
   run tests-gpu ${GPU_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -rfE \
     tests/triton_kernels/test_gpu.py tests/triton_kernels/test_tuned.py
 }

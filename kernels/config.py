@@ -7,11 +7,12 @@ dtype, head dim and GPU) and the fold order. They never depend on a batch.
 
 Bit-neutral: everything else this module decides (plan, rows per program within one MMA family,
 warps, stages, V column blocks, tiles per loop step, loop structure, program order, the Gluon
-kernels). Each rule below says what it controls and what it reads. The rules were chosen by
-measurement on an H100 and an H200 for half precision at head dim 128 (the history and the
-numbers: CHANGELOG.md; the current evidence: reports/<gpu>/); elsewhere (other GPUs, other
-head dims, float32, the interpreter) every call keeps :func:`tile_config`'s fixed launch. The
-harness proves each of them bit-neutral on the GPU (reports/<gpu>/, the full check).
+kernels). Each rule below says what it controls and what it reads. The rules are the fallback
+of the measured table (:mod:`kernels.tuned`): a call whose shape bucket the running GPU's table
+names runs that entry's settings instead (ARCHITECTURE.md, "Tuning"). The rules were measured
+for half precision at head dim 128 on Hopper (the history: CHANGELOG.md); elsewhere (other
+head dims, float32, other GPUs, the interpreter) they keep :func:`tile_config`'s fixed launch.
+The harness proves them bit-neutral on the GPU (reports/<gpu>/, the full check).
 """
 
 from __future__ import annotations
