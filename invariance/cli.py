@@ -937,23 +937,38 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
 
     command = shlex.join([PROG, *argv])
 
+    finished: list[TuneResult] = []
+
     def save(result: TuneResult) -> None:  # after each bucket: nothing measured is lost
         result.command = command
         write_atomic(table.path, result.table_json())
+        finished[:] = [result]
 
     log = (lambda line: None) if args.no_progress else (lambda line: io.err.print(
         Text(line), soft_wrap=True))
-    result = run_tune(workloads, dtype=dtype, heads=heads, page_size=args.page_size,
-                      device=args.device, timer=timer,
-                      margin=args.margin, budget_s=args.budget_s, seed=args.seed, log=log,
-                      on_bucket=save, resume=resume)
+    status = 0
+    try:
+        result = run_tune(workloads, dtype=dtype, heads=heads, page_size=args.page_size,
+                          device=args.device, timer=timer, margin=args.margin,
+                          budget_s=args.budget_s, seed=args.seed, log=log, on_bucket=save,
+                          resume=resume)
+    except KeyboardInterrupt as exc:
+        if not finished:
+            raise  # no bucket finished: nothing to write
+        result, status = finished[0], _interrupt_status(exc)
+    io.signals.defer()  # the outputs are written whole, whatever arrives now
     result.command = command
     written = _Written()
     _write(table, result.table_json(), written, io.stdout)
     texts = {"--json": result.to_json, "--markdown": result.to_markdown}
     for flag, target in targets.items():
-        _write(target, texts[flag](), written, io.stdout)
+        _write(target, texts[flag](), written, io.stdout, complete=not status)
     io.out.print(Text(result.to_markdown()), soft_wrap=True)
+    if status:
+        _report_written(written, io.err)
+        io.err.print(f"{PROG}: interrupted; the table holds every finished bucket (--resume "
+                     "searches the others)")
+        return status
     return _finish(written, io.err, 0 if result.controls_rejected else 1)
 
 

@@ -258,3 +258,30 @@ def test_every_shipped_table_loads_and_names_its_gpu(path: Path) -> None:
         assert re.fullmatch(pattern, key), key
         assert set(entry.tuning) <= set(TUNABLE) - {"plan"}
         assert entry.us is not None and entry.rules_us is not None and entry.us < entry.rules_us
+
+
+def test_an_interrupted_tune_keeps_its_finished_buckets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from invariance.tune import _Search
+
+    _fake_times(monkeypatch)
+    monkeypatch.setattr("kernels.tuned.TUNABLE", SPACE)
+    original, calls = _Search.run, []
+
+    def run(self: _Search, space: Any) -> Any:
+        calls.append(self.b.key)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(self, space)
+    monkeypatch.setattr(_Search, "run", run)
+    table, md = tmp_path / "t.json", tmp_path / "t.md"
+    argv = ["tune", "--device", DEVICE, "--lengths", "decode:150", "--lengths", "decode:150x8",
+            "--dtype", "fp32", "--heads", "4:2:64", "--table", str(table), "--markdown", str(md),
+            "--no-progress"]
+    assert main(argv) == 130
+    assert list(load_table(table).entries) == [calls[0]]
+    assert not md.exists() and calls[0] in (tmp_path / "t.md.partial").read_text()
+    # --resume searches only the bucket the interrupted run did not finish.
+    monkeypatch.setattr(_Search, "run", original)
+    assert main([*argv, "--resume"]) == 0
+    assert set(load_table(table).entries) == set(calls)
