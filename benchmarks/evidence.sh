@@ -15,6 +15,12 @@
 #   features  the kernels' feature tests, the full check with each feature at fp16 and bf16 (window + sinks at the
 #             gpt-oss-like heads 64:8:64, soft-cap + window at 16:8:256, an FP8 cache at
 #             32:8:128) and the control with the window
+#   features-bench  the features' speed at model-like shapes against FlashInfer's fastest
+#             variant with the same feature: gpt-oss-like 64:8:64 with window 128 and sinks,
+#             Gemma-like 16:8:256 with window 4096 and soft-cap 50, Llama-like 32:8:128 with an
+#             FP8 cache; decode (8 and 64 requests of 8k, 8 of 32k) and prefill
+#   features-peers  the full check, bf16, of FlashInfer's decode (tensor cores) and prefill
+#             wrappers with each model-like feature set above (which stay invariant with it)
 #   gluon     the Gluon kernel tests at bf16 and fp16 (or the dtypes in $GLUON_DTYPES)
 #   sanitizer compute-sanitizer memcheck (valid and malformed inputs) and initcheck at bf16
 #   peers     the full check of FlashInfer's variants and torch SDPA at bf16
@@ -90,6 +96,36 @@ step_features() {
     --feature window=4096 --no-progress --markdown "$C/control-window.md"
 }
 
+step_features_bench() {
+  flashinfer_site || return
+  lens="--lengths decode:8kx8 --lengths decode:8kx64 --lengths decode:32kx8"
+  lens="$lens --lengths prefill:16k,8k,4kx2,2k,1k,512x2"
+  for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
+             "gemma 16:8:256 --feature window=4096,softcap=50" \
+             "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
+    set -- $cfg
+    name=$1 heads=$2; shift 2
+    run "bench-$name" ${BENCH_S:-200} $INV bench --heads "$heads" "$@" $lens --backend kernels \
+      --backend kernels-heuristic --baseline flashinfer-best --iters ${BENCH_ITERS:-20} \
+      --no-progress --json "$C/bench-$name.json" --markdown "$C/bench-$name.md"
+  done
+}
+
+step_features_peers() {
+  flashinfer_site || return
+  for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
+             "gemma 16:8:256 --feature window=4096,softcap=50" \
+             "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
+    set -- $cfg
+    name=$1 heads=$2; shift 2
+    for b in flashinfer:use_tensor_cores=true flashinfer-prefill; do
+      n=$name-$(echo "$b" | tr ':=,' '---')
+      run "peer-$n" 120 $INV check --backend "$b" --device cuda --dtype bf16 --heads "$heads" \
+        "$@" --no-progress --markdown "$C/peer-$n.md"
+    done
+  done
+}
+
 step_gluon() {
   for dt in ${GLUON_DTYPES:-bfloat16 float16}; do
     export INVARIANCE_DTYPE=$dt
@@ -140,17 +176,17 @@ step_model() {
   done
 }
 
-[ $# -ge 1 ] || { sed -n '2,27p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,32p' "$0"; exit 2; }
 mkdir -p "$OUT"
 for STEP in "$@"; do
   case "$STEP" in
-    check|tune|features|gluon|sanitizer|peers|bench|model) ;;
-    *) echo "evidence.sh: unknown step '$STEP' (check|tune|features|gluon|sanitizer|peers|bench|model)" >&2
+    check|tune|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model) ;;
+    *) echo "evidence.sh: unknown step '$STEP' (check|tune|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model)" >&2
        exit 2 ;;
   esac
   C=$OUT/$STEP
   mkdir -p "$C"
   info
-  "step_$STEP"
+  "step_$(echo "$STEP" | tr - _)"
   tar czf "$OUT/$STEP.tgz" -C "$OUT" "$STEP"
 done

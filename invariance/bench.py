@@ -34,12 +34,13 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from invariance.backends import Backend, ResolvedBackend, capabilities, planner, resolve
 from invariance.batch import AttentionBatch
+from invariance.features import Features, sink_values
 from invariance.workload import HeadConfig, dtype_name, parse_dtype
 
 __all__ = [
@@ -290,8 +291,12 @@ def select_workloads(names: Sequence[str] | None = None,
 
 def build_batch(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS,
                 dtype: torch.dtype = torch.bfloat16, page_size: int = BENCH_PAGE_SIZE,
-                device: torch.device | str = "cuda", seed: int = 0) -> AttentionBatch:
-    """The workload's tensors: random q, K, V (normal, seed-fixed) on shuffled physical pages."""
+                device: torch.device | str = "cuda", seed: int = 0,
+                features: Features | None = None) -> AttentionBatch:
+    """The workload's tensors: random q, K, V (normal, seed-fixed) on shuffled physical pages,
+    with ``features`` (a window, sinks of :func:`~invariance.features.sink_values`, a
+    soft-cap, an FP8 cache: K and V divided by the fixed scales of
+    :meth:`~invariance.features.Features.kv_scale_values` and rounded to ``float8_e4m3fn``)."""
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
     n_pages = [math.ceil(k / page_size) for k in w.kv_lens]
@@ -310,27 +315,68 @@ def build_batch(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS,
     cu = [0]
     for n in w.q_lens:
         cu.append(cu[-1] + n)
+    extra: dict[str, Any] = {}
+    if features:
+        extra = {"window_left": features.window_left,
+                 "logits_soft_cap": features.logits_soft_cap}
+        if features.sinks:
+            extra["sinks"] = torch.tensor(sink_values(seed, Hq), dtype=torch.float32,
+                                          device=dev)
+        if features.kv_dtype is not None:
+            k, extra["k_scale"] = _fp8_cache(k, features, "k")
+            v, extra["v_scale"] = _fp8_cache(v, features, "v")
     return AttentionBatch(
         q=q, k_cache=k, v_cache=v,
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
         kv_lens=torch.tensor(w.kv_lens, dtype=torch.int32, device=dev),
-        block_table=table, sm_scale=1.0 / math.sqrt(D))
+        block_table=table, sm_scale=1.0 / math.sqrt(D), **extra)
+
+
+def _fp8_cache(x: torch.Tensor, features: Features, kind: Literal["k", "v"]
+               ) -> tuple[torch.Tensor, float | torch.Tensor]:
+    """``x`` as the FP8 cache of ``features`` and its dequantization scale (per tensor or per
+    KV head, the check's fixed values)."""
+    values = features.kv_scale_values(kind, x.shape[2])
+    scale = torch.tensor(values, dtype=torch.float32, device=x.device)
+    q8 = (x.float() / scale[:, None]).to(features.cache_dtype(x.dtype))
+    return q8, (scale if features.kv_scale == "head" else float(values[0]))
 
 
 # --------------------------------------------------------------------------------------------
 # Physical limits and the ideal time
 # --------------------------------------------------------------------------------------------
 
+def _visible_keys(q_len: int, kv_len: int, window: int) -> tuple[int, int]:
+    """``(keys read, attended (row, key) pairs)`` of one request whose last ``q_len`` of
+    ``kv_len`` tokens are queries: row ``i`` (absolute position ``p``) attends to ``p + 1`` keys,
+    at most ``window + 1`` with a window (``window < 0``: none)."""
+    first = kv_len - q_len
+    if window < 0:
+        return kv_len, q_len * first + q_len * (q_len + 1) // 2
+    read = kv_len - max(0, first - window)
+    # rows at positions p < window attend p + 1 keys, the rest window + 1
+    full = max(0, min(kv_len, window) - first)  # rows below the window's reach
+    pairs = sum(first + i + 1 for i in range(full)) + (q_len - full) * (window + 1)
+    return read, pairs
+
+
 def kv_bytes(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS,
-             dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes of K and V the call must read: each request's KV once."""
-    return sum(w.kv_lens) * heads.num_kv_heads * heads.head_dim * 2 * dtype.itemsize
+             dtype: torch.dtype = torch.bfloat16, features: Features | None = None) -> int:
+    """Bytes of K and V the call must read: each request's visible KV once (in the cache's
+    dtype: one byte per value with an FP8 cache)."""
+    window = features.window_left if features else -1
+    itemsize = (features.cache_dtype(dtype) if features else dtype).itemsize
+    keys = sum(_visible_keys(q, k, window)[0] for q, k in zip(w.q_lens, w.kv_lens, strict=True))
+    return keys * heads.num_kv_heads * heads.head_dim * 2 * itemsize
 
 
-def causal_flops(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS) -> int:
+def causal_flops(w: BenchWorkload, heads: HeadConfig = BENCH_HEADS,
+                 features: Features | None = None) -> int:
     """``4 * D * Hq * sum over query rows of attended keys`` (q·kᵀ and p·v, 2 FLOPs per MAC);
-    row ``i`` of a request with ``q_len`` Q and ``kv_len`` K attends to ``K - Q + i + 1`` keys."""
-    rows = sum(q * (k - q) + q * (q + 1) // 2 for q, k in zip(w.q_lens, w.kv_lens, strict=True))
+    row ``i`` of a request with ``q_len`` Q and ``kv_len`` K attends to ``K - Q + i + 1`` keys
+    (at most ``window + 1`` with a window)."""
+    window = features.window_left if features else -1
+    rows = sum(_visible_keys(q, k, window)[1] for q, k in zip(w.q_lens, w.kv_lens, strict=True))
     return 4 * heads.head_dim * heads.num_q_heads * rows
 
 
@@ -345,12 +391,13 @@ class Limits:
 
 
 def ideal_ms(w: BenchWorkload, limits: Limits, heads: HeadConfig = BENCH_HEADS,
-             dtype: torch.dtype = torch.bfloat16) -> tuple[float, str]:
+             dtype: torch.dtype = torch.bfloat16,
+             features: Features | None = None) -> tuple[float, str]:
     """``(milliseconds, bound)``: the time the workload needs at the measured limits, and
     whether it is ``memory`` (KV bytes / HBM read bandwidth) or ``compute`` (causal FLOPs /
     matmul peak) bound. Decode is memory, prefill compute, mixed the larger of the two."""
-    mem = kv_bytes(w, heads, dtype) / (limits.hbm_read_GBps * 1e6)
-    flop = causal_flops(w, heads) / (limits.matmul_TFLOPs * 1e9)
+    mem = kv_bytes(w, heads, dtype, features) / (limits.hbm_read_GBps * 1e6)
+    flop = causal_flops(w, heads, features) / (limits.matmul_TFLOPs * 1e9)
     if w.kind == "decode":
         return mem, "memory"
     if w.kind == "prefill":
@@ -511,6 +558,9 @@ class BenchReport:
     environment: dict[str, Any] = field(default_factory=dict)
     timing: str = ""
     command: str = ""
+    #: The features every workload ran with (:meth:`~invariance.features.Features.to_dict`;
+    #: ``{}``: none).
+    features: dict[str, Any] = field(default_factory=dict)
 
     def ms(self, result: WorkloadResult, backend: str) -> float | None:
         t = result.times.get(backend)
@@ -549,9 +599,19 @@ class BenchReport:
 
 
 def _unsupported(b: ResolvedBackend, dtype: torch.dtype, heads: HeadConfig,
-                 device: torch.device) -> str | None:
-    """Why backend ``b`` cannot run this dtype, head dim or device (None: it can)."""
+                 device: torch.device, features: Features | None = None) -> str | None:
+    """Why backend ``b`` cannot run this dtype, head dim, device or these features (None: it
+    can)."""
     caps = capabilities(b)
+    needed = features.required if features else frozenset()
+    missing = sorted(needed - caps.features)
+    if missing:
+        return (f"features: backend {b.name} takes {', '.join(sorted(caps.features)) or 'none'}"
+                f", got {', '.join(missing)}")
+    for conflict in caps.feature_conflicts:
+        if conflict <= needed:
+            return (f"features: backend {b.name} cannot combine "
+                    f"{' and '.join(sorted(conflict))}")
     name = dtype_name(dtype)
     if name not in caps.dtypes:
         return f"dtype: backend {b.name} supports {', '.join(caps.dtypes)}, got {name}"
@@ -581,13 +641,14 @@ def _resolve_timed(spec: str | Backend) -> _Timed:
 
 
 def _time_one(timer: Timer, b: _Timed, batch: AttentionBatch, dtype: torch.dtype,
-              heads: HeadConfig, device: torch.device) -> Timing:
+              heads: HeadConfig, device: torch.device,
+              features: Features | None = None) -> Timing:
     """One backend (or every variant of a composite one) on one batch; a failure or an
     unsupported shape is recorded, never raised."""
     variants = b.variants if isinstance(b, _BestOf) else [b]
     timings: dict[str, Timing] = {}
     for v in variants:
-        reason = _unsupported(v, dtype, heads, device)
+        reason = _unsupported(v, dtype, heads, device, features)
         if reason is not None:
             timings[v.name] = Timing(None, "", "", f"unsupported: {reason}")
             continue
@@ -623,6 +684,7 @@ def run_bench(
     timer: Timer | None = None,
     limits: Limits | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    features: Features | None = None,
 ) -> BenchReport:
     """Time each backend (names, ``module:attr``, callables, or a composite of
     :data:`BEST_OF`; the ``baseline`` first) on each workload (``workloads``, or those ``names``
@@ -632,8 +694,10 @@ def run_bench(
     ``timer`` defaults to a :class:`CudaTimer` of ``iters`` replays; ``limits`` to
     :func:`measure_limits` with that timer. A backend that fails on a workload is recorded with
     its error and the run goes on, and so is a workload shape a backend cannot run.
-    ``ValueError`` for a backend that cannot run the run's own dtype, head dim or device,
-    before anything is timed."""
+    ``features`` (:class:`~invariance.features.Features`) turn on a window, sinks, a soft-cap
+    or an FP8 cache in every workload (:func:`build_batch`); the ideal time counts the keys a
+    window leaves and the cache's bytes. ``ValueError`` for a backend that cannot run the run's
+    own dtype, head dim, device or features, before anything is timed."""
     dt = parse_dtype(dtype)
     head_cfg = HeadConfig.parse(heads) if isinstance(heads, str) else heads
     dev = torch.device(device)
@@ -646,9 +710,13 @@ def run_bench(
         raise ValueError("backend: expected at least one backend to time, got none")
     for b in resolved:  # the run's own shape: every backend must take it
         for v in (b.variants if isinstance(b, _BestOf) else [b]):
-            reason = _unsupported(v, dt, head_cfg, dev)
+            reason = _unsupported(v, dt, head_cfg, dev, features)
             if reason is not None and not isinstance(b, _BestOf):
                 raise ValueError(reason)
+        if isinstance(b, _BestOf) and all(_unsupported(v, dt, head_cfg, dev, features)
+                                          for v in b.variants):
+            raise ValueError(f"{b.name}: no variant takes "
+                             f"{features.describe() if features else 'this shape'}")
     timer = timer if timer is not None else CudaTimer(iters, device=dev)
     if limits is None:
         if progress is not None:
@@ -658,7 +726,7 @@ def run_bench(
     for i, w in enumerate(wls):
         results.append(_time_workload(w, resolved, timer, limits, head_cfg, dt, page_size, dev,
                                       seed, progress, i * len(resolved),
-                                      len(wls) * len(resolved)))
+                                      len(wls) * len(resolved), features))
     done = len(wls) * len(resolved)
     if progress is not None:
         progress(done, len(wls) * len(resolved), "done")
@@ -667,7 +735,7 @@ def run_bench(
     return BenchReport(
         backends=[b.name for b in resolved], baseline=base.name if base is not None else None,
         dtype=dtype_name(dt), heads=str(head_cfg), page_size=page_size, limits=limits,
-        results=results, timing=timing,
+        results=results, timing=timing, features=features.to_dict() if features else {},
         environment=_environment(dev) | {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S",
                                                                      time.gmtime())})
 
@@ -675,20 +743,21 @@ def run_bench(
 def _time_workload(w: BenchWorkload, resolved: Sequence[_Timed], timer: Timer, limits: Limits,
                    heads: HeadConfig, dtype: torch.dtype, page_size: int, dev: torch.device,
                    seed: int, progress: Callable[[int, int, str], None] | None, done: int,
-                   total: int) -> WorkloadResult:
+                   total: int, features: Features | None = None) -> WorkloadResult:
     """Every backend on one workload, at the workload's own shape where it names one."""
     w_heads, w_page = w.heads or heads, w.page_size or page_size
     w_dtype = parse_dtype(w.dtype) if w.dtype else dtype
-    ideal, bound = ideal_ms(w, limits, w_heads, w_dtype)
+    ideal, bound = ideal_ms(w, limits, w_heads, w_dtype, features)
     res = WorkloadResult(w.name, w.kind, len(w.q_lens), w.query_tokens, max(w.kv_lens),
-                         kv_bytes(w, w_heads, w_dtype), causal_flops(w, w_heads), ideal,
+                         kv_bytes(w, w_heads, w_dtype, features),
+                         causal_flops(w, w_heads, features), ideal,
                          bound, w.notes, heads=str(w_heads), dtype=dtype_name(w_dtype),
                          page_size=w_page)
-    batch = build_batch(w, w_heads, w_dtype, w_page, dev, seed)
+    batch = build_batch(w, w_heads, w_dtype, w_page, dev, seed, features)
     for i, b in enumerate(resolved):
         if progress is not None:
             progress(done + i, total, f"{w.name}: {b.name}")
-        res.times[b.name] = _time_one(timer, b, batch, w_dtype, w_heads, dev)
+        res.times[b.name] = _time_one(timer, b, batch, w_dtype, w_heads, dev, features)
     del batch
     if dev.type == "cuda":
         torch.cuda.empty_cache()

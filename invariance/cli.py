@@ -214,6 +214,12 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="head configuration (default 32:8:128)")
     bn.add_argument("--page-size", type=int, default=16, metavar="N",
                     help="tokens per KV page (default 16)")
+    bn.add_argument("--feature", action="append", metavar="KEY[=VALUE]",
+                    help="a feature in every workload, as for check: window=N, sinks, "
+                         "softcap=X, kv_scale=tensor|head (repeatable or comma-separated; "
+                         "FlashInfer's variants that lack one are skipped)")
+    bn.add_argument("--kv-dtype", metavar="DTYPE",
+                    help="KV cache dtype: fp8_e4m3 (an FP8 cache with dequantization scales)")
     bn.add_argument("--iters", type=int, default=50, metavar="N",
                     help="timed runs per backend and workload, median reported (default 50)")
     bn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
@@ -837,11 +843,13 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     targets = check_outputs({"--json": args.json, "--markdown": args.markdown})
     io.report_to_stderr(targets)
     from invariance.bench import run_bench, select_workloads
+    from invariance.features import Features
     from invariance.workload import HeadConfig, parse_dtype
 
     # ValueError -> one line, exit 2
     workloads = select_workloads(args.workload, args.lengths, args.grid)
     dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
+    features = Features.build(args.feature, args.kv_dtype)
     if args.iters < 1 or args.page_size < 1:
         raise UsageError(f"--iters and --page-size: expected ints >= 1, got {args.iters} and "
                          f"{args.page_size}")
@@ -854,7 +862,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
         report = run_bench(args.backend or [DEFAULT_BACKEND], workloads,
                            baseline=args.baseline, dtype=dtype, heads=heads,
                            page_size=args.page_size, iters=args.iters, seed=args.seed,
-                           progress=progress)
+                           progress=progress, features=features or None)
     report.command = shlex.join([PROG, *argv])
     from invariance.render import bench_to_markdown, print_bench
 

@@ -32,6 +32,7 @@ from invariance.bench import (
     select_workloads,
 )
 from invariance.cli import main
+from invariance.features import Features
 from invariance.render import bench_to_markdown, print_bench
 from invariance.render.bench import bench_table
 from invariance.workload import HeadConfig
@@ -389,3 +390,48 @@ def test_best_of_keeps_the_fastest_variant_and_names_it() -> None:
         "sdpa-math"
     assert "flashinfer-best" in BEST_OF and all(v.startswith("flashinfer")
                                                 for v in BEST_OF["flashinfer-best"])
+
+
+def test_features_reach_every_batch_the_ideal_time_and_the_report() -> None:
+    """``features`` put a window, sinks, a soft-cap and an FP8 cache in every workload's batch;
+    the ideal time counts the keys the window leaves and one byte per FP8 value; a backend that
+    lacks a feature is refused before anything runs, a composite's variant is skipped."""
+    feats = Features(window=8, sinks=True, softcap=30.0, kv_dtype="fp8_e4m3", kv_scale="head")
+    w = parse_lengths("decode:37x2+chunk:5/20")
+    batch = build_batch(w, SMALL, torch.float16, page_size=4, device="cpu", seed=1,
+                        features=feats).validate()
+    assert batch.window_left == 8 and batch.logits_soft_cap == 30.0
+    assert batch.sinks is not None and batch.sinks.shape == (SMALL.num_q_heads,)
+    assert batch.k_cache.dtype == torch.float8_e4m3fn and batch.k_scale is not None
+    assert batch.features_used() == {"window", "sinks", "softcap", "fp8_kv_head"}
+    # decodes read their last 9 keys, the chunk its 5 rows' windows: keys 7..19 (13 keys)
+    assert kv_bytes(w, SMALL, torch.float16, feats) == (9 + 9 + 13) * 2 * 64 * 2 * 1
+    assert causal_flops(parse_lengths("prefill:12"), SMALL, Features(window=3)) == \
+        4 * 64 * 4 * (1 + 2 + 3 + 4 * 9)
+    timer = FakeTimer({"reference": 0.02})
+    report = run_bench(["reference"], [w], dtype="float16", heads=SMALL, page_size=4,
+                       device="cpu", timer=timer, limits=LIMITS, features=feats)
+    assert report.features == feats.to_dict() and report.results[0].kv_bytes == \
+        kv_bytes(w, SMALL, torch.float16, feats)
+    assert "features: window 8, sinks, softcap 30, fp8_e4m3 KV (per-head scales)" in \
+        bench_to_markdown(report)
+    with pytest.raises(ValueError, match="features: backend sdpa-math takes sinks, window, "
+                                         "got fp8_kv_head, softcap"):
+        run_bench(["sdpa-math"], [w], dtype="float16", heads=SMALL, page_size=4, device="cpu",
+                  timer=timer, limits=LIMITS, features=feats)
+    BEST_OF["cpu-best"] = ("sdpa-math", "reference")
+    try:
+        report = run_bench(["reference"], [w], baseline="cpu-best", dtype="float16",
+                           heads=SMALL, page_size=4, device="cpu", timer=timer, limits=LIMITS,
+                           features=feats)
+    finally:
+        del BEST_OF["cpu-best"]
+    best = report.results[0].times["cpu-best"]
+    assert best.variant == "reference" and best.candidates["sdpa-math"] is None
+
+
+def test_bench_cli_names_a_bad_feature(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--feature", "window=-3", "--lengths", "decode:9"]) == 2
+    assert "window" in capsys.readouterr().err
+    assert main(["bench", "--kv-dtype", "int4", "--lengths", "decode:9"]) == 2
+    assert "kv" in capsys.readouterr().err.lower()

@@ -87,7 +87,7 @@ def _summary(report: BenchReport) -> list[str]:
         f"Measured in this run: HBM read {lim.hbm_read_GBps:.0f} GB/s, copy "
         f"{lim.copy_GBps:.0f} GB/s (read + write), bf16 matmul {lim.matmul_TFLOPs:.0f} TFLOP/s.",
         f"{report.dtype}, heads {report.heads}, page size {report.page_size} unless a workload's "
-        f"shape says otherwise; shuffled pages. "
+        f"shape says otherwise; shuffled pages; features: {_features(report)}. "
         f"Times: {report.timing}. Ideal: decode KV bytes / HBM read bandwidth, prefill causal "
         f"FLOPs / matmul peak, mixed the larger.",
     ]
@@ -95,6 +95,12 @@ def _summary(report: BenchReport) -> list[str]:
         lines.append(f"Ratios: a backend's time / {report.baseline}'s (the invariance tax when "
                      f"the backend is invariant and the baseline is not).")
     return lines
+
+
+def _features(report: BenchReport) -> str:
+    from invariance.features import Features
+
+    return Features.from_dict(report.features).describe() if report.features else "none"
 
 
 def _footnotes(report: BenchReport) -> tuple[list[str], list[str]]:
