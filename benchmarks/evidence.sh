@@ -67,6 +67,7 @@ step_check() {
     run "check-d${h##*:}" 200 $INV check --backend kernels --device cuda --heads "$h" \
       --no-progress --json "$C/kernels-d${h##*:}.json" --markdown "$C/kernels-d${h##*:}.md"
   done
+  # The control's report as Markdown only: its JSON (every violation with its case) is ~1 MB.
   run control 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
     --no-progress --markdown "$C/control-bf16.md"
   run tests-gpu ${GPU_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -rfE \

@@ -897,6 +897,8 @@ class _WallTimer:
 
 
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
+    import math
+
     from invariance.outputs import check_outputs
 
     targets = check_outputs({"--json": args.json, "--markdown": args.markdown,
@@ -908,14 +910,23 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     from invariance.workload import HeadConfig, parse_dtype
 
     workloads = select_workloads(args.workload, args.lengths, args.grid)
+    for flag, parse, text in (("--dtype", parse_dtype, args.dtype),
+                              ("--heads", HeadConfig.parse, args.heads)):
+        try:
+            parse(text)
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
     dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
-    if args.page_size < 1:
-        raise UsageError(f"--page-size: expected an int >= 1, got {args.page_size}")
-    if args.iters < 1 or not 0 <= args.margin < 1 or (args.budget_s is not None
-                                                         and args.budget_s < 0):
-        raise UsageError(f"--iters, --margin, --budget-s: expected an int >= 1, a fraction in "
-                         f"[0, 1) and seconds >= 0, got {args.iters}, {args.margin} and "
-                         f"{args.budget_s}")
+    for flag, ok, expected, value in (
+            ("--page-size", args.page_size >= 1, "an int >= 1", args.page_size),
+            ("--iters", args.iters >= 1, "an int >= 1", args.iters),
+            ("--margin", math.isfinite(args.margin) and 0 <= args.margin < 1,
+             "a fraction in [0, 1)", args.margin),
+            ("--budget-s", args.budget_s is None or (math.isfinite(args.budget_s)
+                                                     and args.budget_s >= 0),
+             "seconds >= 0", args.budget_s)):
+        if not ok:
+            raise UsageError(f"{flag}: expected {expected}, got {value}")
     import torch
 
     timer: Any = None
@@ -927,9 +938,10 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
 
         timer = CudaTimer(iters=args.iters, warmup=3)
     else:
-        import os
-
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise UsageError("--device cpu: the Triton interpreter must be on before triton is "
+                             "imported; set TRITON_INTERPRET=1")
+        os.environ["TRITON_INTERPRET"] = "1"
         timer = _WallTimer(args.iters)
     from invariance.outputs import write_atomic
     from invariance.tune import TuneResult, run_tune

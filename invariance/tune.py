@@ -56,7 +56,8 @@ class Trial:
     """One candidate on one bucket: ``plan`` and the ``tuning`` overrides; ``us`` summed over
     the bucket's workloads (None when not timed); ``status``: ``rules`` (the reference),
     ``admitted``, ``rejected`` (bits differ: ``differing`` elements of out and LSE),
-    ``control-rejected`` / ``control-admitted`` (the block_n control), ``refused`` (the planner
+    ``control-rejected`` / ``control-admitted`` (the block_n control; ``control-refused`` or
+    ``control-failed`` when it could not run: no bits compared), ``refused`` (the planner
     raised: ``error``), ``failed`` (compiling or running it raised, e.g. out of shared memory:
     ``error``) or ``duplicate`` (the same launch as ``same_as``)."""
 
@@ -238,6 +239,9 @@ class _Search:
         self.result = BucketResult(bucket.key, [w.name for w, _ in bucket.batches],
                                    rules_us=bucket.time_us(timer, "auto", {}))
         self.result.trials.append(Trial("auto", {}, "rules", us=self.result.rules_us))
+        # A candidate with the rules' own launch is the rules: never an entry of its own.
+        self.rules_sig = bucket.signature("auto", {})
+        self.seen[self.rules_sig] = "rules"
         self.control_block_n = control_block_n
 
     def trial(self, plan: str, overrides: dict[str, Any]) -> Trial:
@@ -249,7 +253,8 @@ class _Search:
             return t
         label = Trial(plan, dict(overrides), "").label()
         if sig in self.seen:
-            t = Trial(plan, dict(overrides), "duplicate", same_as=self.seen[sig])
+            t = Trial(plan, dict(overrides), "duplicate", same_as=self.seen[sig],
+                      us=self.result.rules_us if sig == self.rules_sig else None)
             self.result.trials.append(t)
             return t
         self.seen[sig] = label
@@ -271,13 +276,13 @@ class _Search:
         return t
 
     def control(self) -> bool:
-        """Whether the block_n control was rejected (None block_n: no control here)."""
+        """Whether the block_n control ran and was rejected (None block_n: no control here).
+        A control the planner refused or that did not run compared no bits: not rejected."""
         if self.control_block_n is None:
             return True
         t = self.trial("auto", {"block_n": self.control_block_n})
-        t.status = {"rejected": "control-rejected", "admitted": "control-admitted"}.get(
-            t.status, t.status)
-        return t.status != "control-admitted"
+        t.status = f"control-{t.status}"
+        return t.status == "control-rejected"
 
     def run(self, space: dict[str, tuple[Any, ...]]) -> BucketResult:
         """Both plans, then the settings one at a time from each plan within 1.5x of the
@@ -298,7 +303,8 @@ class _Search:
             if best is None or found[2] < best[2]:
                 best = found
         assert best is not None  # the fastest base is always searched
-        self._select(*best)
+        if self.b.signature(best[0], best[1]) != self.rules_sig:
+            self._select(*best)
         return self.result
 
     def _descend(self, plan: str, us: float, space: dict[str, tuple[Any, ...]]
@@ -375,7 +381,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
 
     import kernels  # noqa: F401  (the interpreter switch happens on import, see backends)
     from kernels._device import _device_slug
-    from kernels.tuned import TUNABLE
+    from kernels.tuned import TUNABLE, release
 
     dev = torch.device(device)
     if timer is None:
@@ -391,10 +397,11 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
                          f"{sorted(TUNABLE)}")
     result = TuneResult(device=_device_slug(dev), triton=triton.__version__)
     if resume is not None:
-        if (resume.get("device"), resume.get("triton")) != (result.device, result.triton):
+        if (resume.get("device"), release(str(resume.get("triton")))) != (
+                result.device, release(result.triton)):
             raise ValueError(f"resume: expected a table of {result.device} under triton "
-                             f"{result.triton}, got one of {resume.get('device')} under "
-                             f"triton {resume.get('triton')}")
+                             f"{release(result.triton)}, got one of {resume.get('device')} "
+                             f"under triton {resume.get('triton')}")
         result.kept = dict(resume.get("entries") or {})
         result.kept_rules = list(resume.get("rules") or [])
     done = set(result.kept) | set(result.kept_rules)

@@ -64,7 +64,7 @@ from kernels.config import (
     value_blocks,
     wide_tile,
 )
-from kernels.tuned import TunedEntry, active_table, bucket
+from kernels.tuned import TunedEntry, TunedTable, active_table, bucket, warn_unused_entry
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention"]
 
@@ -622,32 +622,32 @@ def _plan_call(
     lengths = _read_lengths(f, inputs, validate, host_lens)
     if lengths is not None and lengths.trusted:
         _check_feature_values(features)
-    key, entry = _tuned(f, q, lengths, split_size, lead_split_size, plan, given)
-    if entry is not None:
+    key, entry, table = _tuned(f, q, lengths, split_size, lead_split_size, plan, given)
+    if entry is not None and key is not None and table is not None:
         try:
             return _plan_steps(f, cfg, Tuning(**entry.tuning), entry.plan, inputs, lengths,
                                split_size, lead_split_size, tuned=key), features
-        except ValueError:
-            pass  # a setting this call cannot take: the rules decide (the same bits)
+        except ValueError as exc:  # a setting this call cannot take: the rules decide
+            warn_unused_entry(table, key, str(exc).splitlines()[0])
     return _plan_steps(f, cfg, tuning, plan, inputs, lengths, split_size,
                        lead_split_size), features
 
 
 def _tuned(f: _Facts, q: torch.Tensor, lengths: _Lengths | None, split_size: int | None,
            lead_split_size: int | None, plan: str, given: Tuning | None,
-           ) -> tuple[str | None, TunedEntry | None]:
-    """(bucket, entry) of the measured table (:mod:`kernels.tuned`) for this call, or (None,
-    None): only calls with no ``Tuning``, ``plan="auto"``, the default split sizes and no
+           ) -> tuple[str | None, TunedEntry | None, TunedTable | None]:
+    """(bucket, entry, table) of the measured table (:mod:`kernels.tuned`) for this call, or
+    Nones: only calls with no ``Tuning``, ``plan="auto"``, the default split sizes and no
     feature, on a GPU (or the interpreter) whose table is in force. Host only."""
     if (given is not None or plan != "auto" or split_size != DEFAULT_SPLIT_SIZE
             or lead_split_size not in (None, DEFAULT_LEAD_SPLIT_SIZE) or not f.plain):
-        return None, None
+        return None, None, None
     table = active_table(_device_slug(q.device))
     if table is None:
-        return None, None
+        return None, None, None
     max_kv = lengths.max_kv if lengths is not None else f.bound
     key = bucket(f.dtype, f.D, f.G, f.page_size, f.B, f.T, max_kv)
-    return key, table.entries.get(key)
+    return key, table.entries.get(key), table
 
 
 def _plan_steps(f: _Facts, cfg: TileConfig, tuning: Tuning, plan: str,

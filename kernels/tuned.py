@@ -14,11 +14,15 @@ of :mod:`kernels.config` as the fallback, not an autotuner at plan time: ARCHITE
 and the longest KV length (the checked lengths, the caller's ``host_lens``, else the block
 table's bound). No lookup reads the device, so it is safe under CUDA-graph capture.
 
-**Which table.** ``KERNELS_TUNED_TABLE`` names a table file, or ``off`` (also ``0``) for none;
-unset: ``kernels/tuned/<gpu>.json`` for the running GPU (``nvidia-h200.json`` for an "NVIDIA
-H200"), if the package ships one. A table applies only on the GPU it names, under the Triton
-release (major.minor) it was measured with, and only to calls with the default split sizes, no
-``Tuning`` of the caller's and ``plan="auto"``; everywhere else the rules decide.
+**Which table.** ``KERNELS_TUNED_TABLE`` names a table file, or ``off`` (also ``0``, ``none``)
+for none; unset: ``kernels/tuned/<gpu>.json`` for the running GPU (``nvidia-h200.json`` for an
+"NVIDIA H200"), if the package ships one. Each file is read once per process. A table applies
+only on the GPU it names, under the Triton release (major.minor) it was measured with, and only
+to calls with the default split sizes, no feature (window, sinks, soft-cap, FP8 cache), no
+``Tuning`` of the caller's and ``plan="auto"``; everywhere else the rules decide. An entry a
+call cannot take (the planner refuses its settings for that call) also leaves it to the rules,
+with a ``RuntimeWarning`` once per bucket; so does a table named by ``KERNELS_TUNED_TABLE`` for
+another GPU or Triton release.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import functools
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -127,6 +132,12 @@ class TunedTable:
                             for k, e in sorted(self.entries.items())}}
 
 
+_BUCKET = re.compile(r"(fp16|bf16|fp32)/d\d+/g\d+/p\d+/b(1|4|16|64|256|max)/"
+                     r"q(1|8|128|1k|max)/kv(1k|4k|16k|64k|max)")
+_ENTRY_KEYS = frozenset({"plan", "tuning", "us", "rules_us", "workloads"})
+_TABLE_KEYS = frozenset({"schema", "device", "triton", "command", "entries", "rules"})
+
+
 def _fail(path: str, what: str, expected: str, got: object) -> ValueError:
     return ValueError(f"tuned table {path}: {what}: expected {expected}, got {got!r}")
 
@@ -136,6 +147,12 @@ def _entry(path: str, key: str, raw: object) -> TunedEntry:
 
     if not isinstance(raw, dict):
         raise _fail(path, f"entry {key!r}", "an object", raw)
+    if not _BUCKET.fullmatch(key):
+        raise _fail(path, "entry key", "a bucket like 'bf16/d128/g4/p16/b16/q1/kv16k' "
+                    "(kernels.tuned.bucket)", key)
+    unknown = sorted(set(raw) - _ENTRY_KEYS)
+    if unknown:
+        raise _fail(path, f"entry {key!r}", f"keys among {sorted(_ENTRY_KEYS)}", unknown)
     plan = raw.get("plan")
     if plan not in ("fused", "split"):
         raise _fail(path, f"entry {key!r}: plan", "'fused' or 'split'", plan)
@@ -160,21 +177,29 @@ def _entry(path: str, key: str, raw: object) -> TunedEntry:
 
 
 def load_table(path: str | os.PathLike[str]) -> TunedTable:
-    """Read and check a table file (``ValueError`` naming the file and the field)."""
+    """Read and check a table file (``ValueError`` naming the file and the field; unknown keys
+    are errors, never ignored)."""
     p = str(path)
     try:
-        raw = json.loads(Path(p).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = json.loads(Path(p).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON
         raise ValueError(f"tuned table {p}: cannot be read as JSON ({exc})") from None
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         got = raw.get("schema") if isinstance(raw, dict) else raw
         raise _fail(p, "schema", repr(SCHEMA), got)
-    for name in ("device", "triton"):
-        if not isinstance(raw.get(name), str) or not raw[name]:
-            raise _fail(p, name, "a non-empty string", raw.get(name))
+    unknown = sorted(set(raw) - _TABLE_KEYS)
+    if unknown:
+        raise _fail(p, "keys", f"keys among {sorted(_TABLE_KEYS)}", unknown)
+    device, release = raw.get("device"), raw.get("triton")
+    if not isinstance(device, str) or not device or device != device_slug(device):
+        raise _fail(p, "device", "a GPU name as kernels.tuned.device_slug writes it "
+                    "(e.g. 'nvidia-h200')", device)
+    if not isinstance(release, str) or not re.fullmatch(r"\d+\.\d+(\.\S*)?", release):
+        raise _fail(p, "triton", "a Triton version like '3.6.0'", release)
     entries = raw.get("entries")
     rules = raw.get("rules", [])
-    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+    if not isinstance(rules, list) or not all(isinstance(r, str) and _BUCKET.fullmatch(r)
+                                              for r in rules):
         raise _fail(p, "rules", "a list of buckets", rules)
     if not isinstance(entries, dict):
         raise _fail(p, "entries", "an object keyed by bucket", entries)
@@ -183,41 +208,64 @@ def load_table(path: str | os.PathLike[str]) -> TunedTable:
 
 
 def table_path(slug: str) -> Path | None:
-    """The table in force for the GPU ``slug``: ``KERNELS_TUNED_TABLE`` (None when ``off``),
-    else the shipped ``kernels/tuned/<slug>.json`` if it exists."""
+    """The table in force for the GPU ``slug``: ``KERNELS_TUNED_TABLE`` (None when ``off``,
+    ``0`` or ``none``), else the shipped ``kernels/tuned/<slug>.json`` if it exists."""
     chosen = os.environ.get(TABLE_ENV, "").strip()
     if chosen.lower() in _OFF:
         return None
     if chosen:
         return Path(chosen)
+    return _shipped(slug)
+
+
+@functools.cache
+def _shipped(slug: str) -> Path | None:
     shipped = _TABLE_DIR / f"{slug}.json"
     return shipped if shipped.is_file() else None
 
 
-def _release(version: str) -> str:
+def release(version: str) -> str:
+    """A Triton version's release, ``major.minor``: what a table's bits were measured under."""
     return ".".join(version.split(".")[:2])
 
 
 @functools.cache
-def _cached_table(path: str, mtime_ns: int) -> TunedTable:
-    del mtime_ns  # part of the cache key: an edited file is read again
-    return load_table(path)
+def _cached_table(path: str) -> TunedTable:
+    try:
+        return load_table(path)
+    except ValueError as exc:
+        if os.environ.get(TABLE_ENV, "").strip():
+            raise ValueError(f"{TABLE_ENV}: expected a readable table file, or 'off', got "
+                             f"{path!r}: {exc}") from None
+        raise
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def warn_unused_entry(table: TunedTable, key: str, reason: str) -> None:
+    """Say once per (table, bucket) that an entry cannot run a call (the rules then decide)."""
+    _warn_once(f"tuned table {table.path}: the entry of bucket {key} cannot run this call "
+               f"({reason}); the shape rules decide it")
 
 
 def active_table(slug: str) -> TunedTable | None:
-    """The table that applies on GPU ``slug`` under this Triton release, or None. Host only: a
-    file read once per path (and again when it changes)."""
+    """The table that applies on GPU ``slug`` under this Triton release, or None. Host only:
+    each file is read and checked once per process; a lookup is an environment read and dict
+    lookups. A table named by ``KERNELS_TUNED_TABLE`` that does not apply here (another GPU or
+    Triton release) is said once, as a ``RuntimeWarning``."""
     path = table_path(slug)
     if path is None:
         return None
-    try:
-        mtime = path.stat().st_mtime_ns
-    except OSError as exc:
-        raise ValueError(f"{TABLE_ENV}: expected a readable table file or 'off', got "
-                         f"{str(path)!r} ({exc.strerror})") from None
-    table = _cached_table(str(path), mtime)
+    table = _cached_table(str(path))
     import triton
 
-    if table.device != slug or _release(table.triton) != _release(triton.__version__):
+    if table.device != slug or release(table.triton) != release(triton.__version__):
+        if os.environ.get(TABLE_ENV, "").strip():
+            _warn_once(f"{TABLE_ENV}: {path} is a table of {table.device} under Triton "
+                       f"{release(table.triton)}, not of {slug} under Triton "
+                       f"{release(triton.__version__)}: the shape rules decide")
         return None
     return table

@@ -107,7 +107,8 @@ def test_a_table_of_another_gpu_or_triton_release_is_not_used(
     path = _write_table(tmp_path / "t.json", {_key(batch): {"plan": "split", "tuning": {}}},
                         device=gpu, release=release)
     monkeypatch.setenv(TABLE_ENV, str(path))
-    assert _plan(batch).tuned is None
+    with pytest.warns(RuntimeWarning, match="the shape rules decide"):
+        assert _plan(batch).tuned is None
     monkeypatch.setenv(TABLE_ENV, "off")
     assert _plan(batch).tuned is None
 
@@ -115,25 +116,58 @@ def test_a_table_of_another_gpu_or_triton_release_is_not_used(
 def test_an_entry_the_call_cannot_take_falls_back_to_the_rules(
         batch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The keys-as-rows tile needs Hopper's Gluon kernels at fp16/bf16: refused for this float32
-    # call, so the rules decide.
+    # call, so the rules decide, and a warning says so.
     path = _write_table(tmp_path / "t.json", {_key(batch): {"plan": "split",
                                                             "tuning": {"keys_rows": True}}})
     monkeypatch.setenv(TABLE_ENV, str(path))
-    assert _plan(batch) == _plan(batch, tuning=kernels.Tuning())
+    with pytest.warns(RuntimeWarning, match="keys_rows=True needs"):
+        assert _plan(batch) == _plan(batch, tuning=kernels.Tuning())
+
+
+def test_a_named_table_of_another_gpu_is_said(batch: Any, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write_table(tmp_path / "t.json", {}, device="some-other-gpu")
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    with pytest.warns(RuntimeWarning, match="table of some-other-gpu"):
+        assert _plan(batch).tuned is None
+
+
+def test_the_planner_and_the_tuner_agree_on_a_bucket(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from invariance.bench import build_batch
+    from invariance.tune import _bucket_of, _family
+
+    w = BenchWorkload("mixed", (1, 7, 1), (40, 90, 200), heads=HEADS, dtype="float32")
+    key = _bucket_of(w, _family(w, torch.float32, HEADS, 16))
+    b = build_batch(w, HEADS, torch.float32, 16, DEVICE)
+    monkeypatch.setenv(TABLE_ENV, str(_write_table(tmp_path / "t.json",
+                                                   {key: {"plan": "split", "tuning": {}}})))
+    lens = (list(w.q_lens), list(w.kv_lens))
+    assert _plan(b, validate=False, host_lens=lens).tuned == key
+    assert _plan(b).tuned == key  # the lengths read back give the same bucket
+
+
+KEY = "bf16/d128/g4/p16/b16/q1/kv16k"
 
 
 @pytest.mark.parametrize("edit, names", [
     (lambda t: t.update(schema="other/1"), "schema"),
     (lambda t: t.update(device=""), "device"),
-    (lambda t: t["entries"]["k"].update(plan="auto"), "plan"),
-    (lambda t: t["entries"]["k"].update(tuning={"block_n": 32}), "tuning"),
-    (lambda t: t["entries"]["k"].update(tuning={"num_warps": 3}), "Tuning.num_warps"),
-    (lambda t: t["entries"]["k"].update(us="fast"), "us"),
+    (lambda t: t["entries"][KEY].update(plan="auto"), "plan"),
+    (lambda t: t["entries"][KEY].update(tuning={"block_n": 32}), "tuning"),
+    (lambda t: t["entries"][KEY].update(tuning={"num_warps": 3}), "Tuning.num_warps"),
+    (lambda t: t["entries"][KEY].update(us="fast"), "us"),
     (lambda t: t.update(entries=[]), "entries"),
+    (lambda t: t["entries"][KEY].update(tunings={}), "tunings"),
+    (lambda t: t.update(rulez=[]), "rulez"),
+    (lambda t: t.update(entries={"nonsense": {"plan": "split"}}), "entry key"),
+    (lambda t: t.update(device="NVIDIA H200"), "device"),
+    (lambda t: t.update(triton="abc"), "triton"),
+    (lambda t: t.update(rules=["bf16/d128/g4/p16/b16/q1/kv16K"]), "rules"),
 ])
 def test_a_bad_table_is_named_with_its_field(tmp_path: Path, edit: Any, names: str) -> None:
     table = {"schema": SCHEMA, "device": "x", "triton": "3.6.0",
-             "entries": {"k": {"plan": "split", "tuning": {}}}}
+             "entries": {KEY: {"plan": "split", "tuning": {}}}}
     edit(table)
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
@@ -147,10 +181,11 @@ def test_an_unreadable_table_in_force_is_a_named_error(batch: Any, tmp_path: Pat
     monkeypatch.setenv(TABLE_ENV, str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match=TABLE_ENV):
         _plan(batch)
-    (tmp_path / "bad.json").write_text("{not json")
-    monkeypatch.setenv(TABLE_ENV, str(tmp_path / "bad.json"))
-    with pytest.raises(ValueError, match="cannot be read as JSON"):
-        _plan(batch)
+    for name, content in (("bad.json", b"{not json"), ("utf16.json", b"\xff\xfe{")):
+        (tmp_path / name).write_bytes(content)
+        monkeypatch.setenv(TABLE_ENV, str(tmp_path / name))
+        with pytest.raises(ValueError, match=f"{TABLE_ENV}.*{name}.*cannot be read as JSON"):
+            _plan(batch)
 
 
 WORKLOAD = BenchWorkload("two-decodes", (1, 1), (150, 90), heads=HEADS, dtype="float32")
@@ -191,6 +226,15 @@ def test_tune_fails_when_the_comparison_cannot_see_a_difference(
     assert "ADMITTED" in result.to_markdown()
 
 
+def test_a_control_that_cannot_run_fails_the_tune(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control the planner refuses compared no bits: the run must not call it rejected."""
+    _fake_times(monkeypatch)
+    monkeypatch.setattr("invariance.tune._control_block_n", lambda batch: 8)  # not a tile
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
+    [control] = [t for t in result.buckets[0].trials if t.status.startswith("control")]
+    assert control.status == "control-refused" and not result.controls_rejected
+
+
 def test_tune_keeps_the_rules_when_no_candidate_beats_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_Bucket, "time_us", lambda self, timer, plan, overrides: 100.0)
@@ -219,7 +263,11 @@ def test_tune_rejects_a_setting_that_changes_bits(monkeypatch: pytest.MonkeyPatc
                         lambda self, timer, plan, overrides: 10.0 if plan == "split" else 90.0)
     result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
     [b] = result.buckets
-    assert {t.status for t in b.trials if t.plan == "split"} == {"rejected"}
+    split = [t for t in b.trials if t.plan == "split"]
+    assert "rejected" in {t.status for t in split}
+    # every split trial that ran was rejected; one with the rules' own launch is not run
+    assert all(t.status == "rejected" or (t.status == "duplicate" and t.same_as == "rules")
+               for t in split)
     assert b.entry is None or b.entry["plan"] == "fused"
 
 
