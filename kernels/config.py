@@ -23,12 +23,14 @@ from dataclasses import dataclass, replace
 import torch
 
 __all__ = [
+    "CONTRACT",
     "DEFAULT_LEAD_SPLIT_SIZE",
     "DEFAULT_SPLIT_SIZE",
     "NOMINAL_NUM_SMS",
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_DIMS",
     "WIDE_BLOCK_N",
+    "WIDE_CONTRACT",
     "TileConfig",
     "batch_tuning",
     "control_num_splits",
@@ -90,16 +92,34 @@ class TileConfig:
     num_stages: int
 
 
+#: The bit-defining contract, one row per (precision, head dim): the KV tile width
+#: (``block_n``) and the launch that goes with it by default (``block_m``, warps, stages:
+#: bit-neutral, the rules' starting point). ``half`` (float16 and bfloat16) runs tensor-core
+#: dots with float32 accumulation (``wgmma`` on Hopper, ``mma.sync`` elsewhere); ``fp32`` runs
+#: exact IEEE FMA dots (never tf32). Every row splits at :data:`DEFAULT_SPLIT_SIZE` with lead
+#: splits of :data:`DEFAULT_LEAD_SPLIT_SIZE`. Half precision at head dim 128 on Hopper, where
+#: Triton 3.6's Gluon builds, takes :data:`WIDE_CONTRACT` instead.
+CONTRACT: dict[tuple[str, int], TileConfig] = {
+    ("half", 64): TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    ("half", 128): TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
+    ("half", 256): TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2),
+    ("fp32", 64): TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=2),
+    ("fp32", 128): TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=2),
+    ("fp32", 256): TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
+}
+
+#: The 128-key contract: half precision at head dim 128 on Hopper with Triton 3.6's Gluon.
+WIDE_CONTRACT = TileConfig(block_m=64, block_n=WIDE_BLOCK_N, num_warps=4, num_stages=2)
+
+
 def tile_config(dtype: torch.dtype, head_dim: int, sm_major: int | None = None,
                 gluon: bool = False) -> TileConfig:
     """The contract's tile for (dtype, head_dim) on a GPU of compute capability major
     ``sm_major`` (``None``: not a CUDA device, the interpreter), in a deployment where the
-    Gluon kernels can be built (``gluon``: Triton 3.6). Pure: never looks at a batch.
-
-    Half precision at head dim 128 on Hopper with Gluon takes 128-key tiles (the launch
-    returned is the Triton kernels', for calls the Gluon tile cannot take); everything else 64
-    keys or fewer. float32 runs exact IEEE FMA dots (no tensor cores) on smaller tiles. The GPU
-    and the Triton release are fixed per deployment.
+    Gluon kernels can be built (``gluon``: Triton 3.6): a row of :data:`CONTRACT`, or
+    :data:`WIDE_CONTRACT` for half precision at head dim 128 on Hopper with Gluon (the launch
+    returned is then the Triton kernels', for calls the Gluon tile cannot take). The GPU and
+    the Triton release are fixed per deployment. Pure: never looks at a batch.
 
     Raises ValueError for unsupported dtypes or head dims.
     """
@@ -108,16 +128,8 @@ def tile_config(dtype: torch.dtype, head_dim: int, sm_major: int | None = None,
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
     if _measured_neutral(dtype, head_dim, sm_major) and gluon:
-        return TileConfig(block_m=64, block_n=WIDE_BLOCK_N, num_warps=4, num_stages=2)
-    if dtype in (torch.float16, torch.bfloat16):
-        if head_dim <= 64:
-            return TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
-        if head_dim <= 128:
-            return TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
-        return TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
-    if head_dim <= 128:
-        return TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=2)
-    return TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2)
+        return WIDE_CONTRACT
+    return CONTRACT["fp32" if dtype == torch.float32 else "half", head_dim]
 
 
 def prefill_like(num_tokens: int, group_size: int, batch_size: int) -> bool:
