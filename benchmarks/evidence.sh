@@ -15,6 +15,9 @@
 #   features  the kernels' feature tests, the full check with each feature at fp16 and bf16 (window + sinks at the
 #             gpt-oss-like heads 64:8:64, soft-cap + window at 16:8:256, an FP8 cache at
 #             32:8:128) and the control with the window
+#   contract  the bit-defining tile chosen by measurement: `invariance tune` at head dims 64
+#             (64:8:64) and 256 (16:8:256), bf16, under today's contract and under KV tiles
+#             twice as wide (--block-n), on the same decode and prefill workloads
 #   features-bench  the features' speed at model-like shapes against FlashInfer's fastest
 #             variant with the same feature: gpt-oss-like 64:8:64 with window 128 and sinks,
 #             Gemma-like 16:8:256 with window 4096 and soft-cap 50, Llama-like 32:8:128 with an
@@ -97,6 +100,18 @@ step_features() {
     --feature window=4096 --no-progress --markdown "$C/control-window.md"
 }
 
+step_contract() {
+  lens="--lengths decode:8kx8 --lengths decode:8kx64 --lengths prefill:16k,8k,4kx2,2k,1k,512x2"
+  for cfg in "d64 64:8:64 128" "d256 16:8:256 64"; do
+    set -- $cfg
+    for n in default "$3"; do
+      opt=""; [ "$n" = default ] || opt="--block-n $n"
+      run "tune-$1-$n" ${CONTRACT_S:-140} $INV tune --heads "$2" $lens $opt \
+        --table "$C/$1-$n.json" --markdown "$C/$1-$n.md" --json "$C/$1-$n-trials.json"
+    done
+  done
+}
+
 step_features_bench() {
   flashinfer_site || return
   lens="--lengths decode:8kx8 --lengths decode:8kx64 --lengths decode:32kx8"
@@ -177,12 +192,12 @@ step_model() {
   done
 }
 
-[ $# -ge 1 ] || { sed -n '2,32p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,35p' "$0"; exit 2; }
 mkdir -p "$OUT"
 for STEP in "$@"; do
   case "$STEP" in
-    check|tune|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model) ;;
-    *) echo "evidence.sh: unknown step '$STEP' (check|tune|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model)" >&2
+    check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model) ;;
+    *) echo "evidence.sh: unknown step '$STEP' (check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model)" >&2
        exit 2 ;;
   esac
   C=$OUT/$STEP

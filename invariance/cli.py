@@ -264,6 +264,10 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="cpu runs the search under the Triton interpreter (wall-clock "
                          "times: a test of the method, not a table to ship)")
     tn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
+    tn.add_argument("--block-n", type=int, metavar="N",
+                    help="tune under another contract: KV tiles of N keys (bit-defining; the "
+                         "reference runs at N too), to compare contracts by measurement; the "
+                         "table records N and the planner never applies it")
     tn.add_argument("--resume", action="store_true",
                     help="keep the buckets an existing --table already searched (same GPU "
                          "and Triton release) and search only the others")
@@ -924,7 +928,10 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
              "a fraction in [0, 1)", args.margin),
             ("--budget-s", args.budget_s is None or (math.isfinite(args.budget_s)
                                                      and args.budget_s >= 0),
-             "seconds >= 0", args.budget_s)):
+             "seconds >= 0", args.budget_s),
+            ("--block-n", args.block_n is None or (args.block_n >= 16
+                                                   and args.block_n & (args.block_n - 1) == 0),
+             "a power of two >= 16", args.block_n)):
         if not ok:
             raise UsageError(f"{flag}: expected {expected}, got {value}")
     import torch
@@ -971,7 +978,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
         result = run_tune(workloads, dtype=dtype, heads=heads, page_size=args.page_size,
                           device=args.device, timer=timer, margin=args.margin,
                           budget_s=args.budget_s, seed=args.seed, log=log, on_bucket=save,
-                          resume=resume)
+                          resume=resume, block_n=args.block_n)
     except KeyboardInterrupt as exc:
         if not finished:
             raise  # no bucket finished: nothing to write

@@ -105,6 +105,8 @@ class TuneResult:
     skipped: list[str] = field(default_factory=list)
     controls_rejected: bool = True
     command: str = ""
+    #: The contract tuned under (``run_tune(block_n=...)``); None: ``tile_config``'s.
+    block_n: int | None = None
     seconds: float = 0.0
     #: From an earlier table (``resume=``): its entries and the buckets its rules kept, for the
     #: buckets this run did not search.
@@ -121,7 +123,8 @@ class TuneResult:
             if b.entry is None:
                 entries.pop(b.bucket, None)
         rules = (set(self.kept_rules) | {b.bucket for b in self.buckets if b.entry is None})
-        return {"schema": SCHEMA, "device": self.device, "triton": self.triton,
+        contract = {} if self.block_n is None else {"block_n": self.block_n}
+        return {"schema": SCHEMA, "device": self.device, "triton": self.triton, **contract,
                 "command": self.command, "entries": dict(sorted(entries.items())),
                 "rules": sorted(rules - set(entries))}
 
@@ -132,7 +135,9 @@ class TuneResult:
         return json.dumps({"schema": TUNE_SCHEMA, **asdict(self)}, indent=1) + "\n"
 
     def to_markdown(self) -> str:
-        lines = [f"# Tuning: {self.device}, triton {self.triton}", "",
+        contract = ("" if self.block_n is None
+                    else f", contract: KV tiles of {self.block_n} keys (not tile_config's)")
+        lines = [f"# Tuning: {self.device}, triton {self.triton}{contract}", "",
                  f"`{self.command}` ({self.seconds:.0f} s). Every candidate's output and LSE "
                  "compared bit for bit with the rules' on each workload of its bucket; the "
                  "block_n control (bit-defining) "
@@ -161,9 +166,17 @@ class TuneResult:
 class _Bucket:
     """The workloads of one bucket with their batches, reference bits and calls."""
 
-    def __init__(self, key: str, batches: list[tuple[BenchWorkload, AttentionBatch]]) -> None:
+    def __init__(self, key: str, batches: list[tuple[BenchWorkload, AttentionBatch]],
+                 contract: dict[str, Any] | None = None) -> None:
+        #: ``{"block_n": N}`` when tuning under another contract (``run_tune(block_n=N)``):
+        #: merged under every candidate's settings and the reference's.
+        self.contract = dict(contract or {})
         self.key, self.batches = key, batches
-        self.refs = [self._call(b, "auto", {})() for _, b in batches]
+        self.refs = [self.call(b, "auto", {})() for _, b in batches]
+
+    def call(self, batch: AttentionBatch, plan: str, overrides: dict[str, Any]
+             ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        return self._call(batch, plan, {**self.contract, **overrides})
 
     @staticmethod
     def _call(batch: AttentionBatch, plan: str, overrides: dict[str, Any]
@@ -188,7 +201,7 @@ class _Bucket:
         for _, b in self.batches:
             lp = kernels.plan_attention(
                 b.q, b.k_cache, b.v_cache, b.cu_seqlens_q, b.kv_lens, b.block_table,
-                plan=plan, validate=False, tuning=kernels.Tuning(**overrides),
+                plan=plan, validate=False, tuning=kernels.Tuning(**{**self.contract, **overrides}),
                 host_lens=(b.q_lens(), b.kv_lens.tolist()))
             sig.append(tuple(getattr(lp, name) for name in _LAUNCH_FIELDS))
         return tuple(sig)
@@ -199,13 +212,13 @@ class _Bucket:
 
         total = 0
         for (_, b), (ref_out, ref_lse) in zip(self.batches, self.refs, strict=True):
-            out, lse = self._call(b, plan, overrides)()
+            out, lse = self.call(b, plan, overrides)()
             total += compare_bits(out, ref_out, name="out").num_different
             total += compare_bits(lse, ref_lse, name="lse").num_different
         return total
 
     def time_us(self, timer: Timer, plan: str, overrides: dict[str, Any]) -> float:
-        return sum(1000.0 * timer.time_fn(_graphed(self._call(b, plan, overrides), b.device))
+        return sum(1000.0 * timer.time_fn(_graphed(self.call(b, plan, overrides), b.device))
                    for _, b in self.batches)
 
 
@@ -350,13 +363,14 @@ def _bucket_of(w: BenchWorkload, family: tuple[torch.dtype, HeadConfig, int]) ->
                   len(w.q_lens), w.query_tokens, max(w.kv_lens))
 
 
-def _control_block_n(batch: AttentionBatch) -> int | None:
-    """Half the contract's KV tile for this batch (None where that is below 16)."""
+def _control_block_n(batch: AttentionBatch, block_n: int | None = None) -> int | None:
+    """Half the contract's KV tile for this batch (``block_n``, else ``tile_config``'s; None
+    where that is below 16)."""
     import kernels
 
     lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
                                 batch.kv_lens, batch.block_table, validate=False,
-                                tuning=kernels.Tuning())
+                                tuning=kernels.Tuning(block_n=block_n))
     return lp.block_n // 2 if lp.block_n >= 32 else None
 
 
@@ -367,7 +381,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
              budget_s: float | None = None, seed: int = 0,
              log: Callable[[str], None] = lambda _: None,
              on_bucket: Callable[[TuneResult], None] | None = None,
-             resume: dict[str, Any] | None = None) -> TuneResult:
+             resume: dict[str, Any] | None = None, block_n: int | None = None) -> TuneResult:
     """Search each bucket of ``workloads`` (module docstring) and return the result; its
     :meth:`TuneResult.table_json` is the table. ``dtype``, ``heads``, ``page_size``: for
     workloads that name none.
@@ -376,7 +390,10 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     many seconds (those left are listed in ``skipped``); ``on_bucket``: called after each bucket
     (write the table as you go); ``resume``: an earlier table of this GPU and Triton release
     (its file's content): the buckets it searched are not searched again and stay in the
-    table."""
+    table. ``block_n``: tune under another contract, KV tiles of ``block_n`` keys
+    (bit-defining: the reference and every candidate run at it, and the control halves it),
+    to choose the contract by measurement; the table records it and the planner never applies
+    such a table (:mod:`kernels.tuned`)."""
     import triton
 
     import kernels  # noqa: F401  (the interpreter switch happens on import, see backends)
@@ -395,13 +412,17 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     if unknown:
         raise ValueError(f"space: unknown settings {unknown}; expected keys among "
                          f"{sorted(TUNABLE)}")
-    result = TuneResult(device=_device_slug(dev), triton=triton.__version__)
+    if block_n is not None and (isinstance(block_n, bool) or not isinstance(block_n, int)
+                                or block_n < 16 or block_n & (block_n - 1)):
+        raise ValueError(f"block_n: expected a power of two >= 16 or None, got {block_n!r}")
+    result = TuneResult(device=_device_slug(dev), triton=triton.__version__, block_n=block_n)
     if resume is not None:
-        if (resume.get("device"), release(str(resume.get("triton")))) != (
-                result.device, release(result.triton)):
+        if (resume.get("device"), release(str(resume.get("triton"))), resume.get("block_n")) != (
+                result.device, release(result.triton), block_n):
             raise ValueError(f"resume: expected a table of {result.device} under triton "
-                             f"{release(result.triton)}, got one of {resume.get('device')} "
-                             f"under triton {resume.get('triton')}")
+                             f"{release(result.triton)} and contract block_n {block_n}, got "
+                             f"one of {resume.get('device')} under triton "
+                             f"{resume.get('triton')} and block_n {resume.get('block_n')}")
         result.kept = dict(resume.get("entries") or {})
         result.kept_rules = list(resume.get("rules") or [])
     done = set(result.kept) | set(result.kept_rules)
@@ -421,9 +442,10 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
         fam = _family(members[0], dtype, heads, page_size)
         batches = [(w, build_batch(w, heads=fam[1], dtype=fam[0], page_size=fam[2], device=dev,
                                    seed=seed)) for w in members]
-        bucket = _Bucket(key, batches)
+        contract = {} if block_n is None else {"block_n": block_n}
+        bucket = _Bucket(key, batches, contract)
         family = (fam[0], fam[1], fam[2])
-        control = None if family in controlled else _control_block_n(batches[0][1])
+        control = None if family in controlled else _control_block_n(batches[0][1], block_n)
         controlled.add(family)
         search = _Search(bucket, timer, margin, control, log)
         if not search.control():

@@ -124,6 +124,9 @@ class TunedTable:
     triton: str
     entries: dict[str, TunedEntry]
     path: str = ""
+    #: A contract experiment (``invariance tune --block-n``): measured at KV tiles of this many
+    #: keys, never applied by the planner. None: the contract of ``tile_config``.
+    block_n: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "device": self.device, "triton": self.triton,
@@ -135,7 +138,8 @@ class TunedTable:
 _BUCKET = re.compile(r"(fp16|bf16|fp32)/d\d+/g\d+/p\d+/b(1|4|16|64|256|max)/"
                      r"q(1|8|128|1k|max)/kv(1k|4k|16k|64k|max)")
 _ENTRY_KEYS = frozenset({"plan", "tuning", "us", "rules_us", "workloads"})
-_TABLE_KEYS = frozenset({"schema", "device", "triton", "command", "entries", "rules"})
+_TABLE_KEYS = frozenset({"schema", "device", "triton", "block_n", "command", "entries",
+                         "rules"})
 
 
 def _fail(path: str, what: str, expected: str, got: object) -> ValueError:
@@ -196,6 +200,11 @@ def load_table(path: str | os.PathLike[str]) -> TunedTable:
                     "(e.g. 'nvidia-h200')", device)
     if not isinstance(release, str) or not re.fullmatch(r"\d+\.\d+(\.\S*)?", release):
         raise _fail(p, "triton", "a Triton version like '3.6.0'", release)
+    block_n = raw.get("block_n")
+    if block_n is not None and (isinstance(block_n, bool) or not isinstance(block_n, int)
+                                or block_n < 16 or block_n & (block_n - 1)):
+        raise _fail(p, "block_n", "a power of two >= 16 (a contract experiment), or absent",
+                    block_n)
     entries = raw.get("entries")
     rules = raw.get("rules", [])
     if not isinstance(rules, list) or not all(isinstance(r, str) and _BUCKET.fullmatch(r)
@@ -203,7 +212,7 @@ def load_table(path: str | os.PathLike[str]) -> TunedTable:
         raise _fail(p, "rules", "a list of buckets", rules)
     if not isinstance(entries, dict):
         raise _fail(p, "entries", "an object keyed by bucket", entries)
-    return TunedTable(device=raw["device"], triton=raw["triton"], path=p,
+    return TunedTable(device=raw["device"], triton=raw["triton"], path=p, block_n=block_n,
                       entries={str(k): _entry(p, str(k), v) for k, v in entries.items()})
 
 
@@ -262,6 +271,10 @@ def active_table(slug: str) -> TunedTable | None:
     table = _cached_table(str(path))
     import triton
 
+    if table.block_n is not None:
+        _warn_once(f"tuned table {path}: measured under another contract (KV tiles of "
+                   f"{table.block_n} keys): a contract experiment, never applied")
+        return None
     if table.device != slug or release(table.triton) != release(triton.__version__):
         if os.environ.get(TABLE_ENV, "").strip():
             _warn_once(f"{TABLE_ENV}: {path} is a table of {table.device} under Triton "

@@ -229,7 +229,7 @@ def test_tune_fails_when_the_comparison_cannot_see_a_difference(
 def test_a_control_that_cannot_run_fails_the_tune(monkeypatch: pytest.MonkeyPatch) -> None:
     """A control the planner refuses compared no bits: the run must not call it rejected."""
     _fake_times(monkeypatch)
-    monkeypatch.setattr("invariance.tune._control_block_n", lambda batch: 8)  # not a tile
+    monkeypatch.setattr("invariance.tune._control_block_n", lambda batch, n: 8)  # not a tile
     result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
     [control] = [t for t in result.buckets[0].trials if t.status.startswith("control")]
     assert control.status == "control-refused" and not result.controls_rejected
@@ -333,3 +333,28 @@ def test_an_interrupted_tune_keeps_its_finished_buckets(
     monkeypatch.setattr(_Search, "run", original)
     assert main([*argv, "--resume"]) == 0
     assert set(load_table(table).entries) == set(calls)
+
+
+def test_tune_under_another_contract_is_measured_and_never_applied(
+        batch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``block_n``: the reference and every candidate run at that KV tile (bit-defining), the
+    control halves it; the table records it, and the planner never applies such a table."""
+    _fake_times(monkeypatch)
+    contract = 2 * _plan(batch, tuning=kernels.Tuning()).block_n
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE,  # type: ignore[arg-type]
+                      block_n=contract)
+    [b] = result.buckets
+    [control] = [t for t in b.trials if t.status.startswith("control")]
+    assert control.tuning == {"block_n": contract // 2} and control.status == "control-rejected"
+    assert result.controls_rejected and b.entry is not None
+    assert "block_n" not in b.entry["tuning"] and f"{contract} keys" in result.to_markdown()
+    path = tmp_path / "t.json"
+    path.write_text(result.table_json())
+    assert load_table(path).block_n == contract
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    with pytest.warns(RuntimeWarning, match="contract experiment"):
+        assert _plan(batch).tuned is None
+    with pytest.raises(ValueError, match="block_n: expected a power of two"):
+        run_tune([WORKLOAD], device=DEVICE, timer=object(), block_n=48)  # type: ignore[arg-type]
+    assert main(["tune", "--device", DEVICE, "--lengths", "decode:9", "--table",
+                 str(tmp_path / "u.json"), "--block-n", "24"]) == 2
