@@ -230,17 +230,20 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     tn = sub.add_parser(
         "tune", parents=[common], help="measure the kernels' bit-neutral launch settings and "
-                                       "write the table the planner reads (CUDA)",
+                                       "write the table the planner reads (a GPU)",
         description="For each shape bucket of the workloads, search the bit-neutral launch "
                     "settings of kernels (plan, rows, warps, stages, V blocks, tiles per step, "
                     "loop, keys-as-rows tile), admit a candidate only if its output and LSE "
                     "equal the rules' bit for bit, keep the fastest if it beats the rules, and "
                     "write the table (kernels/tuned/<gpu>.json is the one the package ships). "
-                    "The table is written after each bucket. Exit 0, 1 when a bit-defining "
-                    "control candidate was admitted (the comparison cannot see differences), "
-                    "2 usage errors.")
+                    "The table is written after each bucket. Workloads: --grid, --workload, "
+                    "--lengths as for bench (default: the default grid). Exit 0; 1 when a "
+                    "bit-defining control candidate was not rejected (the comparison cannot "
+                    "see differences) or buckets were left for lack of time (--resume); 2 "
+                    "usage errors; 130 interrupted (the table keeps every finished bucket).")
     tn.add_argument("--table", metavar="PATH", type=Path, required=True,
-                    help="the table file to write (KERNELS_TUNED_TABLE=PATH uses it without "
+                    help="the table file to write, a new one unless --resume (never "
+                         "overwritten otherwise; KERNELS_TUNED_TABLE=PATH uses it without "
                          "installing it)")
     tn.add_argument("--grid", action="append", metavar="NAME",
                     help="a named set of workloads, as for bench (repeatable)")
@@ -261,8 +264,8 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     tn.add_argument("--iters", type=int, default=10, metavar="N",
                     help="timed runs per candidate and workload, median (default 10)")
     tn.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu runs the search under the Triton interpreter (wall-clock "
-                         "times: a test of the method, not a table to ship)")
+                    help="default cuda; cpu runs the search under the Triton interpreter "
+                         "(wall-clock times: a test of the method, not a table to ship)")
     tn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
     tn.add_argument("--block-n", type=int, metavar="N",
                     help="tune under another contract: KV tiles of N keys (bit-defining; the "
@@ -919,16 +922,22 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
         try:
             parse(text)
         except ValueError as exc:
-            raise UsageError(f"{flag}: {exc}") from None
+            message = str(exc)
+            for prefix in ("heads: ", "dtype: "):
+                message = message.removeprefix(prefix)
+            raise UsageError(f"{flag}: {message}") from None
     dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
+    pow2 = args.page_size >= 1 and args.page_size & (args.page_size - 1) == 0
     for flag, ok, expected, value in (
-            ("--page-size", args.page_size >= 1, "an int >= 1", args.page_size),
+            ("--heads", heads.head_dim in (64, 128, 256),
+             "a head dim the kernels take (64, 128 or 256)", args.heads),
+            ("--page-size", pow2, "a power of two (the kernels' pages)", args.page_size),
             ("--iters", args.iters >= 1, "an int >= 1", args.iters),
             ("--margin", math.isfinite(args.margin) and 0 <= args.margin < 1,
              "a fraction in [0, 1)", args.margin),
             ("--budget-s", args.budget_s is None or (math.isfinite(args.budget_s)
                                                      and args.budget_s >= 0),
-             "seconds >= 0", args.budget_s),
+             "finite seconds >= 0", args.budget_s),
             ("--block-n", args.block_n is None or (args.block_n >= 16
                                                    and args.block_n & (args.block_n - 1) == 0),
              "a power of two >= 16", args.block_n)):
@@ -953,6 +962,9 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     from invariance.outputs import write_atomic
     from invariance.tune import TuneResult, run_tune
 
+    if table.path.exists() and not args.resume:
+        raise UsageError(f"--table: {table.name} exists; pass --resume to keep what it holds "
+                         f"and search the other buckets, or remove it first")
     resume = None
     if args.resume and table.path.exists():
         from kernels.tuned import load_table
@@ -996,7 +1008,10 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
         io.err.print(f"{PROG}: interrupted; the table holds every finished bucket (--resume "
                      "searches the others)")
         return status
-    return _finish(written, io.err, 0 if result.controls_rejected else 1)
+    if result.skipped:
+        io.err.print(f"{PROG}: {len(result.skipped)} bucket(s) not searched within --budget-s; "
+                     "--resume searches them")
+    return _finish(written, io.err, 0 if result.controls_rejected and not result.skipped else 1)
 
 
 def _write_model_outputs(report: ModelReport, targets: dict[str, Target], written: _Written,

@@ -107,6 +107,9 @@ class TuneResult:
     command: str = ""
     #: The contract tuned under (``run_tune(block_n=...)``); None: ``tile_config``'s.
     block_n: int | None = None
+    #: Families (dtype, heads, page size) searched where no control could run: every row
+    #: within one control tile, so the comparison's power is not shown there.
+    uncontrolled: list[str] = field(default_factory=list)
     seconds: float = 0.0
     #: From an earlier table (``resume=``): its entries and the buckets its rules kept, for the
     #: buckets this run did not search.
@@ -140,9 +143,11 @@ class TuneResult:
         lines = [f"# Tuning: {self.device}, triton {self.triton}{contract}", "",
                  f"`{self.command}` ({self.seconds:.0f} s). Every candidate's output and LSE "
                  "compared bit for bit with the rules' on each workload of its bucket; the "
-                 "block_n control (bit-defining) "
-                 + ("rejected in every family." if self.controls_rejected
-                    else "**ADMITTED somewhere: the comparison cannot see differences**."), "",
+                 "control (half the KV tile: bit-defining) "
+                 + ("rejected in every family where it ran." if self.controls_rejected
+                    else "**NOT REJECTED somewhere: the comparison cannot see differences**.")
+                 + (f" No control could run in {', '.join(self.uncontrolled)}: every row "
+                    f"within one control tile." if self.uncontrolled else ""), "",
                  "| bucket | workloads | rules us | tuned us | speedup | settings | tried | "
                  "rejected |", "|---" * 8 + "|"]
         for b in self.buckets:
@@ -419,10 +424,14 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     if resume is not None:
         if (resume.get("device"), release(str(resume.get("triton"))), resume.get("block_n")) != (
                 result.device, release(result.triton), block_n):
-            raise ValueError(f"resume: expected a table of {result.device} under triton "
-                             f"{release(result.triton)} and contract block_n {block_n}, got "
-                             f"one of {resume.get('device')} under triton "
-                             f"{resume.get('triton')} and block_n {resume.get('block_n')}")
+            def what(device: object, triton_version: object, tile: object) -> str:
+                contract = "today's contract" if tile is None else f"KV tiles of {tile} keys"
+                return (f"{device} under Triton {release(str(triton_version))} with "
+                        f"{contract}")
+            theirs = what(resume.get("device"), resume.get("triton"), resume.get("block_n"))
+            raise ValueError(f"--resume: expected a table of "
+                             f"{what(result.device, result.triton, block_n)}, got one of "
+                             f"{theirs}")
         result.kept = dict(resume.get("entries") or {})
         result.kept_rules = list(resume.get("rules") or [])
     done = set(result.kept) | set(result.kept_rules)
@@ -431,6 +440,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
         groups.setdefault(_bucket_of(w, _family(w, dtype, heads, page_size)), []).append(w)
     start = time.monotonic()
     controlled: set[tuple[Any, ...]] = set()
+    families: set[tuple[Any, ...]] = set()
     for key, members in groups.items():
         if key in done:
             continue
@@ -440,13 +450,17 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
         t0 = time.monotonic()
         log(f"{key}: {', '.join(w.name for w in members)}")
         fam = _family(members[0], dtype, heads, page_size)
+        families.add(fam)
         batches = [(w, build_batch(w, heads=fam[1], dtype=fam[0], page_size=fam[2], device=dev,
                                    seed=seed)) for w in members]
         contract = {} if block_n is None else {"block_n": block_n}
         bucket = _Bucket(key, batches, contract)
         family = (fam[0], fam[1], fam[2])
         control = None if family in controlled else _control_block_n(batches[0][1], block_n)
-        controlled.add(family)
+        if control is not None and max(max(w.kv_lens) for w in members) <= control:
+            control = None  # every row within one control tile: it could not differ here
+        if control is not None:
+            controlled.add(family)
         search = _Search(bucket, timer, margin, control, log)
         if not search.control():
             result.controls_rejected = False
@@ -455,8 +469,17 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
         del bucket, batches, search
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+        result.seconds = time.monotonic() - start
+        result.uncontrolled = sorted({_family_name(f) for f in families} - {
+            _family_name(f) for f in controlled})
         if on_bucket is not None:
             on_bucket(result)
     result.seconds = time.monotonic() - start
     return result
+
+
+def _family_name(family: tuple[torch.dtype, HeadConfig, int]) -> str:
+    from invariance.workload import dtype_name
+
+    return f"{dtype_name(family[0])} {family[1]} page {family[2]}"
 

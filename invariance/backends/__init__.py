@@ -146,8 +146,9 @@ BUILTIN: dict[str, _Builtin] = {
         "invariance.backends.kernels:invariant",
         "Triton paged attention, fixed split size (1024 tokens, 256 on CPU), plan chosen per "
         "batch (invariant); options: "
-        "kernels:split_size=N|none,lead_split_size=N,plan=...,block_m=...,num_warps=...,"
-        "num_stages=...",
+        "kernels:split_size=N|none,lead_split_size=N,plan=...,tuned=true|false,"
+        "host_lens=true|false,gluon=auto|true|false,block_m=...,num_warps=...,num_stages=...,"
+        "block_n=...",
         _KERNELS, True),
     "kernels-fused": _Builtin(
         "invariance.backends.kernels:fused",

@@ -223,7 +223,7 @@ def test_tune_fails_when_the_comparison_cannot_see_a_difference(
     monkeypatch.setattr(_Bucket, "differing", lambda self, plan, overrides: 0)
     result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
     assert not result.controls_rejected
-    assert "ADMITTED" in result.to_markdown()
+    assert "NOT REJECTED" in result.to_markdown()
 
 
 def test_a_control_that_cannot_run_fails_the_tune(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -358,3 +358,32 @@ def test_tune_under_another_contract_is_measured_and_never_applied(
         run_tune([WORKLOAD], device=DEVICE, timer=object(), block_n=48)  # type: ignore[arg-type]
     assert main(["tune", "--device", DEVICE, "--lengths", "decode:9", "--table",
                  str(tmp_path / "u.json"), "--block-n", "24"]) == 2
+
+
+def test_tune_cli_never_overwrites_a_table_and_says_what_it_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_times(monkeypatch)
+    monkeypatch.setattr("kernels.tuned.TUNABLE", SPACE)
+    table = tmp_path / "t.json"
+    table.write_text("mine")
+    base = ["tune", "--device", DEVICE, "--dtype", "fp32", "--heads", "4:2:64", "--no-progress",
+            "--table", str(table)]
+    assert main([*base, "--lengths", "decode:150"]) == 2
+    assert "exists; pass --resume" in capsys.readouterr().err and table.read_text() == "mine"
+    table.unlink()
+    # Out of time before the first bucket: the run is incomplete (exit 1) and says so.
+    assert main([*base, "--lengths", "decode:150", "--budget-s", "0"]) == 1
+    assert "not searched within --budget-s" in capsys.readouterr().err
+    # Rows within one control tile: no control can run there, and the report says so.
+    table.unlink()
+    assert main([*base, "--lengths", "decode:9"]) == 0
+    assert "No control could run in float32 4:2:64 page 16" in capsys.readouterr().out
+    base.remove("--heads")
+    base.remove("4:2:64")
+    for args, flag in ((["--heads", "4:2:100"], "--heads: expected a head dim"),
+                       (["--heads", "4:2"], "--heads: expected"),
+                       (["--page-size", "3"], "--page-size: expected a power of two"),
+                       (["--budget-s", "inf"], "--budget-s: expected finite seconds")):
+        assert main([*base, "--lengths", "decode:9", *args]) == 2
+        assert flag in capsys.readouterr().err
