@@ -603,15 +603,9 @@ def _unsupported(b: ResolvedBackend, dtype: torch.dtype, heads: HeadConfig,
     """Why backend ``b`` cannot run this dtype, head dim, device or these features (None: it
     can)."""
     caps = capabilities(b)
-    needed = features.required if features else frozenset()
-    missing = sorted(needed - caps.features)
-    if missing:
-        return (f"features: backend {b.name} takes {', '.join(sorted(caps.features)) or 'none'}"
-                f", got {', '.join(missing)}")
-    for conflict in caps.feature_conflicts:
-        if conflict <= needed:
-            return (f"features: backend {b.name} cannot combine "
-                    f"{' and '.join(sorted(conflict))}")
+    lacks = caps.lacks(features.required if features else frozenset())
+    if lacks is not None:
+        return f"features: backend {b.name} {lacks}"
     name = dtype_name(dtype)
     if name not in caps.dtypes:
         return f"dtype: backend {b.name} supports {', '.join(caps.dtypes)}, got {name}"

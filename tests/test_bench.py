@@ -416,7 +416,7 @@ def test_features_reach_every_batch_the_ideal_time_and_the_report() -> None:
     assert "features: window 8, sinks, softcap 30, fp8_e4m3 KV (per-head scales)" in \
         bench_to_markdown(report)
     with pytest.raises(ValueError, match="features: backend sdpa-math takes sinks, window, "
-                                         "got fp8_kv_head, softcap"):
+                                         "not fp8_kv_head, softcap"):
         run_bench(["sdpa-math"], [w], dtype="float16", heads=SMALL, page_size=4, device="cpu",
                   timer=timer, limits=LIMITS, features=feats)
     BEST_OF["cpu-best"] = ("sdpa-math", "reference")
