@@ -35,11 +35,19 @@ CHECK = ["check", "--backend", "reference", "--device", "cpu", "--perturb",
 POSIX = pytest.mark.skipif(os.name != "posix", reason="POSIX pipes and signals")
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT at its default, as in a command typed at a terminal. A
+    test run as a background job (``cmd &`` in a script) inherits SIGINT ignored, and the CLI
+    leaves an ignored signal ignored, by design (nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
         stdout: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "invariance.cli", *args], cwd=cwd,
                             env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1", **(env or {})},
-                            stdout=stdout, stderr=subprocess.PIPE)
+                            stdout=stdout, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint if os.name == "posix" else None)
 
 
 def _complete(path: Path) -> invariance.Report:
