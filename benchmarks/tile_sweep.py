@@ -84,22 +84,10 @@ def _call(batch: AttentionBatch, plan: str, tuning: Any) -> Callable[[], tuple[A
     return fn
 
 
-def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def sweep(dtypes: list[torch.dtype], workloads: list[str], quick: bool) -> list[dict[str, Any]]:
     import kernels
     from invariance.bench import WORKLOADS as BENCH
-    from invariance.bench import CudaTimer, build_batch
+    from invariance.bench import CudaTimer, build_batch, graph_replay
     from invariance.compare import compare_bits
 
     timer = CudaTimer(iters=10 if quick else 30, warmup=3 if quick else 5)
@@ -127,7 +115,7 @@ def sweep(dtypes: list[torch.dtype], workloads: list[str], quick: bool) -> list[
                         fams.close()
                     d_out = compare_bits(out, ref_out, name="out")
                     d_lse = compare_bits(lse, ref_lse, name="lse")
-                    ms = timer.time_fn(_graphed(_call(batch, plan, tuning)))
+                    ms = timer.time_fn(graph_replay(_call(batch, plan, tuning), batch.device))
                     rows.append({
                         "dtype": name, "workload": wname, "plan": plan, "kind": kind,
                         "block_m": bm, "num_warps": w, "num_stages": s, "ms": ms,

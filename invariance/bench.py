@@ -59,6 +59,8 @@ __all__ = [
     "WorkloadResult",
     "build_batch",
     "causal_flops",
+    "first_line",
+    "graph_replay",
     "ideal_ms",
     "kv_bytes",
     "measure_limits",
@@ -356,7 +358,7 @@ def _visible_keys(q_len: int, kv_len: int, window: int) -> tuple[int, int]:
     read = kv_len - max(0, first - window)
     # rows at positions p < window attend p + 1 keys, the rest window + 1
     full = max(0, min(kv_len, window) - first)  # rows below the window's reach
-    pairs = sum(first + i + 1 for i in range(full)) + (q_len - full) * (window + 1)
+    pairs = full * first + full * (full + 1) // 2 + (q_len - full) * (window + 1)
     return read, pairs
 
 
@@ -431,9 +433,27 @@ class Timer(Protocol):
     def time_fn(self, fn: Callable[[], object]) -> float: ...
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def graph_replay(fn: Callable[[], object], device: torch.device | str) -> Callable[[], object]:
+    """``fn`` captured in a CUDA graph after one warm-up call on a side stream (as an engine
+    replays its step): the replay. ``fn`` itself on a CPU device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return fn
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 class CudaTimer:
@@ -474,15 +494,7 @@ class CudaTimer:
         plan = planner(backend)
         if plan is not None:
             plan(batch, True)
-        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            backend(batch)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            backend(batch)
-        return graph.replay
+        return graph_replay(lambda: backend(batch), self.device)
 
     def time_backend(self, backend: ResolvedBackend, batch: AttentionBatch) -> Timing:
         note = ""
@@ -491,7 +503,7 @@ class CudaTimer:
                 return Timing(self.time_fn(self._capture(backend, batch)), "graph")
             except Exception as exc:  # a capture that fails: time it eagerly, say why
                 torch.cuda.synchronize(self.device)
-                note = f"eager: CUDA-graph capture failed ({_first_line(exc)})"
+                note = f"eager: CUDA-graph capture failed ({first_line(exc)})"
         else:
             note = "eager: the backend declares that it cannot be captured in a CUDA graph"
         plan = planner(backend)
@@ -649,7 +661,7 @@ def _time_one(timer: Timer, b: _Timed, batch: AttentionBatch, dtype: torch.dtype
         try:
             timings[v.name] = timer.time_backend(v, batch)
         except Exception as exc:  # one failing backend must not hide the others
-            timings[v.name] = Timing(None, "", "", _first_line(exc))
+            timings[v.name] = Timing(None, "", "", first_line(exc))
     if not isinstance(b, _BestOf):
         return timings[b.name]
     ok = {n: t for n, t in timings.items() if t.ms is not None}

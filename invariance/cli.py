@@ -183,6 +183,49 @@ def _add_replay_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="model cases: the model to replay on (default: the case's)")
 
 
+def _add_workload_options(p: argparse.ArgumentParser) -> None:
+    """The workloads of ``bench`` and ``tune``, and the shape of those that name none (checked
+    by :func:`_workload_args`)."""
+    p.add_argument("--grid", action="append", metavar="NAME",
+                   help="a named set of workloads (repeatable): default (the named "
+                        "workloads), shapes (head dims 64/256, GQA 1/8, fp16, pages 1/64, "
+                        "long, short and chunked prompts, speculative verify, ...)")
+    p.add_argument("--workload", action="append", metavar="NAME",
+                   help="a named workload (repeatable; default all unless --lengths): "
+                        "decode-b{1,8,64}-ctx{1k,8k,32k}, decode-b256-ctx8k, decode-prod64, "
+                        "mixed64, prefill-varlen")
+    p.add_argument("--lengths", action="append", metavar="SPEC",
+                   help="your own workload (repeatable), e.g. 'decode:4096x32', "
+                        "'prefill:2048x4,512', 'decode:8kx48+chunk:512/2048x2'")
+    p.add_argument("--dtype", default="bfloat16", metavar="DTYPE",
+                   help="for workloads that name none: float16 | bfloat16 (bf16) | float32 "
+                        "(default bfloat16)")
+    p.add_argument("--heads", default="32:8:128", metavar="Hq:Hkv:D",
+                   help="for workloads that name none (default 32:8:128)")
+    p.add_argument("--page-size", type=int, default=16, metavar="N",
+                   help="tokens per KV page, for workloads that name none (default 16)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
+
+
+def _workload_args(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
+    """(workloads, dtype, heads) of :func:`_add_workload_options`; a ``UsageError`` naming the
+    flag, the expected and the actual value."""
+    from invariance.bench import select_workloads
+    from invariance.workload import HeadConfig, parse_dtype
+
+    workloads = select_workloads(args.workload, args.lengths, args.grid)  # ValueError: exit 2
+    parsed = []
+    for flag, parse, text, prefix in (("--dtype", parse_dtype, args.dtype, "dtype: "),
+                                      ("--heads", HeadConfig.parse, args.heads, "heads: ")):
+        try:
+            parsed.append(parse(text))
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {str(exc).removeprefix(prefix)}") from None
+    if args.page_size < 1:
+        raise UsageError(f"--page-size: expected an int >= 1, got {args.page_size}")
+    return workloads, parsed[0], parsed[1]
+
+
 def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     bn = sub.add_parser(
         "bench", parents=[common], help="time backends on named workloads (CUDA)",
@@ -197,23 +240,7 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="the backend the others are compared with (timed too); "
                          "flashinfer-best times every FlashInfer variant and keeps the "
                          "fastest per workload")
-    bn.add_argument("--grid", action="append", metavar="NAME",
-                    help="a named set of workloads (repeatable): default (the named "
-                         "workloads), shapes (head dims 64/256, GQA 1/8, fp16, pages 1/64, "
-                         "long, short and chunked prompts, speculative verify, ...)")
-    bn.add_argument("--workload", action="append", metavar="NAME",
-                    help="a named workload (repeatable; default all unless --lengths): "
-                         "decode-b{1,8,64}-ctx{1k,8k,32k}, decode-b256-ctx8k, decode-prod64, "
-                         "mixed64, prefill-varlen")
-    bn.add_argument("--lengths", action="append", metavar="SPEC",
-                    help="your own workload (repeatable), e.g. 'decode:4096x32', "
-                         "'prefill:2048x4,512', 'decode:8kx48+chunk:512/2048x2'")
-    bn.add_argument("--dtype", default="bfloat16", metavar="DTYPE",
-                    help="float16 | bfloat16 (bf16) | float32 (default bfloat16)")
-    bn.add_argument("--heads", default="32:8:128", metavar="Hq:Hkv:D",
-                    help="head configuration (default 32:8:128)")
-    bn.add_argument("--page-size", type=int, default=16, metavar="N",
-                    help="tokens per KV page (default 16)")
+    _add_workload_options(bn)
     bn.add_argument("--feature", action="append", metavar="KEY[=VALUE]",
                     help="a feature in every workload, as for check: window=N, sinks, "
                          "softcap=X, kv_scale=tensor|head (repeatable or comma-separated; "
@@ -222,7 +249,6 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="KV cache dtype: fp8_e4m3 (an FP8 cache with dequantization scales)")
     bn.add_argument("--iters", type=int, default=50, metavar="N",
                     help="timed runs per backend and workload, median reported (default 50)")
-    bn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
     bn.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_outputs(bn, ("json", "markdown"))
 
@@ -245,18 +271,7 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="the table file to write, a new one unless --resume (never "
                          "overwritten otherwise; KERNELS_TUNED_TABLE=PATH uses it without "
                          "installing it)")
-    tn.add_argument("--grid", action="append", metavar="NAME",
-                    help="a named set of workloads, as for bench (repeatable)")
-    tn.add_argument("--workload", action="append", metavar="NAME",
-                    help="a named workload, as for bench (repeatable)")
-    tn.add_argument("--lengths", action="append", metavar="SPEC",
-                    help="your own workload, as for bench (repeatable)")
-    tn.add_argument("--dtype", default="bfloat16", metavar="DTYPE",
-                    help="for workloads that name none (default bfloat16)")
-    tn.add_argument("--heads", default="32:8:128", metavar="Hq:Hkv:D",
-                    help="for workloads that name none (default 32:8:128)")
-    tn.add_argument("--page-size", type=int, default=16, metavar="N",
-                    help="for workloads that name none (default 16)")
+    _add_workload_options(tn)
     tn.add_argument("--budget-s", type=float, metavar="S",
                     help="start no new bucket after S seconds (those left are listed)")
     tn.add_argument("--margin", type=float, default=0.03, metavar="F",
@@ -266,7 +281,6 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     tn.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="default cuda; cpu runs the search under the Triton interpreter "
                          "(wall-clock times: a test of the method, not a table to ship)")
-    tn.add_argument("--seed", type=int, default=0, metavar="N", help="tensor content seed")
     tn.add_argument("--block-n", type=int, metavar="N",
                     help="tune under another contract: KV tiles of N keys (bit-defining; the "
                          "reference runs at N too), to compare contracts by measurement; the "
@@ -849,17 +863,13 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
 
     targets = check_outputs({"--json": args.json, "--markdown": args.markdown})
     io.report_to_stderr(targets)
-    from invariance.bench import run_bench, select_workloads
+    from invariance.bench import run_bench
     from invariance.features import Features
-    from invariance.workload import HeadConfig, parse_dtype
 
-    # ValueError -> one line, exit 2
-    workloads = select_workloads(args.workload, args.lengths, args.grid)
-    dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
-    features = Features.build(args.feature, args.kv_dtype)
-    if args.iters < 1 or args.page_size < 1:
-        raise UsageError(f"--iters and --page-size: expected ints >= 1, got {args.iters} and "
-                         f"{args.page_size}")
+    workloads, dtype, heads = _workload_args(args)
+    features = Features.build(args.feature, args.kv_dtype)  # ValueError -> one line, exit 2
+    if args.iters < 1:
+        raise UsageError(f"--iters: expected an int >= 1, got {args.iters}")
     import torch
 
     if not torch.cuda.is_available():
@@ -882,27 +892,6 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     return _finish(written, io.err, 1 if report.errors() else 0)
 
 
-class _WallTimer:
-    """Median wall-clock time of ``iters`` calls (the interpreter on a CPU has no CUDA events)."""
-
-    def __init__(self, iters: int) -> None:
-        self.iters = iters
-
-    def time_backend(self, backend: Any, batch: Any) -> Any:  # pragma: no cover - unused
-        raise NotImplementedError("tune times functions only")
-
-    def time_fn(self, fn: Callable[[], object]) -> float:
-        import statistics
-        import time
-
-        times = []
-        for _ in range(self.iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000.0)
-        return float(statistics.median(times))
-
-
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     import math
 
@@ -913,21 +902,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     table = targets.pop("--table")
     if table.kind != "file":
         raise UsageError(f"--table: expected a file path, got {args.table}")
-    from invariance.bench import select_workloads
-    from invariance.workload import HeadConfig, parse_dtype
-
-    workloads = select_workloads(args.workload, args.lengths, args.grid)
-    for flag, parse, text in (("--dtype", parse_dtype, args.dtype),
-                              ("--heads", HeadConfig.parse, args.heads)):
-        try:
-            parse(text)
-        except ValueError as exc:
-            message = str(exc)
-            for prefix in ("heads: ", "dtype: "):
-                message = message.removeprefix(prefix)
-            raise UsageError(f"{flag}: {message}") from None
-    dtype, heads = parse_dtype(args.dtype), HeadConfig.parse(args.heads)
-    pow2 = args.page_size >= 1 and args.page_size & (args.page_size - 1) == 0
+    workloads, dtype, heads = _workload_args(args)
+    pow2 = args.page_size & (args.page_size - 1) == 0
     for flag, ok, expected, value in (
             ("--heads", heads.head_dim in (64, 128, 256),
              "a head dim the kernels take (64, 128 or 256)", args.heads),
@@ -945,22 +921,18 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
             raise UsageError(f"{flag}: expected {expected}, got {value}")
     import torch
 
-    timer: Any = None
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("tune: --device cuda needs a CUDA GPU; torch.cuda.is_available() "
-                             "is False here (--device cpu runs the interpreter)")
-        from invariance.bench import CudaTimer
-
-        timer = CudaTimer(iters=args.iters, warmup=3)
-    else:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("tune: --device cuda needs a CUDA GPU; torch.cuda.is_available() "
+                         "is False here (--device cpu runs the interpreter)")
+    if args.device == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             raise UsageError("--device cpu: the Triton interpreter must be on before triton is "
                              "imported; set TRITON_INTERPRET=1")
         os.environ["TRITON_INTERPRET"] = "1"
-        timer = _WallTimer(args.iters)
     from invariance.outputs import write_atomic
-    from invariance.tune import TuneResult, run_tune
+    from invariance.tune import TuneResult, default_timer, run_tune
+
+    timer = default_timer(args.device, args.iters)
 
     if table.path.exists() and not args.resume:
         raise UsageError(f"--table: {table.name} exists; pass --resume to keep what it holds "

@@ -31,24 +31,66 @@ a CPU under the Triton interpreter.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from invariance.batch import AttentionBatch
-from invariance.bench import BENCH_HEADS, BENCH_PAGE_SIZE, BenchWorkload, Timer, build_batch
+from invariance.bench import (
+    BENCH_HEADS,
+    BENCH_PAGE_SIZE,
+    BenchWorkload,
+    build_batch,
+    first_line,
+    graph_replay,
+)
 from invariance.workload import HeadConfig
 
-__all__ = ["TUNE_SCHEMA", "BucketResult", "Trial", "TuneResult", "run_tune"]
+__all__ = ["TUNE_SCHEMA", "BucketResult", "FnTimer", "Trial", "TuneResult", "WallTimer",
+           "default_timer", "run_tune"]
 
 TUNE_SCHEMA = "invariance-tune/1"
 _LAUNCH_FIELDS = ("plan", "block_m", "block_q", "block_n", "num_warps", "num_stages",
                   "value_blocks", "tiles_per_step", "dependent_merge", "slot_order",
                   "nested_loop", "gluon", "keys_rows", "scores_ahead", "walk_lead",
                   "walk_splits")
+
+
+class FnTimer(Protocol):
+    """What the tuner times with: milliseconds of ``fn`` (injectable, so that everything but
+    the timing runs on a CPU)."""
+
+    def time_fn(self, fn: Callable[[], object]) -> float: ...
+
+
+class WallTimer:
+    """Median wall-clock milliseconds of ``iters`` calls: the interpreter on a CPU, which has
+    no CUDA events (a test of the method, not a time to ship)."""
+
+    def __init__(self, iters: int = 10) -> None:
+        self.iters = iters
+
+    def time_fn(self, fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(self.iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return float(statistics.median(times))
+
+
+def default_timer(device: torch.device | str, iters: int = 10) -> FnTimer:
+    """:class:`~invariance.bench.CudaTimer` (CUDA-graph replays, L2 flushed) on a GPU,
+    :class:`WallTimer` elsewhere."""
+    if torch.device(device).type == "cuda":
+        from invariance.bench import CudaTimer
+
+        return CudaTimer(iters=iters, warmup=3, device=device)
+    return WallTimer(iters)
 
 
 @dataclass
@@ -222,35 +264,15 @@ class _Bucket:
             total += compare_bits(lse, ref_lse, name="lse").num_different
         return total
 
-    def time_us(self, timer: Timer, plan: str, overrides: dict[str, Any]) -> float:
-        return sum(1000.0 * timer.time_fn(_graphed(self.call(b, plan, overrides), b.device))
+    def time_us(self, timer: FnTimer, plan: str, overrides: dict[str, Any]) -> float:
+        return sum(1000.0 * timer.time_fn(graph_replay(self.call(b, plan, overrides), b.device))
                    for _, b in self.batches)
-
-
-def _graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
-    """``fn`` captured in a CUDA graph (an engine's replay); ``fn`` itself on a CPU."""
-    if device.type != "cuda":
-        return fn
-    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 class _Search:
     """The coordinate search of one bucket (module docstring, steps 2-4)."""
 
-    def __init__(self, bucket: _Bucket, timer: Timer, margin: float, control_block_n: int | None,
+    def __init__(self, bucket: _Bucket, timer: FnTimer, margin: float, control_block_n: int | None,
                  log: Callable[[str], None]) -> None:
         self.b, self.timer, self.margin, self.log = bucket, timer, margin, log
         self.seen: dict[tuple[Any, ...], str] = {}
@@ -266,7 +288,7 @@ class _Search:
         try:
             sig = self.b.signature(plan, overrides)
         except ValueError as exc:
-            t = Trial(plan, dict(overrides), "refused", error=_first_line(exc))
+            t = Trial(plan, dict(overrides), "refused", error=first_line(exc))
             self.result.trials.append(t)
             return t
         label = Trial(plan, dict(overrides), "").label()
@@ -286,7 +308,7 @@ class _Search:
         except Exception as exc:  # e.g. Triton's OutOfResources at compile time: recorded
             if self.b.batches[0][1].device.type == "cuda":
                 torch.cuda.synchronize()  # an asynchronous error surfaces here, not later
-            t = Trial(plan, dict(overrides), "failed", error=_first_line(exc))
+            t = Trial(plan, dict(overrides), "failed", error=first_line(exc))
         self.log(f"  {label}: {t.status}" + (f" {t.us:.1f} us" if t.us is not None else
                                               f" ({t.differing} differing)" if t.differing
                                               else f" ({t.error})"))
@@ -381,7 +403,7 @@ def _control_block_n(batch: AttentionBatch, block_n: int | None = None) -> int |
 
 def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.bfloat16,
              heads: HeadConfig = BENCH_HEADS, page_size: int = BENCH_PAGE_SIZE,
-             device: torch.device | str = "cuda", timer: Timer | None = None,
+             device: torch.device | str = "cuda", timer: FnTimer | None = None,
              space: dict[str, tuple[Any, ...]] | None = None, margin: float = 0.03,
              budget_s: float | None = None, seed: int = 0,
              log: Callable[[str], None] = lambda _: None,
@@ -406,10 +428,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     from kernels.tuned import TUNABLE, release
 
     dev = torch.device(device)
-    if timer is None:
-        from invariance.bench import CudaTimer
-
-        timer = CudaTimer(iters=10, warmup=3, device=dev)
+    timer = timer if timer is not None else default_timer(dev)
     space = dict(space or TUNABLE)
     if "plan" not in space:
         raise ValueError(f"space: expected a 'plan' entry, got keys {sorted(space)}")

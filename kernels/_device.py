@@ -38,22 +38,22 @@ def _sm_major(device: torch.device) -> int | None:
 
 
 @functools.cache
-def _cuda_device_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
+def _cuda_device_slug(index: int) -> str:
+    from kernels.tuned import device_slug
+
+    return device_slug(torch.cuda.get_device_name(index))
 
 
 def _device_slug(device: torch.device) -> str:
     """The running GPU's name as a file name (``nvidia-h200``), ``interpreter`` under the
     Triton interpreter, ``cpu`` elsewhere: which measured table applies (:mod:`kernels.tuned`).
     Host only (cached per device)."""
-    from kernels.tuned import device_slug
-
     if _interpreting():
         return "interpreter"
     if device.type != "cuda":
         return device.type
-    return device_slug(_cuda_device_name(device.index if device.index is not None else
-                                         torch.cuda.current_device()))
+    return _cuda_device_slug(device.index if device.index is not None else
+                             torch.cuda.current_device())
 
 
 def _num_sms(device: torch.device) -> int:

@@ -654,7 +654,7 @@ def _plan_steps(f: _Facts, cfg: TileConfig, tuning: Tuning, plan: str,
                 inputs: tuple[torch.Tensor, ...], lengths: _Lengths | None,
                 split_size: int | None, lead_split_size: int | None,
                 tuned: str | None = None) -> LaunchPlan:
-    """Steps 2 and 4-6 of :func:`plan_attention` for one ``tuning`` and ``plan``."""
+    """Steps 3-6 of :func:`plan_attention` for one ``tuning`` and ``plan``."""
     q, k_cache, v_cache = inputs[:3]
     t = _tiles(f, cfg, tuning, q, k_cache, v_cache)
     stats = None if lengths is None else _host_stats(lengths.cu, lengths.kv, t.block_q,

@@ -32,7 +32,7 @@ import json
 import os
 import re
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +127,6 @@ class TunedTable:
     #: A contract experiment (``invariance tune --block-n``): measured at KV tiles of this many
     #: keys, never applied by the planner. None: the contract of ``tile_config``.
     block_n: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "device": self.device, "triton": self.triton,
-                "entries": {k: {f.name: (list(getattr(e, f.name)) if f.name == "workloads"
-                                         else getattr(e, f.name)) for f in fields(e)}
-                            for k, e in sorted(self.entries.items())}}
 
 
 _BUCKET = re.compile(r"(fp16|bf16|fp32)/d\d+/g\d+/p\d+/b(1|4|16|64|256|max)/"
@@ -239,6 +233,13 @@ def release(version: str) -> str:
 
 
 @functools.cache
+def _triton_release() -> str:
+    import triton
+
+    return release(triton.__version__)
+
+
+@functools.cache
 def _cached_table(path: str) -> TunedTable:
     try:
         return load_table(path)
@@ -269,16 +270,15 @@ def active_table(slug: str) -> TunedTable | None:
     if path is None:
         return None
     table = _cached_table(str(path))
-    import triton
-
+    running = _triton_release()
     if table.block_n is not None:
         _warn_once(f"tuned table {path}: measured under another contract (KV tiles of "
                    f"{table.block_n} keys): a contract experiment, never applied")
         return None
-    if table.device != slug or release(table.triton) != release(triton.__version__):
+    if table.device != slug or release(table.triton) != running:
         if os.environ.get(TABLE_ENV, "").strip():
             _warn_once(f"{TABLE_ENV}: {path} is a table of {table.device} under Triton "
-                       f"{release(table.triton)}, not of {slug} under Triton "
-                       f"{release(triton.__version__)}: the shape rules decide")
+                       f"{release(table.triton)}, not of {slug} under Triton {running}: the "
+                       f"shape rules decide")
         return None
     return table

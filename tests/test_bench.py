@@ -435,3 +435,20 @@ def test_bench_cli_names_a_bad_feature(capsys: pytest.CaptureFixture[str]) -> No
     assert "window" in capsys.readouterr().err
     assert main(["bench", "--kv-dtype", "int4", "--lengths", "decode:9"]) == 2
     assert "kv" in capsys.readouterr().err.lower()
+
+
+def test_visible_keys_match_a_row_by_row_count() -> None:
+    """Keys read and (row, key) pairs of a request under a window, against counting each row."""
+    from invariance.bench import _visible_keys
+
+    for q_len in range(1, 9):
+        for kv_len in range(q_len, 13):
+            for window in range(-1, 11):
+                keys: set[int] = set()
+                pairs = 0
+                for p in range(kv_len - q_len, kv_len):
+                    lo = 0 if window < 0 else max(0, p - window)
+                    keys.update(range(lo, p + 1))
+                    pairs += p + 1 - lo
+                assert _visible_keys(q_len, kv_len, window) == (len(keys), pairs), \
+                    (q_len, kv_len, window)
