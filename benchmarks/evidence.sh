@@ -8,13 +8,14 @@
 # recorded in $OUT/STEP/commands.txt, the machine in $OUT/STEP/gpu.txt):
 #   check     the full check of `kernels` at fp16, bf16 and fp32 with the Gluon launches
 #             counted (heads 32:8:128), the same at head dims 64 (64:8:64) and 256 (16:8:256),
-#             the batch-dependent control at bf16 (it must fail), the GPU kernel tests; the
-#             measured table in force (kernels/tuned/<gpu>.json)
+#             the batch-dependent control at bf16 and at 16:8:256 (each must fail), the GPU
+#             kernel tests; the measured table in force (kernels/tuned/<gpu>.json)
 #   tune      `invariance tune` over the default and shapes grids into $OUT/tune/<gpu>.json
 #             (--resume: run it again to search the buckets a first run had no time for)
-#   features  the kernels' feature tests, the full check with each feature at fp16 and bf16 (window + sinks at the
-#             gpt-oss-like heads 64:8:64, soft-cap + window at 16:8:256, an FP8 cache at
-#             32:8:128) and the control with the window
+#   features  the kernels' feature tests, the full check with each feature at fp16 and bf16
+#             (window + sinks at the gpt-oss-like heads 64:8:64, soft-cap + window at
+#             16:8:256, an FP8 cache at 32:8:128) and the control with a window (at 32:8:128
+#             and with sinks at 64:8:64)
 #   contract  the bit-defining tile chosen by measurement: `invariance tune` at head dims 64
 #             (64:8:64) and 256 (16:8:256), bf16, under today's contract and under KV tiles
 #             twice as wide (--block-n), on the same decode and prefill workloads
@@ -30,6 +31,9 @@
 #   bench     the default and shapes grids ($BENCH_GRIDS): kernels, its control, FlashInfer's
 #             fastest variant per workload (more backends in $BENCH_EXTRA, e.g.
 #             "--backend kernels:host_lens=false")
+#   shape-bench  the shapes still slower than FlashInfer, each against `flashinfer-best`:
+#             head dims 64 (64:8:64) and 256 (16:8:256), decode (8 and 64 requests of 8k) and
+#             prefill; pages of one token, decode
 #   model     `invariance model` on a random-init Llama-like model (8 layers, hidden 1024, GQA
 #             8:2, head dim 128) at bf16: the default stack, then attention through `kernels`
 # FlashInfer (peers, bench) needs its wheels in .whl/ (see reports/README.md).
@@ -48,13 +52,15 @@ info() {
 # run NAME TIMEOUT CMD...: CMD (recorded) with its console into $C/NAME.txt; prints rc, wall
 # time and the verdict line.
 run() {
-  name=$1; limit=$2; shift 2
+  # run_-prefixed names: sh has no locals, and a step's own variables must survive the call.
+  run_name=$1; run_limit=$2; shift 2
   echo "$*" >> "$C/commands.txt"
-  s=$(date +%s)
-  timeout -s INT -k 20 "$limit" "$@" > "$C/$name.txt" 2>&1
-  rc=$?
-  echo "$name rc=$rc wall $(( $(date +%s) - s )) s"
-  grep -h -E "^(PASSED|FAILED|INCOMPLETE)|passed|failed|ERROR SUMMARY|launches" "$C/$name.txt" | tail -2 | cut -c1-400
+  run_start=$(date +%s)
+  timeout -s INT -k 20 "$run_limit" "$@" > "$C/$run_name.txt" 2>&1
+  run_rc=$?
+  echo "$run_name rc=$run_rc wall $(( $(date +%s) - run_start )) s"
+  grep -h -E "^(PASSED|FAILED|INCOMPLETE)|passed|failed|ERROR SUMMARY|launches" "$C/$run_name.txt" \
+    | tail -2 | cut -c1-400
 }
 
 flashinfer_site() {
@@ -73,6 +79,8 @@ step_check() {
   # The control's report as Markdown only: its JSON (every violation with its case) is ~1 MB.
   run control 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
     --no-progress --markdown "$C/control-bf16.md"
+  run control-d256 90 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
+    --heads 16:8:256 --no-progress --markdown "$C/control-d256.md"
   run tests-gpu ${GPU_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -rfE \
     tests/triton_kernels/test_gpu.py tests/triton_kernels/test_tuned.py
 }
@@ -91,13 +99,16 @@ step_features() {
   run window-sinks 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
     --heads 64:8:64 --feature window=128 --feature sinks --no-progress \
     --json "$C/window-sinks.json" --markdown "$C/window-sinks.md"
-  run softcap 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
+  run softcap-window 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
     --heads 16:8:256 --feature softcap=50 --feature window=4096 --no-progress \
     --json "$C/softcap-window.json" --markdown "$C/softcap-window.md"
   run fp8 200 $INV check --backend kernels --device cuda --dtype fp16,bf16 \
     --kv-dtype fp8_e4m3 --no-progress --json "$C/fp8.json" --markdown "$C/fp8.md"
   run control-window 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
     --feature window=4096 --no-progress --markdown "$C/control-window.md"
+  run control-window-d64 120 $INV check --backend kernels-heuristic --device cuda --dtype bf16 \
+    --heads 64:8:64 --feature window=128 --feature sinks --no-progress \
+    --markdown "$C/control-window-d64.md"
 }
 
 step_contract() {
@@ -120,10 +131,10 @@ step_features_bench() {
              "gemma 16:8:256 --feature window=4096,softcap=50" \
              "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
     set -- $cfg
-    name=$1 heads=$2; shift 2
-    run "bench-$name" ${BENCH_S:-200} $INV bench --heads "$heads" "$@" $lens --backend kernels \
+    model=$1 heads=$2; shift 2
+    run "bench-$model" ${BENCH_S:-200} $INV bench --heads "$heads" "$@" $lens --backend kernels \
       --backend kernels-heuristic --baseline flashinfer-best --iters ${BENCH_ITERS:-20} \
-      --no-progress --json "$C/bench-$name.json" --markdown "$C/bench-$name.md"
+      --no-progress --json "$C/bench-$model.json" --markdown "$C/bench-$model.md"
   done
 }
 
@@ -133,9 +144,9 @@ step_features_peers() {
              "gemma 16:8:256 --feature window=4096,softcap=50" \
              "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
     set -- $cfg
-    name=$1 heads=$2; shift 2
+    model=$1 heads=$2; shift 2
     for b in flashinfer:use_tensor_cores=true flashinfer-prefill; do
-      n=$name-$(echo "$b" | tr ':=,' '---')
+      n=$model-$(echo "$b" | tr ':=,' '---')
       run "peer-$n" 120 $INV check --backend "$b" --device cuda --dtype bf16 --heads "$heads" \
         "$@" --no-progress --markdown "$C/peer-$n.md"
     done
@@ -181,6 +192,20 @@ step_bench() {
   done
 }
 
+step_shape_bench() {
+  flashinfer_site || return
+  for cfg in "d64 --heads 64:8:64" "d256 --heads 16:8:256" "page1 --page-size 1"; do
+    set -- $cfg
+    tag=$1; shift
+    prefill="--lengths prefill:16k,8k,4kx2,2k,1k,512x2"
+    [ "$tag" = page1 ] && prefill=""
+    run "shape-$tag" ${BENCH_S:-200} $INV bench "$@" --lengths decode:8kx8 \
+      --lengths decode:8kx64 $prefill --backend kernels --backend kernels-heuristic \
+      --baseline flashinfer-best --iters ${BENCH_ITERS:-20} --no-progress \
+      --json "$C/shape-$tag.json" --markdown "$C/shape-$tag.md"
+  done
+}
+
 step_model() {
   m=llama:hidden_size=1024,intermediate_size=2816,num_hidden_layers=8,num_attention_heads=8
   m=$m,num_key_value_heads=2,head_dim=128,vocab_size=32000,max_position_embeddings=4096
@@ -192,12 +217,12 @@ step_model() {
   done
 }
 
-[ $# -ge 1 ] || { sed -n '2,35p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,38p' "$0"; exit 2; }
 mkdir -p "$OUT"
 for STEP in "$@"; do
   case "$STEP" in
-    check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model) ;;
-    *) echo "evidence.sh: unknown step '$STEP' (check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|model)" >&2
+    check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|shape-bench|model) ;;
+    *) echo "evidence.sh: unknown step '$STEP' (check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|shape-bench|model)" >&2
        exit 2 ;;
   esac
   C=$OUT/$STEP

@@ -166,8 +166,7 @@ def _check_sm_scale(sm_scale: object) -> float | None:
 def _check_options(split_size: object, lead_split_size: object, plan: object, validate: object,
                    block_n: int, q: torch.Tensor) -> None:
     tile = (f"BLOCK_N={block_n} KV tokens (dtype {q.dtype}, head_dim {q.shape[2]} on "
-            f"{q.device}: kernels.tile_config; 128 for half precision at head dim 128 on Hopper "
-            f"with Triton 3.6)")
+            f"{q.device}: kernels.tile_config)")
     if split_size is not None and not (
             isinstance(split_size, int) and not isinstance(split_size, bool)
             and split_size > 0 and split_size % block_n == 0):

@@ -62,8 +62,8 @@ def unified_attention(
             only the first ``ceil(kv_lens[b] / page_size)`` entries of row b are read.
         sm_scale: softmax scale, a finite positive real (``sm_scale * log2(e)`` a normal
             float32); default ``1 / sqrt(D)``.
-        split_size: KV tokens per split, a positive multiple of the tile config's BLOCK_N (64,
-            or 128 for half precision at head dim 128 on Hopper with Triton 3.6; bit-defining:
+        split_size: KV tokens per split, a positive multiple of the tile config's BLOCK_N
+            (``kernels.tile_config``: 16 to 128 keys by dtype, head dim and GPU; bit-defining:
             every row reduces over tiles and splits at absolute positions).
             ``None`` is the CONTROL mode: the split count comes from the batch (FA2 heuristic),
             deliberately not batch-invariant.

@@ -98,11 +98,14 @@ class TileConfig:
 #: dots with float32 accumulation (``wgmma`` on Hopper, ``mma.sync`` elsewhere); ``fp32`` runs
 #: exact IEEE FMA dots (never tf32). Every row splits at :data:`DEFAULT_SPLIT_SIZE` with lead
 #: splits of :data:`DEFAULT_LEAD_SPLIT_SIZE`. Half precision at head dim 128 on Hopper, where
-#: Triton 3.6's Gluon builds, takes :data:`WIDE_CONTRACT` instead.
+#: Triton 3.6's Gluon builds, takes :data:`WIDE_CONTRACT` instead. The half-precision widths at
+#: head dims 64 and 256 were chosen by measurement (``invariance tune --block-n``, reports/h200/
+#: contract): the widest each allows (128 keys: the lead split; 64 at head dim 256: two pipeline
+#: stages of K and V in shared memory); the float32 rows were not measured.
 CONTRACT: dict[tuple[str, int], TileConfig] = {
-    ("half", 64): TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    ("half", 64): TileConfig(block_m=64, block_n=128, num_warps=4, num_stages=3),
     ("half", 128): TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
-    ("half", 256): TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2),
+    ("half", 256): TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2),
     ("fp32", 64): TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=2),
     ("fp32", 128): TileConfig(block_m=32, block_n=32, num_warps=4, num_stages=2),
     ("fp32", 256): TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),

@@ -16,8 +16,8 @@ import pytest
 import invariance
 from invariance.backends.kernels import KernelsBackend
 
-# A split of 64 tokens is a multiple of every tile config's BLOCK_N and gives rows of the small
-# scale up to 18 splits.
+# A split of 64 tokens is a multiple of float32's BLOCK_N at every head dim (these checks run
+# float32) and gives rows of the small scale up to 18 splits.
 SPLIT = 64
 
 PLANS = [

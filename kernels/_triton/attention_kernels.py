@@ -58,6 +58,30 @@ from kernels._triton.merge_kernels import (
 _EMPTY_ML: tl.constexpr = tl.constexpr(0xFF800000)
 
 
+#: Elements of the interpreter's product tensor ``[M, K, N]`` (Triton's largest block).
+_EMULATED_PRODUCT_MAX: tl.constexpr = tl.constexpr(1 << 20)
+
+
+@triton.jit
+def _dot_emulated(a, b, acc):
+    """acc + a @ b for :func:`_dot` under the interpreter (fp32 operands in row-major order):
+    the product ``[M, K, N]`` summed over K. A product past Triton's largest block (e.g. 256
+    rows at 128 keys) is computed as two interleaved halves of the rows, recursively: each
+    element's sum over K is the same either way. Interpreter only (it runs this recursion as
+    Python)."""
+    M: tl.constexpr = a.shape[0]
+    K: tl.constexpr = a.shape[1]
+    N: tl.constexpr = b.shape[1]
+    if M * K * N <= _EMULATED_PRODUCT_MAX or M == 1:
+        return acc + tl.sum(a[:, :, None] * b[None, :, :], 1)
+    else:
+        a0, a1 = tl.split(tl.permute(tl.reshape(a, [M // 2, 2, K]), [0, 2, 1]))
+        c0, c1 = tl.split(tl.permute(tl.reshape(acc, [M // 2, 2, N]), [0, 2, 1]))
+        r0 = _dot_emulated(a0, b, c0)
+        r1 = _dot_emulated(a1, b, c1)
+        return tl.reshape(tl.permute(tl.join(r0, r1), [0, 2, 1]), [M, N])
+
+
 @triton.jit
 def _dot(a, b, acc, IS_INTERPRET: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc + a @ b with fp32 accumulation. a: [M, K], b: [K, N], acc: [M, N] fp32."""
@@ -70,8 +94,7 @@ def _dot(a, b, acc, IS_INTERPRET: tl.constexpr, DOT_PRECISION: tl.constexpr):
         # memory layout, which must not depend on how an operand was loaded.
         a = tl.reshape(tl.reshape(a.to(tl.float32), [a.shape[0] * a.shape[1]]), a.shape)
         b = tl.reshape(tl.reshape(b.to(tl.float32), [b.shape[0] * b.shape[1]]), b.shape)
-        prod = a[:, :, None] * b[None, :, :]
-        return acc + tl.sum(prod, 1)
+        return _dot_emulated(a, b, acc)
     else:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 

@@ -16,7 +16,7 @@ MIXED = [(1, 97), (17, 120), (0, 40), (0, 0), (5, 5), (1, 1), (12, 150)]
 
 CASES = [
     # page size 1: every key gathers its own page; 4: several pages per tile; 64: one page per
-    # tile for every BLOCK_N (one block-table read per tile).
+    # tile of 32 or 64 keys (one block-table read per tile), two per 128-key tile.
     pytest.param(HeadConfig(4, 2, 64), 1, MIXED, id="Hq4-Hkv2-D64-page1"),
     pytest.param(HeadConfig(4, 2, 64), 4, [(1, 70), (6, 6), (9, 100)], id="Hq4-Hkv2-D64-page4"),
     pytest.param(HeadConfig(4, 4, 64), 64, [(3, 150), (1, 64)], id="Hq4-Hkv4-D64-page64-MHA"),
@@ -34,8 +34,8 @@ def test_matches_reference(dtype, make_batch, args_of, assert_accurate, heads: H
     # past a request's KV length poisons its rows.
     layout = PageLayout(page_size, "shuffled", extra_pages=3, extra_columns=2, fill="nan")
     batch = make_batch(dtype, shape, layout, heads)
-    # Two tiles per split: rows of up to 150 keys span several splits.
-    split = 2 * tile_config(dtype, heads.head_dim).block_n
+    # One tile per split: rows of up to 150 keys span 2 (128-key tiles) to 5 (32) splits.
+    split = tile_config(dtype, heads.head_dim).block_n
     out, lse = unified_attention(*args_of(batch), split_size=split)
     assert_accurate(out, lse, args_of(batch))
 

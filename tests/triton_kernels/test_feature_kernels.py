@@ -20,8 +20,8 @@ from kernels import tile_config, unified_attention
 from kernels.reference import reference_attention
 
 FP8 = torch.float8_e4m3fn
-# A decode over 4-5 splits, a prefill chunk crossing the window edge and split boundaries, a
-# short prompt, a one-token request.
+# A decode over several splits (3 at half precision's 128-key tiles), a prefill chunk crossing
+# the window edge and split boundaries, a short prompt, a one-token request.
 SHAPE = [(1, 300), (7, 210), (5, 40), (1, 1)]
 HEADS = HeadConfig(4, 2, 64)
 

@@ -17,8 +17,9 @@ from invariance import Chunk, HeadConfig, PageLayout, Request, Schedule, Step, W
 from invariance.backends.kernels import KernelsBackend
 from kernels import plan_attention, tile_config
 
-# A GQA group of 2 at the smallest supported head dim (the interpreter's cost grows with each).
-HEADS = HeadConfig(4, 2, 64)
+# A GQA group of 2 at head dim 128, whose contract tiles (64 keys at half precision, 32 at
+# float32) give the target row several tiles and splits (head dim 64 runs 128-key tiles).
+HEADS = HeadConfig(4, 2, 128)
 TARGET = 0
 # Several BLOCK_N tiles and several splits of 2 * BLOCK_N (3 splits at BLOCK_N 32, 2 at 64).
 TARGET_LEN = 160

@@ -18,9 +18,10 @@ from invariance import HeadConfig, PageLayout
 from kernels import Tuning, plan_attention, tile_config, unified_attention
 
 # (seed, split size in units of BLOCK_N, page size). Seeds pick random mixed batches (decode rows
-# and prefill chunks, KV lengths up to 128, so a row spans up to 4 splits of one tile); the tile
-# config fixes BLOCK_N per (dtype, head_dim), so split sizes are multiples of it; page size 1 is
-# the per-key gather, 64 one page per tile for every BLOCK_N, 4 in between.
+# and prefill chunks, KV lengths up to 128, so a row spans up to 4 splits of one tile at float32's
+# 32-key tile, one or two at half precision's 64 or 128 keys); the tile config fixes BLOCK_N per
+# (dtype, head_dim), so split sizes are multiples of it; page size 1 is the per-key gather, 64 a
+# page per tile of 32 or 64 keys and two pages per 128-key tile, 4 in between.
 CASES = [
     pytest.param(0, 1, 1, id="seed0-split1xBN-page1"),
     pytest.param(1, 3, 64, id="seed1-split3xBN-page64"),
@@ -341,8 +342,9 @@ def test_merge_matches_the_serial_fold(dtype: torch.dtype, make_batch, args_of, 
                                        monkeypatch) -> None:
     """The merge kernel's schedule (a step's weights before its fmas, loads a step ahead, (m, l)
     in one 8-byte load, head blocks) changes none of its operations: against the frozen serial
-    fold (frozen_merge.py), the same bits on rows of 1 to 10 splits, a GQA group of 3 (head
-    blocks that are not a KV head's group) and 3 partials per step."""
+    fold (frozen_merge.py), the same bits on rows of 1 to 10 splits (float32's 32-key tiles; 1
+    to 3 at half precision's 128), a GQA group of 3 (head blocks that are not a KV head's group)
+    and 3 partials per step."""
     from frozen_merge import SerialMerge
 
     batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70), (2, 40)],
@@ -410,7 +412,7 @@ def test_merge_chunks_are_bit_neutral(dtype: torch.dtype, make_batch, args_of, a
                                       monkeypatch) -> None:
     # On a GPU the merge kernel loads 8 partials per step, one step ahead of their folds; the
     # interpreter 1. Loads of splits past a row's last one must be exact no-ops: chunks of 3 over
-    # rows of 1 to 10 splits.
+    # rows of 1 to 10 splits (float32; the merge reads float32 partials whatever q's dtype).
 
     batch = make_batch(dtype, [(1, 300), (4, 190), (1, 70)], PageLayout(4, "shuffled", seed=4))
     split = tile_config(dtype, 64).block_n
@@ -1225,12 +1227,13 @@ def test_caches_with_other_layouts_give_the_same_bits(make_batch, args_of,
     combined = torch.stack([k, v], dim=1)
     k2, v2 = combined[:, 0], combined[:, 1]
     v3 = v.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    split = tile_config(torch.float16, q.shape[2]).block_n
     for plan in ("split", "fused"):
-        ref = unified_attention(q, k, v, cu, kv, bt, split_size=64, plan=plan)
-        assert_same_bits(unified_attention(q, k2, v2, cu, kv, bt, split_size=64, plan=plan), ref,
-                         f"combined KV cache ({plan})")
-        assert_same_bits(unified_attention(q, k, v3, cu, kv, bt, split_size=64, plan=plan), ref,
-                         f"V with other strides ({plan})")
+        ref = unified_attention(q, k, v, cu, kv, bt, split_size=split, plan=plan)
+        assert_same_bits(unified_attention(q, k2, v2, cu, kv, bt, split_size=split, plan=plan),
+                         ref, f"combined KV cache ({plan})")
+        assert_same_bits(unified_attention(q, k, v3, cu, kv, bt, split_size=split, plan=plan),
+                         ref, f"V with other strides ({plan})")
 
 
 @pytest.mark.parametrize(("seed", "split_tiles", "page_size"), CASES)

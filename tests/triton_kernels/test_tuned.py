@@ -26,7 +26,7 @@ from kernels.tuned import SCHEMA, TABLE_ENV, bucket, device_slug, load_table
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 HEADS = HeadConfig(4, 2, 64)  # conftest.HEADS: the smallest GQA configuration
-SHAPE = [(1, 150), (1, 90)]  # two decodes: rows over two 64-key tiles (lead splits of 128)
+SHAPE = [(1, 150), (1, 90)]  # two decodes, one over two tiles at half precision (128 keys)
 
 
 def _call(batch: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:

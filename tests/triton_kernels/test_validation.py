@@ -144,7 +144,7 @@ def test_sm_scale_accepts_int_and_float(args: Args) -> None:
     assert torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("split_size", [None, 64], ids=["control", "split64"])
+@pytest.mark.parametrize("split_size", [None, 128], ids=["control", "split128"])
 def test_no_query_tokens(args: Args, split_size: int | None) -> None:
     # T = 0 with valid indices: checked, then empty results (the control mode included).
     call = _no_tokens(args, [0, 0, 0], [3, 9], [[0, 1, 2], [3, 4, 5]])
