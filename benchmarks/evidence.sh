@@ -12,6 +12,8 @@
 #             kernel tests; the measured table in force (kernels/tuned/<gpu>.json)
 #   tune      `invariance tune` over the default and shapes grids into $OUT/tune/<gpu>.json
 #             (--resume: run it again to search the buckets a first run had no time for)
+#   tune-features  `invariance tune --resume` on the table of the tune step (or the shipped one)
+#             with each model-like feature set of features-bench: buckets of their own
 #   features  the kernels' feature tests, the full check with each feature at fp16 and bf16
 #             (window + sinks at the gpt-oss-like heads 64:8:64, soft-cap + window at
 #             16:8:256, an FP8 cache at 32:8:128) and the control with a window (at 32:8:128
@@ -91,6 +93,23 @@ print(device_slug(torch.cuda.get_device_name()))")
   [ -f "kernels/tuned/$gpu.json" ] && cp "kernels/tuned/$gpu.json" "$C/$gpu.json"
   run tune ${TUNE_S:-570} $INV tune --grid shapes --grid default --budget-s ${TUNE_BUDGET_S:-430} \
     --resume --table "$C/$gpu.json" --json "$C/tune.json" --markdown "$C/tune.md"
+}
+
+step_tune_features() {
+  gpu=$(python3 -c "import torch; from kernels.tuned import device_slug; \
+print(device_slug(torch.cuda.get_device_name()))")
+  [ -f "$OUT/tune/$gpu.json" ] && cp "$OUT/tune/$gpu.json" "$C/$gpu.json"
+  [ -f "$C/$gpu.json" ] || cp "kernels/tuned/$gpu.json" "$C/$gpu.json"
+  lens="--lengths decode:8kx8 --lengths decode:8kx64 --lengths decode:32kx8"
+  lens="$lens --lengths prefill:16k,8k,4kx2,2k,1k,512x2"
+  for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
+             "gemma 16:8:256 --feature window=4096,softcap=50" \
+             "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
+    set -- $cfg
+    model=$1 heads=$2; shift 2
+    run "tune-$model" ${TUNE_FEATURE_S:-180} $INV tune --heads "$heads" "$@" $lens --resume \
+      --table "$C/$gpu.json" --markdown "$C/tune-$model.md" --json "$C/tune-$model.json"
+  done
 }
 
 step_features() {
@@ -217,12 +236,13 @@ step_model() {
   done
 }
 
-[ $# -ge 1 ] || { sed -n '2,38p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,41p' "$0"; exit 2; }
 mkdir -p "$OUT"
 for STEP in "$@"; do
   case "$STEP" in
-    check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|shape-bench|model) ;;
-    *) echo "evidence.sh: unknown step '$STEP' (check|tune|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|shape-bench|model)" >&2
+    check|tune|tune-features|contract|features|features-bench|features-peers|gluon|sanitizer|peers|bench|shape-bench|model) ;;
+    *) sed -n '2,41p' "$0" >&2
+       echo "evidence.sh: unknown step '$STEP' (the steps are listed above)" >&2
        exit 2 ;;
   esac
   C=$OUT/$STEP

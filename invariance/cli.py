@@ -241,16 +241,22 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          "flashinfer-best times every FlashInfer variant and keeps the "
                          "fastest per workload")
     _add_workload_options(bn)
-    bn.add_argument("--feature", action="append", metavar="KEY[=VALUE]",
-                    help="a feature in every workload, as for check: window=N, sinks, "
-                         "softcap=X, kv_scale=tensor|head (repeatable or comma-separated; "
-                         "FlashInfer's variants that lack one are skipped)")
-    bn.add_argument("--kv-dtype", metavar="DTYPE",
-                    help="KV cache dtype: fp8_e4m3 (an FP8 cache with dequantization scales)")
+    _add_feature_options(bn, "FlashInfer's variants that lack one are skipped")
     bn.add_argument("--iters", type=int, default=50, metavar="N",
                     help="timed runs per backend and workload, median reported (default 50)")
     bn.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_outputs(bn, ("json", "markdown"))
+
+
+def _add_feature_options(p: argparse.ArgumentParser, note: str) -> None:
+    """``--feature`` and ``--kv-dtype``, as bench and tune take them (``note``: what they do
+    there)."""
+    p.add_argument("--feature", action="append", metavar="KEY[=VALUE]",
+                   help=f"a feature in every workload, as for check: window=N, sinks, "
+                        f"softcap=X, kv_scale=tensor|head (repeatable or comma-separated; "
+                        f"{note})")
+    p.add_argument("--kv-dtype", metavar="DTYPE",
+                   help="KV cache dtype: fp8_e4m3 (an FP8 cache with dequantization scales)")
 
 
 def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -272,6 +278,8 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          "overwritten otherwise; KERNELS_TUNED_TABLE=PATH uses it without "
                          "installing it)")
     _add_workload_options(tn)
+    _add_feature_options(tn, "tuned as buckets of their own, e.g. .../kv16k/w1k+sinks, "
+                             "which the planner applies only to calls with those features")
     tn.add_argument("--budget-s", type=float, metavar="S",
                     help="start no new bucket after S seconds (those left are listed)")
     tn.add_argument("--margin", type=float, default=0.03, metavar="F",
@@ -903,6 +911,9 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     if table.kind != "file":
         raise UsageError(f"--table: expected a file path, got {args.table}")
     workloads, dtype, heads = _workload_args(args)
+    from invariance.features import Features
+
+    features = Features.build(args.feature, args.kv_dtype)  # ValueError -> one line, exit 2
     pow2 = args.page_size & (args.page_size - 1) == 0
     for flag, ok, expected, value in (
             ("--heads", heads.head_dim in (64, 128, 256),
@@ -962,7 +973,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
         result = run_tune(workloads, dtype=dtype, heads=heads, page_size=args.page_size,
                           device=args.device, timer=timer, margin=args.margin,
                           budget_s=args.budget_s, seed=args.seed, log=log, on_bucket=save,
-                          resume=resume, block_n=args.block_n)
+                          resume=resume, block_n=args.block_n, features=features or None)
     except KeyboardInterrupt as exc:
         if not finished:
             raise  # no bucket finished: nothing to write

@@ -48,6 +48,7 @@ from invariance.bench import (
     first_line,
     graph_replay,
 )
+from invariance.features import Features
 from invariance.workload import HeadConfig
 
 __all__ = ["TUNE_SCHEMA", "BucketResult", "FnTimer", "Trial", "TuneResult", "WallTimer",
@@ -229,27 +230,31 @@ class _Bucket:
     def _call(batch: AttentionBatch, plan: str, overrides: dict[str, Any]
               ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         import kernels
+        from invariance.backends.kernels import feature_kwargs
 
         tuning = kernels.Tuning(**overrides)
         lens = (batch.q_lens(), batch.kv_lens.tolist())
+        feats = feature_kwargs(batch, kernels.unified_attention)
 
         def fn() -> tuple[torch.Tensor, torch.Tensor]:
             return kernels.unified_attention(
                 batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.kv_lens,
                 batch.block_table, sm_scale=batch.sm_scale, plan=plan, tuning=tuning,
-                validate=False, host_lens=lens)
+                validate=False, host_lens=lens, **feats)
         return fn
 
     def signature(self, plan: str, overrides: dict[str, Any]) -> tuple[Any, ...]:
         """The launch plans of a candidate on every workload (``ValueError``: refused)."""
         import kernels
+        from invariance.backends.kernels import feature_kwargs
 
         sig = []
         for _, b in self.batches:
             lp = kernels.plan_attention(
                 b.q, b.k_cache, b.v_cache, b.cu_seqlens_q, b.kv_lens, b.block_table,
                 plan=plan, validate=False, tuning=kernels.Tuning(**{**self.contract, **overrides}),
-                host_lens=(b.q_lens(), b.kv_lens.tolist()))
+                host_lens=(b.q_lens(), b.kv_lens.tolist()),
+                **feature_kwargs(b, kernels.plan_attention))
             sig.append(tuple(getattr(lp, name) for name in _LAUNCH_FIELDS))
         return tuple(sig)
 
@@ -382,22 +387,28 @@ def _family(w: BenchWorkload, dtype: torch.dtype, heads: HeadConfig,
             w.page_size or page_size)
 
 
-def _bucket_of(w: BenchWorkload, family: tuple[torch.dtype, HeadConfig, int]) -> str:
-    from kernels.tuned import bucket
+def _bucket_of(w: BenchWorkload, family: tuple[torch.dtype, HeadConfig, int],
+               features: Features | None = None) -> str:
+    from kernels.tuned import bucket, feature_tag
 
     dt, heads, page = family
+    tag = "" if not features else feature_tag(features.window_left, features.sinks,
+                                              features.softcap is not None,
+                                              features.kv_dtype is not None)
     return bucket(dt, heads.head_dim, heads.num_q_heads // heads.num_kv_heads, page,
-                  len(w.q_lens), w.query_tokens, max(w.kv_lens))
+                  len(w.q_lens), w.query_tokens, max(w.kv_lens), tag)
 
 
 def _control_block_n(batch: AttentionBatch, block_n: int | None = None) -> int | None:
     """Half the contract's KV tile for this batch (``block_n``, else ``tile_config``'s; None
     where that is below 16)."""
     import kernels
+    from invariance.backends.kernels import feature_kwargs
 
     lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
                                 batch.kv_lens, batch.block_table, validate=False,
-                                tuning=kernels.Tuning(block_n=block_n))
+                                tuning=kernels.Tuning(block_n=block_n),
+                                **feature_kwargs(batch, kernels.plan_attention))
     return lp.block_n // 2 if lp.block_n >= 32 else None
 
 
@@ -408,7 +419,8 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
              budget_s: float | None = None, seed: int = 0,
              log: Callable[[str], None] = lambda _: None,
              on_bucket: Callable[[TuneResult], None] | None = None,
-             resume: dict[str, Any] | None = None, block_n: int | None = None) -> TuneResult:
+             resume: dict[str, Any] | None = None, block_n: int | None = None,
+             features: Features | None = None) -> TuneResult:
     """Search each bucket of ``workloads`` (module docstring) and return the result; its
     :meth:`TuneResult.table_json` is the table. ``dtype``, ``heads``, ``page_size``: for
     workloads that name none.
@@ -420,7 +432,10 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     table. ``block_n``: tune under another contract, KV tiles of ``block_n`` keys
     (bit-defining: the reference and every candidate run at it, and the control halves it),
     to choose the contract by measurement; the table records it and the planner never applies
-    such a table (:mod:`kernels.tuned`)."""
+    such a table (:mod:`kernels.tuned`). ``features``: every workload carries them (as
+    :func:`~invariance.bench.build_batch` builds them), every candidate and the reference run
+    with them, and their :func:`~kernels.tuned.feature_tag` ends each bucket: the planner
+    applies such entries only to calls with those features."""
     import triton
 
     import kernels  # noqa: F401  (the interpreter switch happens on import, see backends)
@@ -456,7 +471,8 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     done = set(result.kept) | set(result.kept_rules)
     groups: dict[str, list[BenchWorkload]] = {}
     for w in workloads:
-        groups.setdefault(_bucket_of(w, _family(w, dtype, heads, page_size)), []).append(w)
+        groups.setdefault(_bucket_of(w, _family(w, dtype, heads, page_size), features),
+                          []).append(w)
     start = time.monotonic()
     controlled: set[tuple[Any, ...]] = set()
     families: set[tuple[Any, ...]] = set()
@@ -471,7 +487,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
         fam = _family(members[0], dtype, heads, page_size)
         families.add(fam)
         batches = [(w, build_batch(w, heads=fam[1], dtype=fam[0], page_size=fam[2], device=dev,
-                                   seed=seed)) for w in members]
+                                   seed=seed, features=features or None)) for w in members]
         contract = {} if block_n is None else {"block_n": block_n}
         bucket = _Bucket(key, batches, contract)
         family = (fam[0], fam[1], fam[2])

@@ -64,7 +64,14 @@ from kernels.config import (
     value_blocks,
     wide_tile,
 )
-from kernels.tuned import TunedEntry, TunedTable, active_table, bucket, warn_unused_entry
+from kernels.tuned import (
+    TunedEntry,
+    TunedTable,
+    active_table,
+    bucket,
+    feature_tag,
+    warn_unused_entry,
+)
 
 __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention"]
 
@@ -221,16 +228,20 @@ class _Facts:
     num_sms: int
     bound: int  # KV tokens the block table covers: every checked length is at most this
     plain: bool  # no window, sinks, soft-cap or FP8 cache: the Gluon kernels may run it
+    features: str = ""  # kernels.tuned.feature_tag of the call's features ('' when plain)
 
 
 def _facts(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: torch.Tensor,
-           block_table: torch.Tensor, plain: bool) -> _Facts:
+           block_table: torch.Tensor, features: Features | None = None) -> _Facts:
     T, Hq, D = q.shape
     _, page_size, Hkv, _ = k_cache.shape
+    features = features or Features()
+    tag = feature_tag(features.window_left, features.sinks is not None,
+                      features.soft_cap != 0.0, features.k_scale is not None)
     return _Facts(T=T, Hq=Hq, D=D, Hkv=Hkv, G=Hq // Hkv, B=kv_lens.shape[0],
                   page_size=page_size, dtype=q.dtype, sm_major=_sm_major(q.device),
                   num_sms=_num_sms(q.device), bound=block_table.shape[1] * page_size,
-                  plain=plain)
+                  plain=features.plain, features=tag)
 
 
 @dataclass(frozen=True)
@@ -614,7 +625,7 @@ def _plan_call(
                          "FP8 cache (the Gluon kernels take none of them), got one with a "
                          "feature")
     inputs = (q, k_cache, v_cache, cu_seqlens_q, kv_lens, block_table)
-    f = _facts(q, k_cache, kv_lens, block_table, features.plain)
+    f = _facts(q, k_cache, kv_lens, block_table, features)
     block_n, cfg = _contract_block_n(f, tuning)
     _check_options(split_size, lead_split_size, plan, validate, block_n, q)
     if not features.plain:
@@ -637,16 +648,18 @@ def _tuned(f: _Facts, q: torch.Tensor, lengths: _Lengths | None, split_size: int
            lead_split_size: int | None, plan: str, given: Tuning | None,
            ) -> tuple[str | None, TunedEntry | None, TunedTable | None]:
     """(bucket, entry, table) of the measured table (:mod:`kernels.tuned`) for this call, or
-    Nones: only calls with no ``Tuning``, ``plan="auto"``, the default split sizes and no
-    feature, on a GPU (or the interpreter) whose table is in force. Host only."""
+    Nones: only calls with no ``Tuning``, ``plan="auto"`` and the default split sizes, on a GPU
+    (or the interpreter) whose table is in force; a call with features finds only an entry
+    measured with them (their :func:`~kernels.tuned.feature_tag` ends its bucket). Host
+    only."""
     if (given is not None or plan != "auto" or split_size != DEFAULT_SPLIT_SIZE
-            or lead_split_size not in (None, DEFAULT_LEAD_SPLIT_SIZE) or not f.plain):
+            or lead_split_size not in (None, DEFAULT_LEAD_SPLIT_SIZE)):
         return None, None, None
     table = active_table(_device_slug(q.device))
     if table is None:
         return None, None, None
     max_kv = lengths.max_kv if lengths is not None else f.bound
-    key = bucket(f.dtype, f.D, f.G, f.page_size, f.B, f.T, max_kv)
+    key = bucket(f.dtype, f.D, f.G, f.page_size, f.B, f.T, max_kv, f.features)
     return key, table.entries.get(key), table
 
 

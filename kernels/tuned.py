@@ -12,14 +12,17 @@ of :mod:`kernels.config` as the fallback, not an autotuner at plan time: ARCHITE
 **Buckets.** A call's bucket is a pure function of what the planner already knows on the host
 (:func:`bucket`): dtype, head dim, GQA group, page size, batch size, query tokens per request
 and the longest KV length (the checked lengths, the caller's ``host_lens``, else the block
-table's bound). No lookup reads the device, so it is safe under CUDA-graph capture.
+table's bound), and the call's features (:func:`feature_tag`: a window's class, sinks, a
+soft-cap, an FP8 cache), which change the kernels' code and so are tuned and proven apart. No
+lookup reads the device, so it is safe under CUDA-graph capture.
 
 **Which table.** ``KERNELS_TUNED_TABLE`` names a table file, or ``off`` (also ``0``, ``none``)
 for none; unset: ``kernels/tuned/<gpu>.json`` for the running GPU (``nvidia-h200.json`` for an
 "NVIDIA H200"), if the package ships one. Each file is read once per process. A table applies
 only on the GPU it names, under the Triton release (major.minor) it was measured with, and only
-to calls with the default split sizes, no feature (window, sinks, soft-cap, FP8 cache), no
-``Tuning`` of the caller's and ``plan="auto"``; everywhere else the rules decide. An entry a
+to calls with the default split sizes, no ``Tuning`` of the caller's and ``plan="auto"``, and
+to a call with features only through an entry of a bucket with those features (one measured
+with them: ``invariance tune --feature``); everywhere else the rules decide. An entry a
 call cannot take (the planner refuses its settings for that call) also leaves it to the rules,
 with a ``RuntimeWarning`` once per bucket; so does a table named by ``KERNELS_TUNED_TABLE`` for
 another GPU or Triton release.
@@ -47,6 +50,7 @@ __all__ = [
     "active_table",
     "bucket",
     "device_slug",
+    "feature_tag",
     "load_table",
     "table_path",
 ]
@@ -85,16 +89,43 @@ def _size_class(value: float, classes: tuple[tuple[int | None, str], ...]) -> st
 
 
 def bucket(dtype: torch.dtype, head_dim: int, group: int, page_size: int, batch_size: int,
-           num_tokens: int, max_kv_len: int) -> str:
+           num_tokens: int, max_kv_len: int, features: str = "") -> str:
     """The shape bucket of a call, e.g. ``bf16/d128/g4/p16/b16/q1/kv16k``: dtype, head dim,
     GQA group, page size, then the class of the batch size (at most 1, 4, 16, 64, 256, more),
     of the query tokens per request on average (1, 8, 128, 1024, more) and of the longest KV
-    length (1k, 4k, 16k, 64k, more). Pure."""
+    length (1k, 4k, 16k, 64k, more); then, for a call with features, their
+    :func:`feature_tag` (``.../kv16k/w4k+cap``). Pure."""
     per_request = num_tokens / max(batch_size, 1)
-    return "/".join((
+    key = "/".join((
         _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")), f"d{head_dim}", f"g{group}",
         f"p{page_size}", _size_class(batch_size, _BATCH), _size_class(per_request, _QPER),
         _size_class(max_kv_len, _KV)))
+    return f"{key}/{features}" if features else key
+
+
+def feature_tag(window_left: int = -1, sinks: bool = False, soft_cap: bool = False,
+                fp8: bool = False) -> str:
+    """The features of a call as a bucket sees them ('' without any): the class of the keys a
+    window lets a query see (``window_left + 1``: ``w1k``, ``w4k``, ``w16k``, ``w64k``,
+    ``wmax``), then ``sinks``, ``cap`` (a logit soft-cap), ``fp8`` (an FP8 KV cache), joined by
+    ``+`` in that order. A feature changes the kernels' code, so its calls are tuned (and
+    proven bit-neutral) apart. Pure."""
+    parts = [] if window_left < 0 else ["w" + _size_class(window_left + 1, _KV)[2:]]
+    parts += [name for name, on in (("sinks", sinks), ("cap", soft_cap), ("fp8", fp8)) if on]
+    return "+".join(parts)
+
+
+def _canonical_features(tag: str) -> bool:
+    """Whether ``tag`` is a :func:`feature_tag` as that function writes it."""
+    parts = tag.split("+")
+    window = [p for p in parts if p.startswith("w")]
+    rest = [p for p in parts if not p.startswith("w")]
+    windows = {"w" + label[2:] for _, label in _KV}
+    if len(window) > 1 or (window and (parts[0] != window[0] or window[0] not in windows)):
+        return False
+    order = ("sinks", "cap", "fp8")
+    return (bool(parts) and all(p in order for p in rest)
+            and rest == sorted(set(rest), key=order.index))
 
 
 def device_slug(name: str) -> str:
@@ -130,7 +161,13 @@ class TunedTable:
 
 
 _BUCKET = re.compile(r"(fp16|bf16|fp32)/d\d+/g\d+/p\d+/b(1|4|16|64|256|max)/"
-                     r"q(1|8|128|1k|max)/kv(1k|4k|16k|64k|max)")
+                     r"q(1|8|128|1k|max)/kv(1k|4k|16k|64k|max)(/(?P<features>[a-z0-9+]+))?")
+
+
+def _is_bucket(key: str) -> bool:
+    """Whether ``key`` is a bucket as :func:`bucket` writes it."""
+    m = _BUCKET.fullmatch(key)
+    return m is not None and (m["features"] is None or _canonical_features(m["features"]))
 _ENTRY_KEYS = frozenset({"plan", "tuning", "us", "rules_us", "workloads"})
 _TABLE_KEYS = frozenset({"schema", "device", "triton", "block_n", "command", "entries",
                          "rules"})
@@ -145,9 +182,10 @@ def _entry(path: str, key: str, raw: object) -> TunedEntry:
 
     if not isinstance(raw, dict):
         raise _fail(path, f"entry {key!r}", "an object", raw)
-    if not _BUCKET.fullmatch(key):
-        raise _fail(path, "entry key", "a bucket like 'bf16/d128/g4/p16/b16/q1/kv16k' "
-                    "(kernels.tuned.bucket)", key)
+    if not _is_bucket(key):
+        raise _fail(path, "entry key", "a bucket like 'bf16/d128/g4/p16/b16/q1/kv16k' or, with "
+                    "features, 'bf16/d64/g8/p16/b16/q1/kv16k/w1k+sinks' (kernels.tuned.bucket)",
+                    key)
     unknown = sorted(set(raw) - _ENTRY_KEYS)
     if unknown:
         raise _fail(path, f"entry {key!r}", f"keys among {sorted(_ENTRY_KEYS)}", unknown)
@@ -201,7 +239,7 @@ def load_table(path: str | os.PathLike[str]) -> TunedTable:
                     block_n)
     entries = raw.get("entries")
     rules = raw.get("rules", [])
-    if not isinstance(rules, list) or not all(isinstance(r, str) and _BUCKET.fullmatch(r)
+    if not isinstance(rules, list) or not all(isinstance(r, str) and _is_bucket(r)
                                               for r in rules):
         raise _fail(p, "rules", "a list of buckets", rules)
     if not isinstance(entries, dict):

@@ -18,9 +18,10 @@ import kernels
 from invariance import HeadConfig, compare_bits
 from invariance.bench import BenchWorkload
 from invariance.cli import main
+from invariance.features import Features
 from invariance.tune import _Bucket, run_tune
 from kernels._device import _device_slug
-from kernels.tuned import SCHEMA, TABLE_ENV, bucket, device_slug, load_table
+from kernels.tuned import SCHEMA, TABLE_ENV, bucket, device_slug, feature_tag, load_table
 
 #: Where the kernels run in this session (conftest's ``device`` fixture: CUDA when there is one).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -387,3 +388,84 @@ def test_tune_cli_never_overwrites_a_table_and_says_what_it_left(
                        (["--budget-s", "inf"], "--budget-s: expected finite seconds")):
         assert main([*base, "--lengths", "decode:9", *args]) == 2
         assert flag in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# Calls with features: buckets of their own, tuned with the features on
+# ------------------------------------------------------------------------------------------------
+
+def test_feature_buckets_are_canonical_and_apart() -> None:
+    assert feature_tag() == ""
+    assert feature_tag(127, sinks=True) == "w1k+sinks"  # 128 keys seen: the 1k class
+    assert feature_tag(4096, soft_cap=True) == "w16k+cap"  # 4097 keys seen
+    assert feature_tag(soft_cap=True, fp8=True) == "cap+fp8"
+    base = bucket(torch.bfloat16, 64, 8, 16, 8, 8, 8192)
+    assert bucket(torch.bfloat16, 64, 8, 16, 8, 8, 8192, "w1k+sinks") == f"{base}/w1k+sinks"
+
+
+@pytest.mark.parametrize("tag", ["", "sinks+w1k", "cap+sinks", "w2k", "sinks+sinks", "w1k+w4k",
+                                 "x", "W1K", "w1k+"])
+def test_a_bad_feature_bucket_is_named(tmp_path: Path, tag: str) -> None:
+    path = _write_table(tmp_path / "t.json", {f"{KEY}/{tag}": {"plan": "split", "tuning": {}}})
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: entry key"):
+        load_table(path)
+
+
+def test_a_feature_entry_runs_only_calls_with_those_features(
+        batch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sinks = torch.linspace(-1.0, 1.0, HEADS.num_q_heads, device=batch.q.device)
+    feats = {"window_left": 64, "sinks": sinks}
+    rules = _plan(batch, **feats)
+    key = f"{_key(batch)}/w1k+sinks"
+    other = "split" if rules.plan == "fused" else "fused"
+    monkeypatch.setenv(TABLE_ENV, str(_write_table(tmp_path / "t.json",
+                                                   {key: {"plan": other, "tuning": {}}})))
+    tuned = _plan(batch, **feats)
+    assert (tuned.tuned, tuned.plan) == (key, other)
+    # The same shapes without the features, or with other ones: other buckets, the rules.
+    assert _plan(batch).tuned is None
+    assert _plan(batch, window_left=64).tuned is None
+    assert _plan(batch, **feats, logits_soft_cap=30.0).tuned is None
+    out, lse = _call(batch, **feats)
+    ref_out, ref_lse = _call(batch, tuning=kernels.Tuning(), **feats)
+    assert compare_bits(out, ref_out).num_different == 0
+    assert compare_bits(lse, ref_lse).num_different == 0
+
+
+def test_tune_with_features_searches_their_bucket_with_them_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from invariance.backends.kernels import feature_kwargs
+    from invariance.bench import build_batch
+
+    _fake_times(monkeypatch)
+    features = Features(window=48, sinks=True)
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE,  # type: ignore[arg-type]
+                      features=features)
+    [b] = result.buckets
+    assert b.bucket.endswith("/w1k+sinks") and result.controls_rejected
+    assert b.entry is not None and not any(t.status == "rejected" for t in b.trials)
+    path = tmp_path / "t.json"
+    path.write_text(result.table_json())
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    fb = build_batch(WORKLOAD, HEADS, torch.float32, 16, DEVICE, features=features)
+    lens = (list(WORKLOAD.q_lens), list(WORKLOAD.kv_lens))
+    assert _plan(fb, validate=False, host_lens=lens,
+                 **feature_kwargs(fb, kernels.plan_attention)).tuned == b.bucket
+    plain = build_batch(WORKLOAD, HEADS, torch.float32, 16, DEVICE)
+    assert _plan(plain, validate=False, host_lens=lens).tuned is None
+
+
+def test_tune_cli_takes_features_and_names_bad_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_times(monkeypatch)
+    monkeypatch.setattr("kernels.tuned.TUNABLE", SPACE)
+    table = tmp_path / "t.json"
+    args = ["tune", "--device", DEVICE, "--lengths", "decode:150,90", "--dtype", "fp32",
+            "--heads", "4:2:64", "--no-progress"]
+    assert main([*args, "--feature", "window=48,softcap=30", "--table", str(table)]) == 0
+    assert [k.rsplit("/", 1)[1] for k in load_table(table).entries] == ["w1k+cap"]
+    capsys.readouterr()
+    assert main([*args, "--feature", "window=-5", "--table", str(tmp_path / "u.json")]) == 2
+    assert "window" in capsys.readouterr().err
+    assert not (tmp_path / "u.json").exists()
