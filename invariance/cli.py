@@ -278,7 +278,7 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          "overwritten otherwise; KERNELS_TUNED_TABLE=PATH uses it without "
                          "installing it)")
     _add_workload_options(tn)
-    _add_feature_options(tn, "tuned as buckets of their own, e.g. .../kv16k/w1k+sinks, "
+    _add_feature_options(tn, "tuned as buckets of their own, e.g. .../kv16k/w128+sinks, "
                              "which the planner applies only to calls with those features")
     tn.add_argument("--budget-s", type=float, metavar="S",
                     help="start no new bucket after S seconds (those left are listed)")
@@ -941,7 +941,12 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
                              "imported; set TRITON_INTERPRET=1")
         os.environ["TRITON_INTERPRET"] = "1"
     from invariance.outputs import write_atomic
-    from invariance.tune import TuneResult, default_timer, run_tune
+    from invariance.tune import TuneResult, check_features, default_timer, run_tune
+
+    if features:
+        problem = check_features(features, dtype, heads, args.page_size)
+        if problem is not None:
+            raise UsageError(f"--feature/--kv-dtype: {problem}")
 
     timer = default_timer(args.device, args.iters)
 

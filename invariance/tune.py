@@ -128,6 +128,10 @@ class BucketResult:
     trials: list[Trial] = field(default_factory=list)
     entry: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: The bucket's own control ran and was not rejected: the comparison could not see a
+    #: difference here, so nothing of this bucket goes into the table (``--resume`` searches it
+    #: again).
+    unproven: bool = False
 
     @property
     def speedup(self) -> float | None:
@@ -163,12 +167,13 @@ class TuneResult:
         """The table file's content (:func:`kernels.tuned.load_table` reads it)."""
         from kernels.tuned import SCHEMA
 
+        proven = [b for b in self.buckets if not b.unproven]
         entries = dict(self.kept)
-        entries.update({b.bucket: b.entry for b in self.buckets if b.entry is not None})
-        for b in self.buckets:  # searched again and the rules won: the old entry goes
+        entries.update({b.bucket: b.entry for b in proven if b.entry is not None})
+        for b in proven:  # searched again and the rules won: the old entry goes
             if b.entry is None:
                 entries.pop(b.bucket, None)
-        rules = (set(self.kept_rules) | {b.bucket for b in self.buckets if b.entry is None})
+        rules = (set(self.kept_rules) | {b.bucket for b in proven if b.entry is None})
         contract = {} if self.block_n is None else {"block_n": self.block_n}
         return {"schema": SCHEMA, "device": self.device, "triton": self.triton, **contract,
                 "command": self.command, "entries": dict(sorted(entries.items())),
@@ -215,10 +220,13 @@ class _Bucket:
     """The workloads of one bucket with their batches, reference bits and calls."""
 
     def __init__(self, key: str, batches: list[tuple[BenchWorkload, AttentionBatch]],
-                 contract: dict[str, Any] | None = None) -> None:
+                 contract: dict[str, Any] | None = None,
+                 features: dict[str, Any] | None = None) -> None:
         #: ``{"block_n": N}`` when tuning under another contract (``run_tune(block_n=N)``):
         #: merged under every candidate's settings and the reference's.
         self.contract = dict(contract or {})
+        #: The workloads' features (``Features.to_dict()``; ``{}``: none), recorded in an entry.
+        self.features = dict(features or {})
         self.key, self.batches = key, batches
         self.refs = [self.call(b, "auto", {})() for _, b in batches]
 
@@ -377,6 +385,27 @@ class _Search:
             self.result.entry = {"plan": plan, "tuning": dict(overrides), "us": min(tuned),
                                  "rules_us": self.result.rules_us,
                                  "workloads": self.result.workloads}
+            if self.b.features:  # the feature values it was proven with, for the record
+                self.result.entry["features"] = self.b.features
+
+
+def check_features(features: Features, dtype: torch.dtype, heads: HeadConfig,
+                   page_size: int) -> str | None:
+    """Why the kernels refuse ``features`` for workloads of ``dtype``, ``heads`` and
+    ``page_size`` (None: they take them): the planner's own checks on a one-token batch built
+    on the CPU (host only, no kernel runs), before a tuning run starts."""
+    import kernels
+    from invariance.backends.kernels import feature_kwargs
+
+    probe = build_batch(BenchWorkload("probe", (1,), (1,)), heads, dtype, page_size, "cpu",
+                        features=features)
+    try:
+        kernels.plan_attention(probe.q, probe.k_cache, probe.v_cache, probe.cu_seqlens_q,
+                               probe.kv_lens, probe.block_table, validate=False,
+                               **feature_kwargs(probe, kernels.plan_attention))
+    except ValueError as exc:
+        return str(exc).splitlines()[0] if str(exc) else repr(exc)
+    return None
 
 
 def _family(w: BenchWorkload, dtype: torch.dtype, heads: HeadConfig,
@@ -489,17 +518,21 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
         batches = [(w, build_batch(w, heads=fam[1], dtype=fam[0], page_size=fam[2], device=dev,
                                    seed=seed, features=features or None)) for w in members]
         contract = {} if block_n is None else {"block_n": block_n}
-        bucket = _Bucket(key, batches, contract)
+        bucket = _Bucket(key, batches, contract, features.to_dict() if features else None)
         family = (fam[0], fam[1], fam[2])
         control = None if family in controlled else _control_block_n(batches[0][1], block_n)
         if control is not None and max(max(w.kv_lens) for w in members) <= control:
             control = None  # every row within one control tile: it could not differ here
+        if control is not None and features and features.window_left == 0:
+            control = None  # every query sees its own key alone: no tile can change a bit
         if control is not None:
             controlled.add(family)
         search = _Search(bucket, timer, margin, control, log)
-        if not search.control():
+        unproven = not search.control()
+        if unproven:
             result.controls_rejected = False
         result.buckets.append(search.run(space))
+        result.buckets[-1].unproven = unproven
         result.buckets[-1].seconds = time.monotonic() - t0
         del bucket, batches, search
         if dev.type == "cuda":

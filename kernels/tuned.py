@@ -21,8 +21,9 @@ for none; unset: ``kernels/tuned/<gpu>.json`` for the running GPU (``nvidia-h200
 "NVIDIA H200"), if the package ships one. Each file is read once per process. A table applies
 only on the GPU it names, under the Triton release (major.minor) it was measured with, and only
 to calls with the default split sizes, no ``Tuning`` of the caller's and ``plan="auto"``, and
-to a call with features only through an entry of a bucket with those features (one measured
-with them: ``invariance tune --feature``); everywhere else the rules decide. An entry a
+to a call with features only through an entry of a bucket with the same window and kinds of
+feature (one measured with them: ``invariance tune --feature``); everywhere else the rules
+decide. An entry a
 call cannot take (the planner refuses its settings for that call) also leaves it to the rules,
 with a ``RuntimeWarning`` once per bucket; so does a table named by ``KERNELS_TUNED_TABLE`` for
 another GPU or Triton release.
@@ -35,7 +36,7 @@ import json
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def bucket(dtype: torch.dtype, head_dim: int, group: int, page_size: int, batch_
     GQA group, page size, then the class of the batch size (at most 1, 4, 16, 64, 256, more),
     of the query tokens per request on average (1, 8, 128, 1024, more) and of the longest KV
     length (1k, 4k, 16k, 64k, more); then, for a call with features, their
-    :func:`feature_tag` (``.../kv16k/w4k+cap``). Pure."""
+    :func:`feature_tag` (``.../kv16k/w4095+cap``). Pure."""
     per_request = num_tokens / max(batch_size, 1)
     key = "/".join((
         _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")), f"d{head_dim}", f"g{group}",
@@ -105,12 +106,12 @@ def bucket(dtype: torch.dtype, head_dim: int, group: int, page_size: int, batch_
 
 def feature_tag(window_left: int = -1, sinks: bool = False, soft_cap: bool = False,
                 fp8: bool = False) -> str:
-    """The features of a call as a bucket sees them ('' without any): the class of the keys a
-    window lets a query see (``window_left + 1``: ``w1k``, ``w4k``, ``w16k``, ``w64k``,
-    ``wmax``), then ``sinks``, ``cap`` (a logit soft-cap), ``fp8`` (an FP8 KV cache), joined by
-    ``+`` in that order. A feature changes the kernels' code, so its calls are tuned (and
-    proven bit-neutral) apart. Pure."""
-    parts = [] if window_left < 0 else ["w" + _size_class(window_left + 1, _KV)[2:]]
+    """The features of a call as a bucket sees them ('' without any): the window exactly
+    (``w`` and ``window_left``: a model's windows are constants, and an entry is proven at the
+    window it was measured with), then ``sinks``, ``cap`` (a logit soft-cap), ``fp8`` (an FP8
+    KV cache), joined by ``+`` in that order. A feature changes the kernels' code, so its calls
+    are tuned (and proven bit-neutral) apart. Pure."""
+    parts = [] if window_left < 0 else [f"w{window_left}"]
     parts += [name for name, on in (("sinks", sinks), ("cap", soft_cap), ("fp8", fp8)) if on]
     return "+".join(parts)
 
@@ -120,8 +121,8 @@ def _canonical_features(tag: str) -> bool:
     parts = tag.split("+")
     window = [p for p in parts if p.startswith("w")]
     rest = [p for p in parts if not p.startswith("w")]
-    windows = {"w" + label[2:] for _, label in _KV}
-    if len(window) > 1 or (window and (parts[0] != window[0] or window[0] not in windows)):
+    if len(window) > 1 or (window and (parts[0] != window[0]
+                                       or not re.fullmatch(r"w(0|[1-9]\d*)", window[0]))):
         return False
     order = ("sinks", "cap", "fp8")
     return (bool(parts) and all(p in order for p in rest)
@@ -143,6 +144,9 @@ class TunedEntry:
     us: float | None = None
     rules_us: float | None = None
     workloads: tuple[str, ...] = ()
+    #: The feature values the entry was measured and proven with (``{}``: none), a record: the
+    #: bucket's :func:`feature_tag` is what the planner matches.
+    features: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,7 @@ def _is_bucket(key: str) -> bool:
     """Whether ``key`` is a bucket as :func:`bucket` writes it."""
     m = _BUCKET.fullmatch(key)
     return m is not None and (m["features"] is None or _canonical_features(m["features"]))
-_ENTRY_KEYS = frozenset({"plan", "tuning", "us", "rules_us", "workloads"})
+_ENTRY_KEYS = frozenset({"plan", "tuning", "us", "rules_us", "workloads", "features"})
 _TABLE_KEYS = frozenset({"schema", "device", "triton", "block_n", "command", "entries",
                          "rules"})
 
@@ -184,7 +188,7 @@ def _entry(path: str, key: str, raw: object) -> TunedEntry:
         raise _fail(path, f"entry {key!r}", "an object", raw)
     if not _is_bucket(key):
         raise _fail(path, "entry key", "a bucket like 'bf16/d128/g4/p16/b16/q1/kv16k' or, with "
-                    "features, 'bf16/d64/g8/p16/b16/q1/kv16k/w1k+sinks' (kernels.tuned.bucket)",
+                    "features, 'bf16/d64/g8/p16/b16/q1/kv16k/w127+sinks' (kernels.tuned.bucket)",
                     key)
     unknown = sorted(set(raw) - _ENTRY_KEYS)
     if unknown:
@@ -204,12 +208,16 @@ def _entry(path: str, key: str, raw: object) -> TunedEntry:
     workloads = raw.get("workloads", [])
     if not isinstance(workloads, list) or not all(isinstance(w, str) for w in workloads):
         raise _fail(path, f"entry {key!r}: workloads", "a list of names", workloads)
+    features = raw.get("features", {})
+    if not isinstance(features, dict) or not all(isinstance(k, str) for k in features):
+        raise _fail(path, f"entry {key!r}: features", "an object (the features it was "
+                    "measured with)", features)
     us, rules_us = raw.get("us"), raw.get("rules_us")
     for name, value in (("us", us), ("rules_us", rules_us)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise _fail(path, f"entry {key!r}: {name}", "a number or null", value)
     return TunedEntry(plan=plan, tuning=dict(tuning), us=us, rules_us=rules_us,
-                      workloads=tuple(workloads))
+                      workloads=tuple(workloads), features=dict(features))
 
 
 def load_table(path: str | os.PathLike[str]) -> TunedTable:

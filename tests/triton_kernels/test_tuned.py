@@ -396,15 +396,15 @@ def test_tune_cli_never_overwrites_a_table_and_says_what_it_left(
 
 def test_feature_buckets_are_canonical_and_apart() -> None:
     assert feature_tag() == ""
-    assert feature_tag(127, sinks=True) == "w1k+sinks"  # 128 keys seen: the 1k class
-    assert feature_tag(4096, soft_cap=True) == "w16k+cap"  # 4097 keys seen
+    assert feature_tag(127, sinks=True) == "w127+sinks"  # the window exactly, never a class
+    assert feature_tag(4096, soft_cap=True) != feature_tag(4095, soft_cap=True)
     assert feature_tag(soft_cap=True, fp8=True) == "cap+fp8"
     base = bucket(torch.bfloat16, 64, 8, 16, 8, 8, 8192)
-    assert bucket(torch.bfloat16, 64, 8, 16, 8, 8, 8192, "w1k+sinks") == f"{base}/w1k+sinks"
+    assert bucket(torch.bfloat16, 64, 8, 16, 8, 8, 8192, "w127+sinks") == f"{base}/w127+sinks"
 
 
-@pytest.mark.parametrize("tag", ["", "sinks+w1k", "cap+sinks", "w2k", "sinks+sinks", "w1k+w4k",
-                                 "x", "W1K", "w1k+"])
+@pytest.mark.parametrize("tag", ["", "sinks+w64", "cap+sinks", "w1k", "w012", "w-1",
+                                 "sinks+sinks", "w64+w128", "x", "W64", "w64+"])
 def test_a_bad_feature_bucket_is_named(tmp_path: Path, tag: str) -> None:
     path = _write_table(tmp_path / "t.json", {f"{KEY}/{tag}": {"plan": "split", "tuning": {}}})
     with pytest.raises(ValueError, match=f"{re.escape(str(path))}: entry key"):
@@ -416,7 +416,7 @@ def test_a_feature_entry_runs_only_calls_with_those_features(
     sinks = torch.linspace(-1.0, 1.0, HEADS.num_q_heads, device=batch.q.device)
     feats = {"window_left": 64, "sinks": sinks}
     rules = _plan(batch, **feats)
-    key = f"{_key(batch)}/w1k+sinks"
+    key = f"{_key(batch)}/w64+sinks"
     other = "split" if rules.plan == "fused" else "fused"
     monkeypatch.setenv(TABLE_ENV, str(_write_table(tmp_path / "t.json",
                                                    {key: {"plan": other, "tuning": {}}})))
@@ -426,6 +426,7 @@ def test_a_feature_entry_runs_only_calls_with_those_features(
     assert _plan(batch).tuned is None
     assert _plan(batch, window_left=64).tuned is None
     assert _plan(batch, **feats, logits_soft_cap=30.0).tuned is None
+    assert _plan(batch, window_left=63, sinks=sinks).tuned is None  # another window
     out, lse = _call(batch, **feats)
     ref_out, ref_lse = _call(batch, tuning=kernels.Tuning(), **feats)
     assert compare_bits(out, ref_out).num_different == 0
@@ -442,7 +443,8 @@ def test_tune_with_features_searches_their_bucket_with_them_on(
     result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE,  # type: ignore[arg-type]
                       features=features)
     [b] = result.buckets
-    assert b.bucket.endswith("/w1k+sinks") and result.controls_rejected
+    assert b.bucket.endswith("/w48+sinks") and result.controls_rejected
+    assert b.entry is not None and b.entry["features"] == features.to_dict()
     assert b.entry is not None and not any(t.status == "rejected" for t in b.trials)
     path = tmp_path / "t.json"
     path.write_text(result.table_json())
@@ -464,8 +466,28 @@ def test_tune_cli_takes_features_and_names_bad_ones(
     args = ["tune", "--device", DEVICE, "--lengths", "decode:150,90", "--dtype", "fp32",
             "--heads", "4:2:64", "--no-progress"]
     assert main([*args, "--feature", "window=48,softcap=30", "--table", str(table)]) == 0
-    assert [k.rsplit("/", 1)[1] for k in load_table(table).entries] == ["w1k+cap"]
+    assert [k.rsplit("/", 1)[1] for k in load_table(table).entries] == ["w48+cap"]
     capsys.readouterr()
-    assert main([*args, "--feature", "window=-5", "--table", str(tmp_path / "u.json")]) == 2
-    assert "window" in capsys.readouterr().err
-    assert not (tmp_path / "u.json").exists()
+    for bad, name in ((["--feature", "window=-5"], "window"),
+                      (["--feature", "softcap=1e-9"], "logits_soft_cap"),  # the kernels' range
+                      (["--kv-dtype", "fp8_e4m3"], "k_cache")):  # FP8 with float32 queries
+        assert main([*args, *bad, "--table", str(tmp_path / "u.json")]) == 2
+        assert name in capsys.readouterr().err
+        assert not (tmp_path / "u.json").exists()
+
+
+def test_a_bucket_whose_control_is_admitted_stays_out_of_the_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window of 0 (each query sees its own key alone): no tile can change a bit, so no
+    control runs; a bucket whose control ran and was admitted is left for --resume."""
+    _fake_times(monkeypatch)
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE,  # type: ignore[arg-type]
+                      features=Features(window=0))
+    [b] = result.buckets
+    assert not any(t.status.startswith("control") for t in b.trials) and not b.unproven
+    assert result.uncontrolled
+    monkeypatch.setattr("invariance.tune._Search.control", lambda self: False)
+    result = run_tune([WORKLOAD], device=DEVICE, timer=object(), space=SPACE)  # type: ignore[arg-type]
+    [b] = result.buckets
+    assert b.unproven and not result.controls_rejected
+    assert result.table()["entries"] == {} and result.table()["rules"] == []
