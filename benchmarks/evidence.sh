@@ -65,6 +65,20 @@ run() {
     | tail -2 | cut -c1-400
 }
 
+# each_model FN: FN MODEL HEADS FEATURE-ARGS... for each model-like feature set (gpt-oss-,
+# Gemma- and Llama-with-FP8-like), as features-bench, features-peers and tune-features use them.
+each_model() {
+  for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
+             "gemma 16:8:256 --feature window=4096,softcap=50" \
+             "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
+    # shellcheck disable=SC2086  # word splitting of cfg intended
+    "$1" $cfg
+  done
+}
+# The decode and prefill workloads of those feature sets.
+FEATURE_LENS="--lengths decode:8kx8 --lengths decode:8kx64 --lengths decode:32kx8 \
+--lengths prefill:16k,8k,4kx2,2k,1k,512x2"
+
 flashinfer_site() {
   [ -d .whl ] || { echo "no .whl/: FlashInfer's wheels are not here"; return 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -100,16 +114,14 @@ step_tune_features() {
 print(device_slug(torch.cuda.get_device_name()))")
   [ -f "$OUT/tune/$gpu.json" ] && cp "$OUT/tune/$gpu.json" "$C/$gpu.json"
   [ -f "$C/$gpu.json" ] || cp "kernels/tuned/$gpu.json" "$C/$gpu.json"
-  lens="--lengths decode:8kx8 --lengths decode:8kx64 --lengths decode:32kx8"
-  lens="$lens --lengths prefill:16k,8k,4kx2,2k,1k,512x2"
-  for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
-             "gemma 16:8:256 --feature window=4096,softcap=50" \
-             "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
-    set -- $cfg
-    model=$1 heads=$2; shift 2
-    run "tune-$model" ${TUNE_FEATURE_S:-180} $INV tune --heads "$heads" "$@" $lens --resume \
-      --table "$C/$gpu.json" --markdown "$C/tune-$model.md" --json "$C/tune-$model.json"
-  done
+  TABLE=$C/$gpu.json
+  each_model tune_model
+}
+
+tune_model() {
+  model=$1 heads=$2; shift 2
+  run "tune-$model" ${TUNE_FEATURE_S:-180} $INV tune --heads "$heads" "$@" $FEATURE_LENS \
+    --resume --table "$TABLE" --markdown "$C/tune-$model.md" --json "$C/tune-$model.json"
 }
 
 step_features() {
@@ -144,31 +156,28 @@ step_contract() {
 
 step_features_bench() {
   flashinfer_site || return
-  lens="--lengths decode:8kx8 --lengths decode:8kx64 --lengths decode:32kx8"
-  lens="$lens --lengths prefill:16k,8k,4kx2,2k,1k,512x2"
-  for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
-             "gemma 16:8:256 --feature window=4096,softcap=50" \
-             "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
-    set -- $cfg
-    model=$1 heads=$2; shift 2
-    run "bench-$model" ${BENCH_S:-200} $INV bench --heads "$heads" "$@" $lens --backend kernels \
-      --backend kernels-heuristic --baseline flashinfer-best --iters ${BENCH_ITERS:-20} \
-      --no-progress --json "$C/bench-$model.json" --markdown "$C/bench-$model.md"
-  done
+  each_model bench_model
+}
+
+bench_model() {
+  model=$1 heads=$2; shift 2
+  run "bench-$model" ${BENCH_S:-200} $INV bench --heads "$heads" "$@" $FEATURE_LENS \
+    --backend kernels --backend kernels-heuristic --baseline flashinfer-best \
+    --iters ${BENCH_ITERS:-20} --no-progress --json "$C/bench-$model.json" \
+    --markdown "$C/bench-$model.md"
 }
 
 step_features_peers() {
   flashinfer_site || return
-  for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
-             "gemma 16:8:256 --feature window=4096,softcap=50" \
-             "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
-    set -- $cfg
-    model=$1 heads=$2; shift 2
-    for b in flashinfer:use_tensor_cores=true flashinfer-prefill; do
-      n=$model-$(echo "$b" | tr ':=,' '---')
-      run "peer-$n" 120 $INV check --backend "$b" --device cuda --dtype bf16 --heads "$heads" \
-        "$@" --no-progress --markdown "$C/peer-$n.md"
-    done
+  each_model peer_model
+}
+
+peer_model() {
+  model=$1 heads=$2; shift 2
+  for b in flashinfer:use_tensor_cores=true flashinfer-prefill; do
+    n=$model-$(echo "$b" | tr ':=,' '---')
+    run "peer-$n" 120 $INV check --backend "$b" --device cuda --dtype bf16 --heads "$heads" \
+      "$@" --no-progress --markdown "$C/peer-$n.md"
   done
 }
 
