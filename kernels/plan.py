@@ -228,20 +228,16 @@ class _Facts:
     num_sms: int
     bound: int  # KV tokens the block table covers: every checked length is at most this
     plain: bool  # no window, sinks, soft-cap or FP8 cache: the Gluon kernels may run it
-    features: str = ""  # kernels.tuned.feature_tag of the call's features ('' when plain)
 
 
 def _facts(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: torch.Tensor,
            block_table: torch.Tensor, features: Features | None = None) -> _Facts:
     T, Hq, D = q.shape
     _, page_size, Hkv, _ = k_cache.shape
-    features = features or Features()
-    tag = feature_tag(features.window_left, features.sinks is not None,
-                      features.soft_cap != 0.0, features.k_scale is not None)
     return _Facts(T=T, Hq=Hq, D=D, Hkv=Hkv, G=Hq // Hkv, B=kv_lens.shape[0],
                   page_size=page_size, dtype=q.dtype, sm_major=_sm_major(q.device),
                   num_sms=_num_sms(q.device), bound=block_table.shape[1] * page_size,
-                  plain=features.plain, features=tag)
+                  plain=features is None or features.plain)
 
 
 @dataclass(frozen=True)
@@ -633,7 +629,8 @@ def _plan_call(
     lengths = _read_lengths(f, inputs, validate, host_lens)
     if lengths is not None and lengths.trusted:
         _check_feature_values(features)
-    key, entry, table = _tuned(f, q, lengths, split_size, lead_split_size, plan, given)
+    key, entry, table = _tuned(f, q, lengths, split_size, lead_split_size, plan, given,
+                               features)
     if entry is not None and key is not None and table is not None:
         try:
             return _plan_steps(f, cfg, Tuning(**entry.tuning), entry.plan, inputs, lengths,
@@ -646,6 +643,7 @@ def _plan_call(
 
 def _tuned(f: _Facts, q: torch.Tensor, lengths: _Lengths | None, split_size: int | None,
            lead_split_size: int | None, plan: str, given: Tuning | None,
+           features: Features,
            ) -> tuple[str | None, TunedEntry | None, TunedTable | None]:
     """(bucket, entry, table) of the measured table (:mod:`kernels.tuned`) for this call, or
     Nones: only calls with no ``Tuning``, ``plan="auto"`` and the default split sizes, on a GPU
@@ -659,7 +657,9 @@ def _tuned(f: _Facts, q: torch.Tensor, lengths: _Lengths | None, split_size: int
     if table is None:
         return None, None, None
     max_kv = lengths.max_kv if lengths is not None else f.bound
-    key = bucket(f.dtype, f.D, f.G, f.page_size, f.B, f.T, max_kv, f.features)
+    tag = feature_tag(features.window_left, features.sinks is not None,
+                      features.soft_cap != 0.0, features.k_scale is not None)
+    key = bucket(f.dtype, f.D, f.G, f.page_size, f.B, f.T, max_kv, tag)
     return key, table.entries.get(key), table
 
 

@@ -12,7 +12,7 @@ of :mod:`kernels.config` as the fallback, not an autotuner at plan time: ARCHITE
 **Buckets.** A call's bucket is a pure function of what the planner already knows on the host
 (:func:`bucket`): dtype, head dim, GQA group, page size, batch size, query tokens per request
 and the longest KV length (the checked lengths, the caller's ``host_lens``, else the block
-table's bound), and the call's features (:func:`feature_tag`: a window's class, sinks, a
+table's bound), and the call's features (:func:`feature_tag`: the window exactly, sinks, a
 soft-cap, an FP8 cache), which change the kernels' code and so are tuned and proven apart. No
 lookup reads the device, so it is safe under CUDA-graph capture.
 
@@ -23,10 +23,9 @@ only on the GPU it names, under the Triton release (major.minor) it was measured
 to calls with the default split sizes, no ``Tuning`` of the caller's and ``plan="auto"``, and
 to a call with features only through an entry of a bucket with the same window and kinds of
 feature (one measured with them: ``invariance tune --feature``); everywhere else the rules
-decide. An entry a
-call cannot take (the planner refuses its settings for that call) also leaves it to the rules,
-with a ``RuntimeWarning`` once per bucket; so does a table named by ``KERNELS_TUNED_TABLE`` for
-another GPU or Triton release.
+decide. An entry a call cannot take (the planner refuses its settings for that call) also
+leaves it to the rules, with a ``RuntimeWarning`` once per bucket; so does a table named by
+``KERNELS_TUNED_TABLE`` for another GPU or Triton release.
 """
 
 from __future__ import annotations
