@@ -11,7 +11,8 @@
 #             the batch-dependent control at bf16 and at 16:8:256 (each must fail), the GPU
 #             kernel tests; the measured table in force (kernels/tuned/<gpu>.json)
 #   tune      `invariance tune` over the default and shapes grids into $OUT/tune/<gpu>.json
-#             (--resume: run it again to search the buckets a first run had no time for)
+#             (--resume: run it again to search the buckets a first run had no time for;
+#             TUNE_AGAIN="bf16/d64/ ...": bucket prefixes to search again after a kernel change)
 #   tune-features  `invariance tune --resume` on the table of the tune step (or the shipped one)
 #             with each model-like feature set of features-bench: buckets of their own
 #   features  the kernels' feature tests, the full check with each feature at fp16 and bf16
@@ -66,11 +67,16 @@ run() {
 }
 
 # each_model FN: FN MODEL HEADS FEATURE-ARGS... for each model-like feature set (gpt-oss-,
-# Gemma- and Llama-with-FP8-like), as features-bench, features-peers and tune-features use them.
+# Gemma- and Llama-with-FP8-like; MODELS="gemma ..." runs those only), as features-bench,
+# features-peers and tune-features use them.
 each_model() {
   for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
              "gemma 16:8:256 --feature window=4096,softcap=50" \
              "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
+    case " ${MODELS:-gpt-oss gemma llama-fp8} " in
+      *" ${cfg%% *} "*) ;;
+      *) continue ;;
+    esac
     # shellcheck disable=SC2086  # word splitting of cfg intended
     "$1" $cfg
   done
@@ -105,8 +111,11 @@ step_tune() {
   gpu=$(python3 -c "import torch; from kernels.tuned import device_slug; \
 print(device_slug(torch.cuda.get_device_name()))")
   [ -f "kernels/tuned/$gpu.json" ] && cp "kernels/tuned/$gpu.json" "$C/$gpu.json"
+  again=""
+  for p in ${TUNE_AGAIN:-}; do again="$again --again $p"; done
+  # shellcheck disable=SC2086  # word splitting of $again intended
   run tune ${TUNE_S:-570} $INV tune --grid shapes --grid default --budget-s ${TUNE_BUDGET_S:-430} \
-    --resume --table "$C/$gpu.json" --json "$C/tune.json" --markdown "$C/tune.md"
+    --resume $again --table "$C/$gpu.json" --json "$C/tune.json" --markdown "$C/tune.md"
 }
 
 step_tune_features() {

@@ -296,6 +296,11 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     tn.add_argument("--resume", action="store_true",
                     help="keep the buckets an existing --table already searched (same GPU "
                          "and Triton release) and search only the others")
+    tn.add_argument("--again", action="append", default=[], metavar="PREFIX",
+                    help="with --resume: search again the table's buckets whose key starts "
+                         "with PREFIX (e.g. bf16/d64/ after a change to the kernels or the "
+                         "space they use) where the workloads reach them; the others, and "
+                         "each until its new search finishes, stay as they are; repeatable")
     tn.add_argument("--no-progress", action="store_true", help="print nothing per candidate")
     _add_outputs(tn, ("json", "markdown"))
 
@@ -944,7 +949,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     from invariance.tune import TuneResult, check_features, default_timer, run_tune
 
     if features:
-        problem = check_features(features, dtype, heads, args.page_size)
+        problem = check_features(features, dtype, heads, args.page_size, args.device)
         if problem is not None:
             raise UsageError(f"--feature/--kv-dtype: {problem}")
 
@@ -953,6 +958,13 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     if table.path.exists() and not args.resume:
         raise UsageError(f"--table: {table.name} exists; pass --resume to keep what it holds "
                          f"and search the other buckets, or remove it first")
+    if args.again and not args.resume:
+        raise UsageError(f"--again: expected --resume with it (it names buckets of an existing "
+                         f"table to search again), got --again {args.again[0]} alone")
+    bad = [p for p in args.again if not p.strip()]
+    if bad:
+        raise UsageError("--again: expected a non-empty bucket-key prefix such as bf16/d64/, "
+                         "got ''")
     resume = None
     if args.resume and table.path.exists():
         from kernels.tuned import load_table
@@ -978,7 +990,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
         result = run_tune(workloads, dtype=dtype, heads=heads, page_size=args.page_size,
                           device=args.device, timer=timer, margin=args.margin,
                           budget_s=args.budget_s, seed=args.seed, log=log, on_bucket=save,
-                          resume=resume, block_n=args.block_n, features=features or None)
+                          resume=resume, block_n=args.block_n, features=features or None,
+                          again=tuple(args.again))
     except KeyboardInterrupt as exc:
         if not finished:
             raise  # no bucket finished: nothing to write

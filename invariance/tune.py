@@ -8,9 +8,10 @@ For each shape bucket (:func:`kernels.tuned.bucket`) of the given workloads:
 
 1. **Reference.** Every workload of the bucket runs with the rules (``Tuning()``, ``plan="auto"``):
    its output and LSE are the bits every candidate must reproduce, its time the one to beat.
-2. **Search.** A coordinate search over :data:`kernels.tuned.TUNABLE`: both plans first, then,
-   from each plan within 1.5x of the faster, one setting at a time, each value tried with the
-   best settings so far. A candidate the
+2. **Search.** A coordinate search over :data:`kernels.tuned.TUNABLE`: both plans first, each
+   also on either kernel family (the Triton kernels, the Gluon tile), then, from each of those
+   within 1.5x of the fastest, one setting at a time, each value tried with the best settings
+   so far. A candidate the
    planner refuses for one of the workloads (``ValueError``) is skipped; one whose launch plans
    equal a candidate already tried is not run again.
 3. **Admission.** A candidate counts only if its output and LSE equal the reference's **bit for
@@ -338,21 +339,24 @@ class _Search:
         return t.status == "control-rejected"
 
     def run(self, space: dict[str, tuple[Any, ...]]) -> BucketResult:
-        """Both plans, then the settings one at a time from each plan within 1.5x of the
-        faster; the fastest overall is re-timed against the rules (:meth:`_select`)."""
-        bases = []
+        """Both plans, each also on either kernel family (``gluon``: the Gluon tile takes few
+        of the Triton kernels' settings, so each family is a base of its own), then the
+        settings one at a time from each base within 1.5x of the fastest; the fastest overall
+        is re-timed against the rules (:meth:`_select`)."""
+        bases: list[tuple[str, dict[str, Any], float]] = []
         for plan in space["plan"]:
-            t = self.trial(plan, {})
-            if t.us is not None:
-                bases.append((plan, t.us))
+            for base in ({}, *({"gluon": v} for v in space.get("gluon", ()))):
+                t = self.trial(plan, base)
+                if t.us is not None:
+                    bases.append((plan, base, t.us))
         if not bases:
             return self.result
-        fastest = min(us for _, us in bases)
+        fastest = min(us for _, _, us in bases)
         best: tuple[str, dict[str, Any], float] | None = None
-        for plan, us in sorted(bases, key=lambda b: b[1]):
+        for plan, base, us in sorted(bases, key=lambda b: b[2]):
             if us > 1.5 * fastest:
                 continue
-            found = self._descend(plan, us, space)
+            found = self._descend(plan, base, us, space)
             if best is None or found[2] < best[2]:
                 best = found
         assert best is not None  # the fastest base is always searched
@@ -360,11 +364,11 @@ class _Search:
             self._select(*best)
         return self.result
 
-    def _descend(self, plan: str, us: float, space: dict[str, tuple[Any, ...]]
-                 ) -> tuple[str, dict[str, Any], float]:
-        best: tuple[str, dict[str, Any], float] = (plan, {}, us)
+    def _descend(self, plan: str, base: dict[str, Any], us: float,
+                 space: dict[str, tuple[Any, ...]]) -> tuple[str, dict[str, Any], float]:
+        best: tuple[str, dict[str, Any], float] = (plan, dict(base), us)
         for knob, values in space.items():
-            if knob == "plan":
+            if knob == "plan" or knob in base:
                 continue
             for value in values:
                 overrides = {**best[1], knob: value}
@@ -390,14 +394,15 @@ class _Search:
 
 
 def check_features(features: Features, dtype: torch.dtype, heads: HeadConfig,
-                   page_size: int) -> str | None:
+                   page_size: int, device: torch.device | str = "cpu") -> str | None:
     """Why the kernels refuse ``features`` for workloads of ``dtype``, ``heads`` and
     ``page_size`` (None: they take them): the planner's own checks on a one-token batch built
-    on the CPU (host only, no kernel runs), before a tuning run starts."""
+    on the tuning run's ``device`` (planned only: no kernel runs, no sync), before the run
+    starts."""
     import kernels
     from invariance.backends.kernels import feature_kwargs
 
-    probe = build_batch(BenchWorkload("probe", (1,), (1,)), heads, dtype, page_size, "cpu",
+    probe = build_batch(BenchWorkload("probe", (1,), (1,)), heads, dtype, page_size, device,
                         features=features)
     try:
         kernels.plan_attention(probe.q, probe.k_cache, probe.v_cache, probe.cu_seqlens_q,
@@ -449,7 +454,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
              log: Callable[[str], None] = lambda _: None,
              on_bucket: Callable[[TuneResult], None] | None = None,
              resume: dict[str, Any] | None = None, block_n: int | None = None,
-             features: Features | None = None) -> TuneResult:
+             features: Features | None = None, again: Sequence[str] = ()) -> TuneResult:
     """Search each bucket of ``workloads`` (module docstring) and return the result; its
     :meth:`TuneResult.table_json` is the table. ``dtype``, ``heads``, ``page_size``: for
     workloads that name none.
@@ -464,7 +469,10 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     such a table (:mod:`kernels.tuned`). ``features``: every workload carries them (as
     :func:`~invariance.bench.build_batch` builds them), every candidate and the reference run
     with them, and their :func:`~kernels.tuned.feature_tag` ends each bucket: the planner
-    applies such entries only to calls with those features."""
+    applies such entries only to calls with those features. ``again``: bucket-key prefixes
+    of buckets of ``resume`` to search again where ``workloads`` reach them (after a change to
+    the kernels or the space they use): each keeps its earlier result until its new one is
+    finished."""
     import triton
 
     import kernels  # noqa: F401  (the interpreter switch happens on import, see backends)
@@ -497,7 +505,9 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
                              f"{theirs}")
         result.kept = dict(resume.get("entries") or {})
         result.kept_rules = list(resume.get("rules") or [])
-    done = set(result.kept) | set(result.kept_rules)
+    # A bucket searched again replaces its kept result only once it finishes (table()).
+    done = {k for k in (*result.kept, *result.kept_rules)
+            if not any(k.startswith(prefix) for prefix in again)}
     groups: dict[str, list[BenchWorkload]] = {}
     for w in workloads:
         groups.setdefault(_bucket_of(w, _family(w, dtype, heads, page_size), features),

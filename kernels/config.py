@@ -26,6 +26,7 @@ __all__ = [
     "CONTRACT",
     "DEFAULT_LEAD_SPLIT_SIZE",
     "DEFAULT_SPLIT_SIZE",
+    "GLUON_HEAD_DIMS",
     "NOMINAL_NUM_SMS",
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_DIMS",
@@ -154,12 +155,20 @@ def wide_tile(dtype: torch.dtype, head_dim: int, block_n: int, sm_major: int | N
     return _measured_neutral(dtype, head_dim, sm_major) and block_n == WIDE_BLOCK_N
 
 
+#: Head dims whose 128-key launches the Gluon kernels can run (half precision on Hopper): 128,
+#: where the rules choose them (:func:`wide_tile`), and 64, whose contract is also 128 keys and
+#: where only a measured table entry or a ``Tuning`` chooses them.
+GLUON_HEAD_DIMS = (64, 128)
+
+
 def gluon_tile(dtype: torch.dtype, head_dim: int, block_n: int, page_size: int,
                sm_major: int | None = None) -> bool:
-    """Whether a 128-key launch may run the Gluon kernels by its shapes: pages of at least 16
-    tokens (one TMA box per page). The launcher also needs Triton 3.6's Gluon and caches TMA can
-    read (:func:`kernels._gluon.available`, :func:`kernels._gluon.cache_misfit`)."""
-    return wide_tile(dtype, head_dim, block_n, sm_major) and page_size >= 16
+    """Whether a 128-key launch may run the Gluon kernels by its shapes: half precision on
+    Hopper at a head dim of :data:`GLUON_HEAD_DIMS`, pages of at least 16 tokens (one TMA box
+    per page). The launcher also needs Triton 3.6's Gluon and caches TMA can read
+    (:func:`kernels._gluon.available`, :func:`kernels._gluon.cache_misfit`)."""
+    return (sm_major == 9 and dtype in (torch.float16, torch.bfloat16)
+            and head_dim in GLUON_HEAD_DIMS and block_n == WIDE_BLOCK_N and page_size >= 16)
 
 
 def _measured_neutral(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:
@@ -243,18 +252,18 @@ def value_blocks(dtype: torch.dtype, head_dim: int, num_programs: int, num_sms: 
     return blocks
 
 
-def gluon_value_blocks(num_programs: int, num_sms: int) -> int:
-    """V column blocks per program of the 128-key Gluon split kernel: 4 where the grid with 4
-    blocks fits the SMs once, else 1. ``num_programs``: the split grid's working programs at one
-    block. Shapes only."""
-    return 4 if num_programs * 4 <= num_sms else 1
+def gluon_value_blocks(num_programs: int, num_sms: int, head_dim: int = 128) -> int:
+    """V column blocks per program of the 128-key Gluon split kernel: 4 (at most one per 32 V
+    columns) where the grid with 4 blocks fits the SMs once, else 1. ``num_programs``: the split
+    grid's working programs at one block. Shapes only."""
+    return min(4, head_dim // 32) if num_programs * 4 <= num_sms else 1
 
 
-def kt_value_blocks(num_programs: int, num_sms: int) -> int:
+def kt_value_blocks(num_programs: int, num_sms: int, head_dim: int = 128) -> int:
     """V column blocks per program of the keys-as-rows decode tile: 2 where 4 times the grid
-    would fit the SMs once, else 1 (at head dim 128 a block keeps at least 64 columns on the
-    MMA's M). Shapes only."""
-    return 2 if num_programs * 4 <= num_sms else 1
+    would fit the SMs once and each block keeps at least 64 columns on the MMA's M, else 1.
+    Shapes only."""
+    return 2 if num_programs * 4 <= num_sms and head_dim >= 128 else 1
 
 
 def kt_scores_ahead(num_programs: int, num_sms: int) -> bool:

@@ -109,8 +109,10 @@ class Tuning:
     - ``nested_loop`` (bool): fused programs walk each split in an inner loop and fold after
       it, instead of one flat loop with a fold at each split boundary.
     - ``gluon`` (bool): the Gluon kernels (Hopper, Triton 3.6) instead of the Triton ones, with
-      the same bits. ``True`` requires them: a ``ValueError`` names every unmet condition.
-    - ``keys_rows`` (bool): the split plan's keys-as-rows decode tile (Gluon, 128 keys).
+      the same bits: by default at head dim 128; at head dim 64 (128-key tiles too) only when
+      asked. ``True`` requires them: a ``ValueError`` names every unmet condition.
+    - ``keys_rows`` (bool): the split plan's keys-as-rows decode tile (Gluon, 128 keys; asks
+      for the Gluon kernels at head dim 64).
     - ``scores_ahead`` (bool): that tile issues each next tile's scores before this ``p @ v``.
     - ``walk_lead`` (bool): that tile walks a whole split and folds its lead splits, instead of
       one program per lead split.
@@ -228,6 +230,7 @@ class _Facts:
     num_sms: int
     bound: int  # KV tokens the block table covers: every checked length is at most this
     plain: bool  # no window, sinks, soft-cap or FP8 cache: the Gluon kernels may run it
+    fp8: bool = False  # an FP8 cache
 
 
 def _facts(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: torch.Tensor,
@@ -237,7 +240,8 @@ def _facts(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: torch.Tensor,
     return _Facts(T=T, Hq=Hq, D=D, Hkv=Hkv, G=Hq // Hkv, B=kv_lens.shape[0],
                   page_size=page_size, dtype=q.dtype, sm_major=_sm_major(q.device),
                   num_sms=_num_sms(q.device), bound=block_table.shape[1] * page_size,
-                  plain=features is None or features.plain)
+                  plain=features is None or features.plain,
+                  fp8=features is not None and features.k_scale is not None)
 
 
 @dataclass(frozen=True)
@@ -268,9 +272,14 @@ def _tiles(f: _Facts, cfg: TileConfig, tuning: Tuning, q: torch.Tensor,
     explicit ``block_m`` elsewhere also takes ``tile_config``'s warps and stages."""
     block_n = cfg.block_n
     wide = wide_tile(f.dtype, f.D, block_n, f.sm_major)
-    wide_gluon = wide and tuning.gluon is not False and _gluon_ready(
+    # The 128-key Gluon tile: by default under the 128-key contract at head dim 128 (the rules);
+    # at head dim 64 (also 128 keys) only where a table entry or the caller asks for it.
+    asked = tuning.gluon is not False and (wide or bool(tuning.gluon or tuning.keys_rows))
+    wide_gluon = asked and block_n == WIDE_BLOCK_N and _gluon_ready(
         q, k_cache, v_cache, _wide_gluon_misfit(f, block_n, tuning), required=bool(tuning.gluon))
-    if wide_gluon or (tuning.block_m is None and not wide):
+    if wide_gluon:  # its shape: 128 rows on two warpgroups (8 warps), its own ring
+        launch = replace(cfg, block_m=128, num_warps=8, num_stages=3)
+    elif tuning.block_m is None and not wide:
         launch = cfg
     else:
         launch = replace(tile_config(f.dtype, f.D, f.sm_major, wide), block_n=block_n)
@@ -444,13 +453,16 @@ def _split_schedule(f: _Facts, t: _Tiles, s: _Splits, stats: HostStats | None, t
     sch.live, sch.split_programs, row_splits = _split_programs(f, t, s, stats)
     grid = sch.live * f.Hkv
     if t.wide_gluon:
-        sch.value_blocks = tuning.value_blocks or gluon_value_blocks(grid, f.num_sms)
+        sch.value_blocks = tuning.value_blocks or gluon_value_blocks(grid, f.num_sms, f.D)
     elif t.wide:  # the Triton kernels at 128 keys: a fixed launch
         sch.value_blocks = tuning.value_blocks or 1
         sch.tiles_per_step = tuning.tiles_per_step or 1
     else:
-        sch.value_blocks = tuning.value_blocks or value_blocks(f.dtype, f.D, grid, f.num_sms,
-                                                               f.sm_major)
+        # With an FP8 cache the tuner rejected 4 V blocks at head dim 128 on an H200 (every
+        # element differed: reports/h200/tune-features): V blocks are not shown bit-neutral
+        # there, so the rules keep one (a Tuning may still ask, as for any unproven setting).
+        sch.value_blocks = tuning.value_blocks or (1 if f.fp8 else value_blocks(
+            f.dtype, f.D, grid, f.num_sms, f.sm_major))
         sch.tiles_per_step = tuning.tiles_per_step or tiles_per_step(
             f.dtype, f.D, grid, f.num_sms, f.sm_major, sch.block_m, sch.num_warps,
             sch.value_blocks, several_splits=row_splits > 1)
@@ -464,7 +476,7 @@ def _loop_schedule(f: _Facts, t: _Tiles, tuning: Tuning, sch: _Schedule) -> None
     if tuning.block_m is None and not t.wide:  # an explicit block_m keeps tile_config's stages
         sch.num_stages = decode_stages(f.dtype, f.D, sch.block_m, sch.num_warps, sch.num_stages,
                                        f.sm_major)
-    if sch.plan == "fused" and t.wide:
+    if sch.plan == "fused" and (t.wide or t.wide_gluon):
         # The Gluon kernel walks each split in its own inner loop; Triton's flat loop otherwise.
         sch.nested_loop = t.wide_gluon if tuning.nested_loop is None else tuning.nested_loop
         sch.tiles_per_step = (tuning.tiles_per_step or 1) if sch.nested_loop else 1
@@ -478,7 +490,7 @@ def _gluon_schedule(f: _Facts, t: _Tiles, tuning: Tuning, sch: _Schedule, auto: 
                     inputs: tuple[torch.Tensor, ...]) -> None:
     """Whether the Gluon kernels run the call (the same bits as the Triton kernels)."""
     q, k_cache, v_cache = inputs[:3]
-    if t.wide:
+    if t.wide or t.wide_gluon:
         sch.gluon = t.wide_gluon
     elif sch.plan == "fused" and tuning.gluon is not False:
         shape_misfit = None if f.plain and gluon_prefill(
@@ -495,7 +507,7 @@ def _gluon_schedule(f: _Facts, t: _Tiles, tuning: Tuning, sch: _Schedule, auto: 
         chosen = " (plan='auto' chose it for this batch; pass plan='fused')" if auto else ""
         raise ValueError(
             f"tuning: gluon=True needs the 128-key contract for the split plan (Hopper, "
-            f"fp16/bf16, head_dim 128, Triton 3.6) or the fused plan, got plan {sch.plan!r}"
+            f"fp16/bf16, head_dim 64 or 128, Triton 3.6) or the fused plan, got plan {sch.plan!r}"
             f"{chosen} at block_n {t.block_n}, {f.dtype}, head_dim {f.D}, compute capability "
             f"major {f.sm_major}")
     sch.num_stages = tuning.num_stages or sch.num_stages
@@ -524,7 +536,7 @@ def _keys_rows_schedule(f: _Facts, s: _Splits, tuning: Tuning, sch: _Schedule,
             sch.walk_splits = kt_walk_splits(sch.split_programs, f.num_sms)
         programs = (_cdiv(sch.split_programs, sch.walk_splits) if sch.walk_lead
                     else sch.live * f.Hkv)
-        sch.value_blocks = tuning.value_blocks or kt_value_blocks(programs, f.num_sms)
+        sch.value_blocks = tuning.value_blocks or kt_value_blocks(programs, f.num_sms, f.D)
         sch.scores_ahead = (sch.value_blocks == 2 and kt_scores_ahead(programs, f.num_sms)
                             if tuning.scores_ahead is None else tuning.scores_ahead)
         sch.num_warps, sch.num_stages = 4, _gluon.kt_ring_slots(sch.value_blocks, sch.block_m)
@@ -752,8 +764,10 @@ def _wide_gluon_misfit(f: _Facts, block_n: int, tuning: Tuning) -> str | None:
     if not f.plain:
         return "a call without window, sinks, soft-cap or FP8 cache, got one with a feature"
     if not gluon_tile(f.dtype, f.D, block_n, f.page_size, f.sm_major):
-        return (f"pages of at least 16 tokens for the 128-key Gluon tile, got page_size "
-                f"{f.page_size}")
+        return (f"the 128-key Gluon tile's shapes (fp16/bf16, head_dim 64 or 128, 128-key "
+                f"tiles, page_size >= 16, compute capability 9), got {f.dtype}, head_dim {f.D}, "
+                f"block_n {block_n}, page_size {f.page_size}, compute capability major "
+                f"{f.sm_major}")
     if rows_per_block(128, f.G)[0] != 128:
         return (f"a GQA group of at most 128 query heads per KV head for the 128-key Gluon tile "
                 f"(128 rows), got {f.G}")

@@ -65,6 +65,9 @@ _OFF = ("off", "0", "none")
 #: fields). A value a call cannot take (``plan_attention`` raises) is skipped for that call.
 TUNABLE: dict[str, tuple[Any, ...]] = {
     "plan": ("fused", "split"),
+    # First: the Gluon tile takes few of the Triton kernels' settings (block_m, warps, stages),
+    # so it is tried from the plan's own launch, not after those are fixed.
+    "gluon": (False, True),
     "block_m": (64, 128),
     "num_warps": (4, 8),
     "value_blocks": (1, 2, 4, 8),

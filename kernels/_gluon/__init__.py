@@ -3,7 +3,8 @@
 and the Gluon kernels" and "The keys-as-rows decode tile"). This module is light
 (no Triton import); the kernel module (``attention_kernels``, Triton 3.6's Gluon) is imported
 where :func:`available` is first asked, which the launcher does only for half precision at head
-dim 128 on Hopper (the calls it could serve) or a ``Tuning(gluon=True)``."""
+dim 128 on Hopper (the calls it serves by default) or where a measured table entry or a
+``Tuning`` asks for it (head dim 64, whose contract is 128-key tiles too)."""
 
 from __future__ import annotations
 

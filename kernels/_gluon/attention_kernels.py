@@ -211,7 +211,8 @@ def _serial_rows(q_s, k_s, v_s, ready, empty, out_ptr, lse_ptr, half, i_qblk, q_
     state, FA3's order spills at 128 keys: kernels/README.md); then the store."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
-    O_L: gl.constexpr = WG_O_L
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, HEAD_DIM, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
@@ -943,7 +944,8 @@ def _split_kt_kernel(
         if j_lo >= n_tiles:
             return
         n = gl.minimum(j_lo + _split_len_g(i_split, split_tiles, lead_tiles), n_tiles) - j_lo
-    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+    LD_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
+                                          threads_per_warp=[256 // HEAD_DIM, HEAD_DIM // 8],
                                           warps_per_cta=[4, 1], order=[1, 0])
     o_m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD_L))
     o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LD_L))

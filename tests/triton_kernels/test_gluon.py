@@ -432,3 +432,56 @@ def test_keys_rows_tile_on_prompts_and_under_capture(dtype, make_batch, args_of,
                          f"keys-as-rows: CUDA-graph replay vs eager ({split})")
     with pytest.raises(ValueError, match="keys_rows=True needs the split plan"):
         unified_attention(*decode, plan="fused", tuning=KEYS_ROWS)
+
+
+#: Head dim 64, whose contract is also 128-key tiles: the Gluon kernels run it only where a
+#: measured table entry or a Tuning asks (the rules keep the Triton kernels).
+HEADS_64 = {"g8": HeadConfig(64, 8, 64), "g4": HeadConfig(16, 4, 64),
+            "g1": HeadConfig(4, 4, 64), "g16": HeadConfig(32, 2, 64)}
+
+
+@pytest.mark.parametrize("heads", sorted(HEADS_64))
+@pytest.mark.parametrize("split", [1024, 256])
+def test_head_dim_64_gluon_gives_the_triton_kernels_bits(dtype, make_batch, args_of,
+                                                         assert_same_bits, assert_accurate,
+                                                         heads: str, split: int) -> None:
+    # The rules' Triton launch against the Gluon fused kernel, the Gluon split kernel (one and
+    # two V blocks of 32 columns) and, on decode rows, the keys-as-rows tile (one block, both
+    # issue orders, lead splits walked or one program each): one set of bits, NaN in every
+    # unused cache slot.
+    _half(dtype)
+    args = args_of(make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS_64[heads]))
+    kw = dict(split_size=split)
+    assert not plan_attention(*args, plan="fused", **kw).gluon
+    triton = unified_attention(*args, plan="fused", **kw)
+    assert_accurate(*triton, args)
+    for plan, tuning in (("fused", GLUON), ("split", Tuning(gluon=True, value_blocks=1)),
+                         ("split", Tuning(gluon=True, value_blocks=2))):
+        lp = plan_attention(*args, plan=plan, tuning=tuning, **kw)
+        assert lp.gluon and not lp.keys_rows and (lp.block_m, lp.block_n) == (128, 128)
+        assert_same_bits(unified_attention(*args, plan=plan, tuning=tuning, **kw), triton,
+                         f"head dim 64: Gluon {plan} {tuning} vs Triton fused ({heads})")
+    decode = args_of(make_batch(dtype, DECODE, LAYOUTS["p64"], HEADS_64[heads]))
+    triton = unified_attention(*decode, plan="split", **kw)
+    for ahead in (False, True):
+        for walk in (False, True):
+            tuning = Tuning(keys_rows=True, scores_ahead=ahead, walk_lead=walk)
+            lp = plan_attention(*decode, plan="split", tuning=tuning, **kw)
+            assert lp.keys_rows and lp.gluon and lp.value_blocks == 1
+            assert_same_bits(unified_attention(*decode, plan="split", tuning=tuning, **kw),
+                             triton, f"head dim 64: keys-as-rows {tuning} vs Triton ({heads})")
+    # Captured in a CUDA graph without checks, the replay gives the eager bits.
+    graph_kw = dict(plan="split", split_size=split, validate=False, tuning=Tuning(keys_rows=True))
+    assert_same_bits(_replayed(decode, **graph_kw), triton,
+                     f"head dim 64: keys-as-rows replay vs Triton ({heads})")
+
+
+def test_head_dim_64_comparison_sees_a_different_split(dtype, make_batch, args_of) -> None:
+    # The control of the test above: at head dim 64 the Gluon tiles at two split sizes differ
+    # in some bit of out or lse.
+    _half(dtype)
+    args = args_of(make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS_64["g8"]))
+    a = unified_attention(*args, plan="fused", tuning=GLUON, split_size=128)
+    b = unified_attention(*args, plan="fused", tuning=GLUON, split_size=1024)
+    assert not (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
+                and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))

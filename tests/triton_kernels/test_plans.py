@@ -837,6 +837,67 @@ def _hopper_batches(device) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tenso
     return prompt, decode
 
 
+def _head_dim(batch: tuple[torch.Tensor, ...], d: int) -> tuple[torch.Tensor, ...]:
+    """``batch`` (of :func:`_hopper_batches`) at head dim ``d``."""
+    q, k, v, *rest = batch
+    return (q[..., :d].contiguous(), k[..., :d].contiguous(), v[..., :d].contiguous(), *rest)
+
+
+def test_head_dim_64_runs_gluon_only_when_asked(monkeypatch, device) -> None:
+    # As on an H100 with Triton 3.6's Gluon: at head dim 64 (128-key tiles, like head dim 128)
+    # the rules keep the Triton kernels; Tuning(gluon=True) or keys_rows=True (what a measured
+    # table entry holds) runs the Gluon tile in its shape (128 rows on 8 warps, the ring's
+    # slots), at most 2 V blocks (32 columns each) on the 128-row tile and one on the
+    # keys-as-rows tile (its p @ v needs 64 V columns on the MMA's M); head dim 256 (64-key
+    # tiles) and float32 cannot, and say why.
+    import kernels._gluon as gluon_module
+
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
+    prompt, decode = (_head_dim(b, 64) for b in _hopper_batches(device))
+    for batch, plan in ((prompt, "fused"), (decode, "split"), (prompt, "auto"), (decode, "auto")):
+        lp = plan_attention(*batch, validate=False, plan=plan)
+        assert not lp.gluon and not lp.keys_rows and lp.block_n == 128, (plan, lp)
+    fused = plan_attention(*prompt, validate=False, plan="fused", tuning=Tuning(gluon=True))
+    assert fused.gluon and (fused.block_m, fused.num_warps, fused.num_stages) == (128, 8, 3)
+    assert fused.nested_loop and fused.block_n == 128
+    q, k, v, cu, kv_lens, table = decode
+    split = plan_attention(q[:1], k, v, cu[:2], kv_lens[:1], table[:1], validate=False,
+                           plan="split", host_lens=([1], [1024]),
+                           tuning=Tuning(gluon=True, keys_rows=False))
+    assert split.gluon and not split.keys_rows and split.value_blocks == 2  # 32 columns each
+    kt = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(keys_rows=True))
+    assert kt.gluon and kt.keys_rows and (kt.block_m, kt.num_warps) == (8, 4)
+    assert kt.value_blocks == 1
+    # gluon=True on a decode batch takes the keys-as-rows tile by default, as at head dim 128.
+    assert plan_attention(*decode, validate=False, plan="split",
+                          tuning=Tuning(gluon=True)).keys_rows
+    with pytest.raises(ValueError, match=r"keys-as-rows tile .* needs value_blocks 1 or 2 with "
+                                         r"at least 64 V columns each"):
+        plan_attention(*decode, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, value_blocks=2))
+    # gluon=False wins over keys_rows=True: the Triton kernels, and keys_rows names why.
+    with pytest.raises(ValueError, match=r"keys_rows=True needs the split plan on the 128-key "
+                                         r"Gluon kernels, got plan 'split', gluon False"):
+        plan_attention(*decode, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, gluon=False))
+    for d, dtype in ((256, torch.bfloat16), (64, torch.float32)):
+        q, k, v, *rest = prompt  # head dim 64
+        q, k, v = (torch.cat([x] * (d // 64), -1).to(dtype) for x in (q, k, v))
+        with pytest.raises(ValueError, match=r"tuning: gluon=True needs"):
+            plan_attention(q, k, v, *rest, validate=False, plan="fused",
+                           tuning=Tuning(gluon=True))
+    # Pages under 16 tokens: TMA reads one box per page; the message names the shapes.
+    q, k, v, cu, kv_lens, _ = prompt
+    small = (q, k.view(-1, 8, 2, 64), v.view(-1, 8, 2, 64), cu, kv_lens,
+             torch.arange(256, dtype=torch.int32, device=device)[None])
+    with pytest.raises(ValueError, match=r"head_dim 64 or 128, 128-key tiles, page_size >= 16, "
+                                         r"compute capability 9\), got torch\.bfloat16, "
+                                         r"head_dim 64, block_n 128, page_size 8"):
+        plan_attention(*small, validate=False, plan="fused", tuning=Tuning(gluon=True))
+
+
 def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
     # As on an H100 (sm 9): a prompt's fused plan asks for the Gluon kernel, which also needs
     # dense caches and Triton 3.6's Gluon (kernels._gluon.available). Without them, or with
@@ -970,7 +1031,7 @@ def test_the_128_key_contract_plans_gluon_in_both_plans_else_triton_at_128_keys(
     paged8 = (prompt[0], small, small.clone(), *prompt[3:5],
               torch.arange(256, dtype=i32, device=device)[None])
     assert not plan_attention(*paged8, validate=False).gluon
-    with pytest.raises(ValueError, match="got page_size 8"):
+    with pytest.raises(ValueError, match="page_size 8, compute capability major 9"):
         plan_attention(*paged8, validate=False, tuning=Tuning(gluon=True))
     # Tuning(gluon=False) keeps the contract: the Triton kernels at 128 keys, with
     # tile_config's fixed launch, in both plans.
@@ -1441,3 +1502,23 @@ def test_lead_split_sizes_and_their_rules() -> None:
     # keys on balanced lengths stay fused.
     assert choose_plan(544, 132, 2048, 1024, num_splits=9, longest_tiles=16,
                        total_tiles=544 * 16, gluon=True, **kw) == "fused"
+
+
+def test_an_fp8_cache_keeps_one_value_block_by_the_rules(monkeypatch, device) -> None:
+    # As on a Hopper deployment without Gluon (the 64-key contract at head dim 128): a small
+    # decode grid takes several V blocks by the rules, but with an FP8 cache one (the tuner
+    # rejected 4 V blocks there on an H200: not shown bit-neutral); a Tuning may still ask.
+    import kernels._gluon as gluon_module
+
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: "not in this test")
+    _, decode = _hopper_batches(device)
+    q, k, v, cu, kv_lens, table = decode
+    one = (q[:1], k, v, cu[:2], kv_lens[:1], table[:1])
+    plain = plan_attention(*one, validate=False, plan="split", host_lens=([1], [1024]))
+    assert plain.block_n == 64 and plain.value_blocks > 1
+    fp8 = (q[:1], k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), *one[3:])
+    kw = dict(validate=False, plan="split", host_lens=([1], [1024]), k_scale=1.0, v_scale=1.0)
+    assert plan_attention(*fp8, **kw).value_blocks == 1
+    assert plan_attention(*fp8, tuning=Tuning(value_blocks=2), **kw).value_blocks == 2

@@ -302,7 +302,8 @@ def test_every_shipped_table_loads_and_names_its_gpu(path: Path) -> None:
     raw = json.loads(path.read_text())
     assert table.device == path.stem
     assert table.entries and not set(table.entries) & set(raw["rules"])
-    pattern = r"(fp16|bf16|fp32)/d\d+/g\d+/p\d+/b(\d+|max)/q(\d+|1k|max)/kv(\d+k|max)"
+    pattern = (r"(fp16|bf16|fp32)/d\d+/g\d+/p\d+/b(\d+|max)/q(\d+|1k|max)/kv(\d+k|max)"
+               r"(/(w\d+(\+sinks)?(\+cap)?(\+fp8)?|sinks(\+cap)?(\+fp8)?|cap(\+fp8)?|fp8))?")
     for key, entry in table.entries.items():
         assert re.fullmatch(pattern, key), key
         assert set(entry.tuning) <= set(TUNABLE) - {"plan"}
@@ -334,6 +335,25 @@ def test_an_interrupted_tune_keeps_its_finished_buckets(
     monkeypatch.setattr(_Search, "run", original)
     assert main([*argv, "--resume"]) == 0
     assert set(load_table(table).entries) == set(calls)
+    # --again PREFIX searches the buckets it names again and keeps the others; alone (without
+    # --resume) or empty it is a usage error.
+    searched: list[str] = []
+
+    def counted(self: _Search, space: Any) -> Any:
+        searched.append(self.b.key)
+        return original(self, space)
+    monkeypatch.setattr(_Search, "run", counted)
+    assert main([*argv, "--resume", "--again", calls[1]]) == 0
+    assert searched == [calls[1]] and set(load_table(table).entries) == set(calls)
+    assert main([*argv, "--resume", "--again", "fp32/"]) == 0
+    assert sorted(searched[1:]) == sorted(calls)
+    # A bucket the run's workloads do not reach stays in the table, even under --again.
+    i = argv.index("decode:150x8")
+    one = argv[:i - 1] + argv[i + 1:]
+    assert main([*one, "--resume", "--again", "fp32/"]) == 0
+    assert set(load_table(table).entries) == set(calls) and len(searched) == 4
+    for bad in (["--again", "fp32/"], ["--resume", "--again", " "]):
+        assert main([*argv, *bad]) == 2
 
 
 def test_tune_under_another_contract_is_measured_and_never_applied(
@@ -474,6 +494,23 @@ def test_tune_cli_takes_features_and_names_bad_ones(
         assert main([*args, *bad, "--table", str(tmp_path / "u.json")]) == 2
         assert name in capsys.readouterr().err
         assert not (tmp_path / "u.json").exists()
+
+
+def test_the_feature_probe_runs_on_the_tuning_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner refuses tensors off the tuning device, so the probe of the features is built
+    there (a CPU probe made every feature run on a GPU exit 2)."""
+    import invariance.tune as tune_module
+
+    built, original = [], tune_module.build_batch
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        built.append(args[4])
+        return original(*args, **kwargs)
+    monkeypatch.setattr(tune_module, "build_batch", spy)
+    heads = HeadConfig(4, 2, 64)
+    assert tune_module.check_features(Features(window=8), torch.float32, heads, 16,
+                                      DEVICE) is None
+    assert built == [DEVICE]
 
 
 def test_a_bucket_whose_control_is_admitted_stays_out_of_the_table(
