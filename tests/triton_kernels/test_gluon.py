@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a Hopper GPU and Triton 3.6 (Gluon)")]
 
 GLUON, TRITON = Tuning(gluon=True), Tuning(gluon=False)
-#: The 64-key contract (the prefill tile of rounds 13-19) and the 128-key default.
+#: The 64-key contract (the earlier Gluon prefill tile: CHANGELOG.md) and the 128-key default.
 NARROW = {"gluon": Tuning(gluon=True, block_n=64), "triton": Tuning(gluon=False, block_n=64)}
 # Prompts longer than a split, a chunk after a long context, decode rows and a short prompt: the
 # blocks' first tiles unmasked, their diagonal tiles masked, last pages partly filled.
@@ -83,7 +83,7 @@ def test_the_64_key_gluon_tile_gives_the_triton_kernels_bits(dtype, make_batch, 
                                                              assert_same_bits, assert_accurate,
                                                              split: int) -> None:
     # The 64-key contract (Tuning(block_n=64)): the prefill tile against the Triton fused kernel
-    # and the split plan (rounds 13-19's default).
+    # and the split plan (the earlier default: CHANGELOG.md).
     _half(dtype)
     batch = make_batch(dtype, SHAPE, LAYOUTS["p16"], HEADS["g4"])
     args = args_of(batch)

@@ -587,7 +587,7 @@ def test_fused_loop_rule() -> None:
 
 def test_decode_stages_rule() -> None:
     """5 stages for the 64-row decode tile on 4 warps (either plan), half precision at head dim
-    128 on Hopper only (rounds 12 and 15 on an H100); elsewhere the tile configuration's
+    128 on Hopper only (measured on an H100: CHANGELOG.md); elsewhere the tile configuration's
     stages."""
     stages = kernels.config.decode_stages
     for dt in (torch.float16, torch.bfloat16):
@@ -1083,7 +1083,7 @@ def test_tuning_gluon_is_a_bool_or_none() -> None:
 
 def test_decode_batches_get_five_stages_on_either_plan(monkeypatch, device) -> None:
     # As on an H100 (sm 9): 64 decodes take 5 stages on the fused plan and on the split plan
-    # (rounds 12 and 15); an explicit num_stages wins, and a Tuning that names block_m keeps
+    # (CHANGELOG.md); an explicit num_stages wins, and a Tuning that names block_m keeps
     # tile_config's stages.
 
     monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
