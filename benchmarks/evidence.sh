@@ -70,6 +70,7 @@ run() {
 # Gemma- and Llama-with-FP8-like; MODELS="gemma ..." runs those only), as features-bench,
 # features-peers and tune-features use them.
 each_model() {
+  each_model_ran=0
   for cfg in "gpt-oss 64:8:64 --feature window=128,sinks" \
              "gemma 16:8:256 --feature window=4096,softcap=50" \
              "llama-fp8 32:8:128 --kv-dtype fp8_e4m3"; do
@@ -79,7 +80,9 @@ each_model() {
     esac
     # shellcheck disable=SC2086  # word splitting of cfg intended
     "$1" $cfg
+    each_model_ran=1
   done
+  [ "$each_model_ran" = 1 ] || { echo "evidence.sh: MODELS='${MODELS:-}' names none of gpt-oss, gemma, llama-fp8" >&2; return 1; }
 }
 # The decode and prefill workloads of those feature sets.
 FEATURE_LENS="--lengths decode:8kx8 --lengths decode:8kx64 --lengths decode:32kx8 \

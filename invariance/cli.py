@@ -297,10 +297,11 @@ def _add_tune_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="keep the buckets an existing --table already searched (same GPU "
                          "and Triton release) and search only the others")
     tn.add_argument("--again", action="append", default=[], metavar="PREFIX",
-                    help="with --resume: search again the table's buckets whose key starts "
-                         "with PREFIX (e.g. bf16/d64/ after a change to the kernels or the "
-                         "space they use) where the workloads reach them; the others, and "
-                         "each until its new search finishes, stay as they are; repeatable")
+                    help="with --resume: search again the table's buckets whose key is "
+                         "PREFIX or starts with its fields (e.g. bf16/d64 after a change to the "
+                         "kernels or the space they use) where the workloads reach them; the "
+                         "others, and each until its new search finishes, stay as they are; "
+                         "every run with --again searches them all again; repeatable")
     tn.add_argument("--no-progress", action="store_true", help="print nothing per candidate")
     _add_outputs(tn, ("json", "markdown"))
 
@@ -961,10 +962,13 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
     if args.again and not args.resume:
         raise UsageError(f"--again: expected --resume with it (it names buckets of an existing "
                          f"table to search again), got --again {args.again[0]} alone")
-    bad = [p for p in args.again if not p.strip()]
+    bad = [p for p in args.again if not p.strip("/ ")]
     if bad:
-        raise UsageError("--again: expected a non-empty bucket-key prefix such as bf16/d64/, "
-                         "got ''")
+        raise UsageError(f"--again: expected a bucket key or its leading fields such as "
+                         f"bf16/d64, got {bad[0]!r}")
+    if args.again and not table.path.exists():
+        raise UsageError(f"--again: expected an existing --table whose buckets it searches "
+                         f"again, got {table.name}, which does not exist")
     resume = None
     if args.resume and table.path.exists():
         from kernels.tuned import load_table
@@ -1010,8 +1014,10 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str], io: _IO) -> int:
                      "searches the others)")
         return status
     if result.skipped:
+        again = " with the same --again (which searches all its buckets again)" if args.again \
+            else ""
         io.err.print(f"{PROG}: {len(result.skipped)} bucket(s) not searched within --budget-s; "
-                     "--resume searches them")
+                     f"--resume{again} searches them")
     return _finish(written, io.err, 0 if result.controls_rejected and not result.skipped else 1)
 
 

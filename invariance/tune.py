@@ -469,10 +469,10 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
     such a table (:mod:`kernels.tuned`). ``features``: every workload carries them (as
     :func:`~invariance.bench.build_batch` builds them), every candidate and the reference run
     with them, and their :func:`~kernels.tuned.feature_tag` ends each bucket: the planner
-    applies such entries only to calls with those features. ``again``: bucket-key prefixes
-    of buckets of ``resume`` to search again where ``workloads`` reach them (after a change to
-    the kernels or the space they use): each keeps its earlier result until its new one is
-    finished."""
+    applies such entries only to calls with those features. ``again``: bucket keys or
+    their leading fields (``bf16/d64``): the buckets of ``resume`` under them are searched again
+    where ``workloads`` reach them (after a change to the kernels or the space they use); each
+    keeps its earlier result until its new one is finished."""
     import triton
 
     import kernels  # noqa: F401  (the interpreter switch happens on import, see backends)
@@ -507,7 +507,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
         result.kept_rules = list(resume.get("rules") or [])
     # A bucket searched again replaces its kept result only once it finishes (table()).
     done = {k for k in (*result.kept, *result.kept_rules)
-            if not any(k.startswith(prefix) for prefix in again)}
+            if not any(_under(k, prefix) for prefix in again)}
     groups: dict[str, list[BenchWorkload]] = {}
     for w in workloads:
         groups.setdefault(_bucket_of(w, _family(w, dtype, heads, page_size), features),
@@ -554,6 +554,12 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
             on_bucket(result)
     result.seconds = time.monotonic() - start
     return result
+
+
+def _under(key: str, prefix: str) -> bool:
+    """Whether bucket ``key`` is ``prefix`` or lies under it, field by field
+    (``bf16/d64/g8/p16/b1`` does not take ``.../b16``)."""
+    return key == prefix or key.startswith(prefix.rstrip("/") + "/")
 
 
 def _family_name(family: tuple[torch.dtype, HeadConfig, int]) -> str:

@@ -78,6 +78,13 @@ __all__ = ["PLANS", "HostStats", "LaunchPlan", "Tuning", "plan_attention"]
 _NUM_WARPS = (1, 2, 4, 8, 16)
 # Fewest V columns a value block may have: tl.dot needs N >= 16.
 _MIN_DOT_COLUMNS = 16
+# Fewest V columns a value block of the 128-key Gluon split kernel has (tests/triton_kernels/
+# test_gluon.py covers 32, 64 and 128).
+_GLUON_MIN_V_COLUMNS = 32
+# V column blocks of this many columns with an FP8 cache changed nearly every element on an H200
+# (the tuner's admission, reports/h200/tune-features; 16 and 64 columns were admitted): refused
+# until the cause is known.
+_FP8_REFUSED_V_COLUMNS = 32
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,9 +274,10 @@ def _contract_block_n(f: _Facts, tuning: Tuning) -> tuple[int, TileConfig]:
 
 def _tiles(f: _Facts, cfg: TileConfig, tuning: Tuning, q: torch.Tensor,
            k_cache: torch.Tensor, v_cache: torch.Tensor) -> _Tiles:
-    """At 128 keys the Gluon tile runs both plans where it can (128 rows on 8 warps, its own
-    ring), else the Triton kernels with :func:`~kernels.tile_config`'s fixed launch; an
-    explicit ``block_m`` elsewhere also takes ``tile_config``'s warps and stages."""
+    """Under the 128-key contract at head dim 128 the Gluon tile runs both plans where it can
+    (128 rows on 8 warps, its own ring), at head dim 64 where a ``Tuning`` (or table entry)
+    asks; else the Triton kernels with :func:`~kernels.tile_config`'s fixed launch; an explicit
+    ``block_m`` elsewhere also takes ``tile_config``'s warps and stages."""
     block_n = cfg.block_n
     wide = wide_tile(f.dtype, f.D, block_n, f.sm_major)
     # The 128-key Gluon tile: by default under the 128-key contract at head dim 128 (the rules);
@@ -284,6 +292,13 @@ def _tiles(f: _Facts, cfg: TileConfig, tuning: Tuning, q: torch.Tensor,
     else:
         launch = replace(tile_config(f.dtype, f.D, f.sm_major, wide), block_n=block_n)
     block_m, block_q = rows_per_block(tuning.block_m or launch.block_m, f.G)
+    if (f.fp8 and tuning.value_blocks is not None
+            and f.D // tuning.value_blocks == _FP8_REFUSED_V_COLUMNS):
+        raise ValueError(
+            f"tuning: expected value_blocks other than {f.D // _FP8_REFUSED_V_COLUMNS} with an "
+            f"FP8 cache at head_dim {f.D} ({_FP8_REFUSED_V_COLUMNS}-column V blocks with an FP8 "
+            f"cache changed the output's bits on an H200: reports/h200/tune-features), got "
+            f"value_blocks={tuning.value_blocks}")
     if tuning.value_blocks is not None and f.D // tuning.value_blocks < _MIN_DOT_COLUMNS:
         raise ValueError(
             f"tuning: expected value_blocks <= head_dim / {_MIN_DOT_COLUMNS} = "
@@ -746,9 +761,10 @@ def _keys_rows_misfit(plan: str, use_gluon: bool, f: _Facts, tuning: Tuning) -> 
 
 
 def _gluon_installed(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:
-    """Whether the Gluon kernels can be built for this (dtype, head_dim, GPU): asked (importing
-    them) only where they could serve it, half precision at head dim 128 on Hopper. Fixed per
-    deployment: it picks the contract's tile width (:func:`~kernels.tile_config`)."""
+    """Whether the Gluon kernels can be built for this (dtype, head_dim, GPU), where that picks
+    the contract's tile width (:func:`~kernels.tile_config`): half precision at head dim 128 on
+    Hopper (asked, importing them, only there; head dim 64's contract does not depend on it).
+    Fixed per deployment."""
     if not wide_tile(dtype, head_dim, WIDE_BLOCK_N, sm_major):
         return False
     from kernels import _gluon  # light: imports no Triton until asked
@@ -779,6 +795,10 @@ def _wide_gluon_misfit(f: _Facts, block_n: int, tuning: Tuning) -> str | None:
         return ("no Tuning override the 128-key Gluon tile cannot take (block_m 128, num_warps "
                 f"8, num_stages 3 (its ring slots with one V block), nested_loop True, "
                 f"value_blocks 1, 2 or 4, tiles_per_step 1), got {', '.join(bad)}")
+    if tuning.value_blocks is not None and f.D // tuning.value_blocks < _GLUON_MIN_V_COLUMNS:
+        return (f"V column blocks of at least {_GLUON_MIN_V_COLUMNS} columns on the 128-key "
+                f"Gluon tile (the widths its bit tests cover), got value_blocks="
+                f"{tuning.value_blocks} at head_dim {f.D}")
     return None
 
 

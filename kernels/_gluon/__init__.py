@@ -192,6 +192,10 @@ def kt_schedule_misfit(rows: int, head_dim: int, value_blocks: int, stages: int,
     if stages < 2:
         return f"at least 2 ring slots, got {stages}"
     if scores_ahead and value_blocks == 1 and rows > 16:
+        if head_dim // 2 < 64:
+            return (f"scores_ahead=False at {rows} rows and head dim {head_dim} (its shared "
+                    f"memory needs 2 V blocks, which head dim {head_dim} cannot have), got "
+                    f"scores_ahead=True")
         return (f"value_blocks=2 for the scores ahead at {rows} rows (shared memory), got "
                 f"value_blocks=1")
     return None

@@ -870,6 +870,12 @@ def test_head_dim_64_runs_gluon_only_when_asked(monkeypatch, device) -> None:
     kt = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(keys_rows=True))
     assert kt.gluon and kt.keys_rows and (kt.block_m, kt.num_warps) == (8, 4)
     assert kt.value_blocks == 1
+    # V blocks of 16 columns: not on the Gluon tile (its bit tests cover 32 to 128).
+    with pytest.raises(ValueError, match=r"V column blocks of at least 32 columns on the 128-key "
+                                         r"Gluon tile .* got value_blocks=4 at head_dim 64"):
+        plan_attention(*prompt, validate=False, plan="split",
+                       tuning=Tuning(gluon=True, value_blocks=4))
+    assert "scores_ahead=False" in gluon_module.kt_schedule_misfit(32, 64, 1, 3, True)
     # gluon=True on a decode batch takes the keys-as-rows tile by default, as at head dim 128.
     assert plan_attention(*decode, validate=False, plan="split",
                           tuning=Tuning(gluon=True)).keys_rows
@@ -1522,3 +1528,9 @@ def test_an_fp8_cache_keeps_one_value_block_by_the_rules(monkeypatch, device) ->
     kw = dict(validate=False, plan="split", host_lens=([1], [1024]), k_scale=1.0, v_scale=1.0)
     assert plan_attention(*fp8, **kw).value_blocks == 1
     assert plan_attention(*fp8, tuning=Tuning(value_blocks=2), **kw).value_blocks == 2
+    # 32-column V blocks with an FP8 cache changed the bits on an H200: refused, named.
+    with pytest.raises(ValueError, match=r"expected value_blocks other than 4 with an FP8 cache "
+                                         r"at head_dim 128 .* got value_blocks=4"):
+        plan_attention(*fp8, tuning=Tuning(value_blocks=4), **kw)
+    assert plan_attention(*one, validate=False, plan="split", host_lens=([1], [1024]),
+                          tuning=Tuning(value_blocks=4)).value_blocks == 4  # without FP8

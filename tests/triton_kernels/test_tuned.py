@@ -311,7 +311,8 @@ def test_every_shipped_table_loads_and_names_its_gpu(path: Path) -> None:
 
 
 def test_an_interrupted_tune_keeps_its_finished_buckets(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from invariance.tune import _Search
 
     _fake_times(monkeypatch)
@@ -352,8 +353,16 @@ def test_an_interrupted_tune_keeps_its_finished_buckets(
     one = argv[:i - 1] + argv[i + 1:]
     assert main([*one, "--resume", "--again", "fp32/"]) == 0
     assert set(load_table(table).entries) == set(calls) and len(searched) == 4
-    for bad in (["--again", "fp32/"], ["--resume", "--again", " "]):
+    # A prefix matches whole fields: fp32/d6 is not fp32/d64.
+    assert main([*argv, "--resume", "--again", "fp32/d6"]) == 0 and len(searched) == 4
+    for bad, said in ((["--again", "fp32/"], "exists; pass --resume"),
+                      (["--resume", "--again", " "], "--again: expected a bucket key or its "
+                                                     "leading fields such as bf16/d64, got ' '")):
         assert main([*argv, *bad]) == 2
+        assert said in capsys.readouterr().err
+    missing = [a if a != str(table) else str(tmp_path / "none.json") for a in argv]
+    assert main([*missing, "--resume", "--again", "fp32"]) == 2
+    assert "none.json, which does not exist" in capsys.readouterr().err
 
 
 def test_tune_under_another_contract_is_measured_and_never_applied(
@@ -496,21 +505,59 @@ def test_tune_cli_takes_features_and_names_bad_ones(
         assert not (tmp_path / "u.json").exists()
 
 
-def test_the_feature_probe_runs_on_the_tuning_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The planner refuses tensors off the tuning device, so the probe of the features is built
-    there (a CPU probe made every feature run on a GPU exit 2)."""
+def test_the_search_descends_from_each_kernel_family() -> None:
+    """Each plan on each kernel family is a base of the search: the Gluon tile (90 us) takes
+    no stage count, the Triton kernels (100 us) run 80 us with 5 stages, and that is what is
+    selected (a search that kept the Gluon tile first never tried it)."""
+    from types import SimpleNamespace
+
+    from invariance.tune import Trial, _Search
+
+    def us(overrides: dict[str, Any]) -> float | None:
+        if overrides.get("gluon"):
+            return None if "num_stages" in overrides else 90.0  # the planner refuses
+        return 80.0 if overrides.get("num_stages") == 5 else 100.0
+
+    tried: list[dict[str, Any]] = []
+
+    def trial(plan: str, overrides: dict[str, Any]) -> Trial:
+        tried.append(dict(overrides))
+        t = us(overrides)
+        return Trial(plan, dict(overrides), "admitted" if t else "refused", us=t)
+
+    selected: list[tuple[str, dict[str, Any], float]] = []
+    search = object.__new__(_Search)
+    search.margin = 0.03
+    search.trial = trial  # type: ignore[method-assign]
+    search._select = lambda plan, o, u: selected.append((plan, o, u))  # type: ignore[method-assign]
+    search.b = SimpleNamespace(signature=lambda plan, o: (plan, tuple(sorted(o.items()))))  # type: ignore[assignment]
+    search.rules_sig = ("auto", ())
+    search.result = "result"  # type: ignore[assignment]
+    space = {"plan": ("fused",), "gluon": (False, True), "num_stages": (2, 5)}
+    assert search.run(space) == "result"
+    assert selected == [("fused", {"gluon": False, "num_stages": 5}, 80.0)]
+    assert {"gluon": True, "num_stages": 5} in tried  # the Gluon base descended too
+    assert all(set(o) <= {"gluon", "num_stages"} for o in tried)
+
+
+def test_the_feature_probe_runs_on_the_tuning_device(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner refuses tensors off the tuning device, so `invariance tune --feature` builds
+    its probe of the features there (a CPU probe made every feature run on a GPU exit 2)."""
     import invariance.tune as tune_module
 
+    _fake_times(monkeypatch)
+    monkeypatch.setattr("kernels.tuned.TUNABLE", SPACE)
     built, original = [], tune_module.build_batch
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        built.append(args[4])
+        built.append(str(kwargs["device"] if "device" in kwargs else args[4]))
         return original(*args, **kwargs)
     monkeypatch.setattr(tune_module, "build_batch", spy)
-    heads = HeadConfig(4, 2, 64)
-    assert tune_module.check_features(Features(window=8), torch.float32, heads, 16,
-                                      DEVICE) is None
-    assert built == [DEVICE]
+    assert main(["tune", "--device", DEVICE, "--lengths", "decode:150", "--dtype", "fp32",
+                 "--heads", "4:2:64", "--feature", "window=8", "--no-progress", "--table",
+                 str(tmp_path / "t.json")]) == 0
+    assert built and set(built) == {DEVICE}  # the probe, then the bucket's batch
 
 
 def test_a_bucket_whose_control_is_admitted_stays_out_of_the_table(
