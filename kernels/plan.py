@@ -105,8 +105,9 @@ class Tuning:
       GPU, that the values used agree. A ``block_m`` without warps or stages takes those from
       :func:`~kernels.tile_config`.
     - ``num_stages``: software-pipelining depth (the Gluon kernels' TMA ring has its own).
-    - ``value_blocks`` (1, 2, 4 or 8; at least 16 V columns each): V column blocks per (slot, KV
-      head, split) of the split plan, each its own program.
+    - ``value_blocks`` (1, 2, 4 or 8; at least 16 V columns each, 32 on the Gluon tile, never
+      32 with an FP8 cache: ARCHITECTURE.md, "Tuning"): V column blocks per (slot, KV head,
+      split) of the split plan, each its own program.
     - ``tiles_per_step`` (1 or 2): fully visible KV tiles per loop step of the split kernel and
       the fused plan's nested loop.
     - ``dependent_merge`` (bool): the split plan's merge as a programmatic dependent launch
