@@ -3,7 +3,8 @@ on any machine: no GPU needed.
 
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
         [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
-        [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--no-dependent-merge]
+        [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--kv-dtype fp8_e4m3]
+        [--no-dependent-merge]
         [--fused-loop nested|flat] [--no-gluon] [--ptx-hash] [--dot-waits] [--copy-waits]
         [--sass-order] [--gluon-switch NAME=VALUE ...]
 
@@ -30,6 +31,10 @@ and their waits: how many steps ahead a loop loads.
 ``--sass-order`` adds each kernel's ``wgmma`` instructions, their waits, exponentials, row
 shuffles, barriers and spills in SASS order (ptxas, then nvdisasm): where ptxas placed a wait,
 which the PTX order does not decide.
+
+Each row also counts the kernel's tensor-core instructions by family in its PTX (``wgmma``,
+``mma.sync``): the instruction family is bit-defining. ``--kv-dtype fp8_e4m3`` compiles the
+FP8-cache path (unit scales).
 
 A compile statistic, not a time: it says which settings spill, not which are faster. The
 kernels are compiled with the same constexprs and alignment specialisation as a real launch
@@ -233,15 +238,26 @@ def _dot_waits(ttgir: str, copies: bool = False) -> str:
     return " ".join(out)
 
 
-def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], Any]:
+def _mma_family(ptx: str) -> str:
+    """The tensor-core instructions of a kernel's PTX, counted by family: ``wgmma`` (Hopper's
+    warpgroup MMA) and ``mma.sync`` (the per-warp MMA), e.g. ``wgmma 16, mma.sync 0``: which
+    family each kernel compiles to (bit-defining: ARCHITECTURE.md)."""
+    wgmma = len(re.findall(r"^\s*wgmma\.mma_async", ptx, re.M))
+    sync = len(re.findall(r"^\s*mma\.sync", ptx, re.M))
+    return f"wgmma {wgmma}, mma.sync {sync}"
+
+
+def _inputs(name: str, dtype: torch.dtype,
+            kv_dtype: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], Any]:
     """The workload's tensors at their real shapes, except the caches (two pages: only their
-    strides reach the compiler), and its host lengths."""
+    strides reach the compiler; ``kv_dtype``: an FP8 cache), and its host lengths."""
     w = WORKLOADS[name]
     h = BENCH_HEADS
     T, B = sum(w.q_lens), len(w.q_lens)
     pages = -(-max(w.kv_lens) // BENCH_PAGE_SIZE)
     q = torch.zeros(T, h.num_q_heads, h.head_dim, dtype=dtype)
-    cache = torch.zeros(2, BENCH_PAGE_SIZE, h.num_kv_heads, h.head_dim, dtype=dtype)
+    cache = torch.zeros(2, BENCH_PAGE_SIZE, h.num_kv_heads, h.head_dim,
+                        dtype=kv_dtype or dtype)
     cu = torch.tensor([0, *torch.tensor(w.q_lens).cumsum(0).tolist()], dtype=torch.int32)
     kv = torch.tensor(w.kv_lens, dtype=torch.int32)
     table = torch.zeros(B, pages, dtype=torch.int32)
@@ -250,8 +266,9 @@ def _inputs(name: str, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], An
 
 def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
           ptx_hash: bool = False, copies: bool = False,
-          sass_order: bool = False) -> list[dict[str, Any]]:
-    inputs, lens = _inputs(name, dtype)
+          sass_order: bool = False, kv_dtype: torch.dtype | None = None) -> list[dict[str, Any]]:
+    inputs, lens = _inputs(name, dtype, kv_dtype)
+    scales = {} if kv_dtype is None else {"k_scale": 1.0, "v_scale": 1.0}
     # Plan as on an H100 from CPU tensors (the checks think the interpreter is on), then
     # launch with IS_INTERPRET=False: the recorders compile instead of running.
     patches = [(kc, "_interpreting", lambda: True), (kp, "_sm_major", lambda device: 9),
@@ -261,7 +278,10 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
     try:
         for m, k, v in patches:
             setattr(m, k, v)
-        lp = kp.plan_attention(*inputs, plan=plan, validate=False, tuning=tuning, host_lens=lens)
+        lp = kp.plan_attention(*inputs, plan=plan, validate=False, tuning=tuning, host_lens=lens,
+                               **scales)
+        features = kc._check_features(inputs[0], inputs[1], -1, None, 0.0,
+                                      scales.get("k_scale"), scales.get("v_scale"))
         compiled: list[tuple[str, Any]] = []
         names = ("_unified_attention_fused_kernel", "_unified_attention_split_kernel",
                  "_merge_splits_kernel", "_slot_keys_kernel", "_slot_rank_kernel")
@@ -280,7 +300,7 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
             out = torch.empty(T, Hq, D, dtype=dtype)
             lse = torch.empty(T, Hq, dtype=torch.float32)
             launch = kl._launch_fused if lp.plan == "fused" else kl._launch_split
-            launch(lp, inputs, out, lse, 0.125)
+            launch(lp, inputs, out, lse, 0.125, features)
         finally:
             for n in names:
                 setattr(kl, n, jit[n])
@@ -298,6 +318,7 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
                          kernel=kname.strip("_"),
                          shared=k.metadata.shared,
                          dot_waits=_dot_waits(k.asm["ttgir"], copies),
+                         mma=_mma_family(k.asm["ptx"]),
                          **(dict(ptx=_ptx_hash(k.asm["ptx"])) if ptx_hash
                             else _ptxas_stats(k.asm["ptx"])),
                          **(dict(sass_order=_sass_order(k.asm["cubin"])) if sass_order
@@ -332,6 +353,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
     p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--kv-dtype", choices=("fp8_e4m3",),
+                   help="an FP8 (e4m3) cache with unit scales (the kernels' FP8 path)")
     p.add_argument("--plan", default="auto", choices=kernels.PLANS)
     for f in ("block-m", "num-warps", "num-stages", "value-blocks", "tiles-per-step", "block-n"):
         p.add_argument(f"--{f}", type=int)
@@ -385,19 +408,21 @@ def main() -> None:
     if a.no_keys_rows or a.keys_rows:
         fields["keys_rows"] = a.keys_rows
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
-    print(f"triton {triton.__version__}, sm_90a, {a.dtype}, plan {a.plan}, {tuning}")
+    kv_dtype = torch.float8_e4m3fn if a.kv_dtype else None
+    cache = f", {a.kv_dtype} cache" if a.kv_dtype else ""
+    print(f"triton {triton.__version__}, sm_90a, {a.dtype}{cache}, plan {a.plan}, {tuning}")
     compiled_cols = "ptx hash " if a.ptx_hash else "regs | spill st/ld B "
     print(f"| workload | plan | BM/BN/warps/stages/vblocks/tiles | kernel | {compiled_cols}"
-          "| smem B |")
-    print("|---" * (6 if a.ptx_hash else 7) + "|")
+          "| smem B | MMA instructions |")
+    print("|---" * (7 if a.ptx_hash else 8) + "|")
     for name in a.workload or list(WORKLOADS):
         for r in stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash,
-                       a.copy_waits, a.sass_order):
+                       a.copy_waits, a.sass_order, kv_dtype):
             compiled = (f"{r['ptx']} | " if a.ptx_hash else
                         f"{r['regs']} | {r['spill_stores']}/{r['spill_loads']} | ")
             print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"
                   f"{r['num_warps']}/{r['num_stages']}/{r['value_blocks']}/{r['tiles_per_step']} "
-                  f"| {r['kernel']} | {compiled}{r['shared']} |", flush=True)
+                  f"| {r['kernel']} | {compiled}{r['shared']} | {r['mma']} |", flush=True)
             if a.dot_waits or a.copy_waits:
                 print(f"  {r['kernel']}: {r['dot_waits']}", flush=True)
             if a.sass_order:

@@ -35,7 +35,17 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1:4] == ["split", "64/64/4/5/2/1", "unified_attention_split_kernel"], cells
     assert 32 <= int(cells[4]) <= 255 and int(cells[6]) > 0, cells
+    assert cells[7].startswith("wgmma ") and cells[7].endswith("mma.sync 0"), cells
+    assert int(cells[7].split()[1].rstrip(",")) > 0, cells  # the Hopper family only
     assert rows[1].split("|")[4].strip() == "merge_splits_kernel", rows
+    # An FP8 cache: the same kernel compiled on its FP8 path, the same MMA family.
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
+                           "--workload", "decode-b1-ctx1k", "--kv-dtype", "fp8_e4m3"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fp8_e4m3 cache" in proc.stdout, proc.stdout
+    fp8 = [line for line in proc.stdout.splitlines() if "unified_attention_split_kernel" in line]
+    assert len(fp8) == 1 and "mma.sync 0 |" in fp8[0] and "| wgmma 0," not in fp8[0], fp8
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_stats.py"),
                            "--workload", "decode-b1-ctx1k", "--dot-waits", "--sass-order"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
