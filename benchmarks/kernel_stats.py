@@ -278,10 +278,11 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
     try:
         for m, k, v in patches:
             setattr(m, k, v)
-        lp = kp.plan_attention(*inputs, plan=plan, validate=False, tuning=tuning, host_lens=lens,
-                               **scales)
-        features = kc._check_features(inputs[0], inputs[1], -1, None, 0.0,
-                                      scales.get("k_scale"), scales.get("v_scale"))
+        # The plan and the checked features, as unified_attention takes them.
+        lp, features = kp._plan_call(
+            *inputs, split_size=kernels.DEFAULT_SPLIT_SIZE, lead_split_size=None, plan=plan,
+            validate=False, tuning=tuning, host_lens=lens, window_left=-1, sinks=None,
+            logits_soft_cap=0.0, k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale"))
         compiled: list[tuple[str, Any]] = []
         names = ("_unified_attention_fused_kernel", "_unified_attention_split_kernel",
                  "_merge_splits_kernel", "_slot_keys_kernel", "_slot_rank_kernel")
@@ -415,9 +416,16 @@ def main() -> None:
     print(f"| workload | plan | BM/BN/warps/stages/vblocks/tiles | kernel | {compiled_cols}"
           "| smem B | MMA instructions |")
     print("|---" * (7 if a.ptx_hash else 8) + "|")
+    if a.kv_dtype and a.dtype == "float32":
+        p.error(f"--kv-dtype {a.kv_dtype}: expected --dtype float16 or bfloat16 (an FP8 cache "
+                f"takes half-precision queries), got float32")
     for name in a.workload or list(WORKLOADS):
-        for r in stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash,
-                       a.copy_waits, a.sass_order, kv_dtype):
+        try:
+            rows = stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash,
+                         a.copy_waits, a.sass_order, kv_dtype)
+        except ValueError as exc:  # the planner refused these settings for this workload
+            p.error(f"{name}: {str(exc).splitlines()[0]}")
+        for r in rows:
             compiled = (f"{r['ptx']} | " if a.ptx_hash else
                         f"{r['regs']} | {r['spill_stores']}/{r['spill_loads']} | ")
             print(f"| {r['workload']} | {r['plan']} | {r['block_m']}/{r['block_n']}/"

@@ -255,15 +255,11 @@ class _Bucket:
     def signature(self, plan: str, overrides: dict[str, Any]) -> tuple[Any, ...]:
         """The launch plans of a candidate on every workload (``ValueError``: refused)."""
         import kernels
-        from invariance.backends.kernels import feature_kwargs
 
         sig = []
         for _, b in self.batches:
-            lp = kernels.plan_attention(
-                b.q, b.k_cache, b.v_cache, b.cu_seqlens_q, b.kv_lens, b.block_table,
-                plan=plan, validate=False, tuning=kernels.Tuning(**{**self.contract, **overrides}),
-                host_lens=(b.q_lens(), b.kv_lens.tolist()),
-                **feature_kwargs(b, kernels.plan_attention))
+            lp = _plan(b, plan=plan, tuning=kernels.Tuning(**{**self.contract, **overrides}),
+                       host_lens=(b.q_lens(), b.kv_lens.tolist()))
             sig.append(tuple(getattr(lp, name) for name in _LAUNCH_FIELDS))
         return tuple(sig)
 
@@ -393,21 +389,27 @@ class _Search:
                 self.result.entry["features"] = self.b.features
 
 
+def _plan(batch: AttentionBatch, **kwargs: Any) -> Any:
+    """``kernels.plan_attention`` of ``batch`` with its features, unchecked values
+    (``validate=False``): the launch a candidate, the control or a probe would run."""
+    import kernels
+    from invariance.backends.kernels import feature_kwargs
+
+    return kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
+                                  batch.kv_lens, batch.block_table, validate=False,
+                                  **feature_kwargs(batch, kernels.plan_attention), **kwargs)
+
+
 def check_features(features: Features, dtype: torch.dtype, heads: HeadConfig,
-                   page_size: int, device: torch.device | str = "cpu") -> str | None:
+                   page_size: int, device: torch.device | str) -> str | None:
     """Why the kernels refuse ``features`` for workloads of ``dtype``, ``heads`` and
     ``page_size`` (None: they take them): the planner's own checks on a one-token batch built
     on the tuning run's ``device`` (planned only: no kernel runs, no sync), before the run
     starts."""
-    import kernels
-    from invariance.backends.kernels import feature_kwargs
-
     probe = build_batch(BenchWorkload("probe", (1,), (1,)), heads, dtype, page_size, device,
                         features=features)
     try:
-        kernels.plan_attention(probe.q, probe.k_cache, probe.v_cache, probe.cu_seqlens_q,
-                               probe.kv_lens, probe.block_table, validate=False,
-                               **feature_kwargs(probe, kernels.plan_attention))
+        _plan(probe)
     except ValueError as exc:
         return str(exc).splitlines()[0] if str(exc) else repr(exc)
     return None
@@ -437,12 +439,8 @@ def _control_block_n(batch: AttentionBatch, block_n: int | None = None) -> int |
     """Half the contract's KV tile for this batch (``block_n``, else ``tile_config``'s; None
     where that is below 16)."""
     import kernels
-    from invariance.backends.kernels import feature_kwargs
 
-    lp = kernels.plan_attention(batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
-                                batch.kv_lens, batch.block_table, validate=False,
-                                tuning=kernels.Tuning(block_n=block_n),
-                                **feature_kwargs(batch, kernels.plan_attention))
+    lp = _plan(batch, tuning=kernels.Tuning(block_n=block_n))
     return lp.block_n // 2 if lp.block_n >= 32 else None
 
 

@@ -474,9 +474,10 @@ def _split_schedule(f: _Facts, t: _Tiles, s: _Splits, stats: HostStats | None, t
         sch.value_blocks = tuning.value_blocks or 1
         sch.tiles_per_step = tuning.tiles_per_step or 1
     else:
-        # With an FP8 cache the tuner rejected 4 V blocks at head dim 128 on an H200 (every
-        # element differed: reports/h200/tune-features): V blocks are not shown bit-neutral
-        # there, so the rules keep one (a Tuning may still ask, as for any unproven setting).
+        # With an FP8 cache the tuner rejected 4 V blocks at head dim 128 on an H200 (nearly
+        # every element differed: reports/h200/tune-features): V blocks are not shown
+        # bit-neutral there, so the rules keep one (a Tuning may ask for other than 32-column
+        # blocks, which _tiles refuses).
         sch.value_blocks = tuning.value_blocks or (1 if f.fp8 else value_blocks(
             f.dtype, f.D, grid, f.num_sms, f.sm_major))
         sch.tiles_per_step = tuning.tiles_per_step or tiles_per_step(
