@@ -34,9 +34,9 @@
 #   bench     the default and shapes grids ($BENCH_GRIDS): kernels, its control, FlashInfer's
 #             fastest variant per workload (more backends in $BENCH_EXTRA, e.g.
 #             "--backend kernels:host_lens=false")
-#   shape-bench  the shapes still slower than FlashInfer, each against `flashinfer-best`:
-#             head dims 64 (64:8:64) and 256 (16:8:256), decode (8 and 64 requests of 8k) and
-#             prefill; pages of one token, decode
+#   shape-bench  head dims and page sizes off the default grid, each against `flashinfer-best`:
+#             head dims 64 (64:8:64) and 256 (16:8:256), decode (8 and 64 requests of 8k, 8
+#             of 32k) and prefill; pages of one token, decode
 #   model     `invariance model` on a random-init Llama-like model (8 layers, hidden 1024, GQA
 #             8:2, head dim 128) at bf16: the default stack, then attention through `kernels`
 # FlashInfer (peers, bench) needs its wheels in .whl/ (see reports/README.md).
@@ -237,7 +237,7 @@ step_shape_bench() {
   for cfg in "d64 --heads 64:8:64" "d256 --heads 16:8:256" "page1 --page-size 1"; do
     set -- $cfg
     tag=$1; shift
-    prefill="--lengths prefill:16k,8k,4kx2,2k,1k,512x2"
+    prefill="--lengths decode:32kx8 --lengths prefill:16k,8k,4kx2,2k,1k,512x2"
     [ "$tag" = page1 ] && prefill=""
     run "shape-$tag" ${BENCH_S:-200} $INV bench "$@" --lengths decode:8kx8 \
       --lengths decode:8kx64 $prefill --backend kernels --backend kernels-heuristic \

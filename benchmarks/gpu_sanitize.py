@@ -11,10 +11,10 @@ bit), the fused plan with 128- and 256-row tiles and its nested loop (half preci
 ``merge_states`` (with empty, NaN and +inf partials), the Gluon kernels where they run (half
 precision at head dim 128 on Hopper with Triton 3.6: the 128-key contract's fused and split
 kernels, bits compared with the Triton kernels at 128 keys, the split kernel with 2 and 4 V
-column blocks, the keys-as-rows tile with 1 and 2 V blocks and its scores ahead, and the 64-key
-contract's prefill
-tile and Triton rules through ``Tuning(block_n=64)``), and
-malformed index values with
+column blocks, and the 64-key contract's prefill tile and Triton rules through
+``Tuning(block_n=64)``; the keys-as-rows tile at every head dim it serves, 128 keys at head dims
+64 and 128 and 64 keys at 256, with the fewest and the most V blocks, against the Triton split
+kernel), and malformed index values with
 ``validate=False`` (the kernels' integer guards: page ids out of range, ``kv_lens`` past the
 block table, negative or below ``q_len``, ``cu_seqlens_q`` past T or not starting at 0). Outputs
 of malformed calls are never read (their garbage rows may be unwritten); ``--valid-only`` leaves
@@ -51,6 +51,10 @@ BATCHES = [
     # Prefill-like at head dim 128 with 16-token pages: half precision on Hopper runs the Gluon
     # prefill kernel (kernels/_gluon) in the fused plan.
     (HeadConfig(8, 2, 128), 16, [(300, 1200), (1, 500), (64, 64), (0, 30), (7, 1030)]),
+    # Decode-like at head dims 64 and 256 with 16-token pages: on Hopper with Triton 3.6 the
+    # keys-as-rows tile at 128 and 64 keys, and the Gluon kernels at head dim 64 when asked.
+    (HeadConfig(8, 1, 64), 16, [(1, 1300), (1, 77), (2, 600), (0, 12)]),
+    (HeadConfig(4, 2, 256), 16, [(1, 1300), (1, 77), (3, 600), (0, 12)]),
 ]
 FAILURES: list[str] = []
 
@@ -104,9 +108,10 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
     # loop (at 64 keys two tiles per step, K as rows; bits compared too).
     ordered = unified_attention(*args, split_size=split, plan="fused",
                                 tuning=tuned(slot_order=True))
+    # Two 64-key tiles per step need more shared memory than Hopper has at head dim 256.
+    two = not wide and args[0].shape[2] <= 128
     nested = unified_attention(*args, split_size=split, plan="fused",
-                               tuning=tuned(nested_loop=True,
-                                            tiles_per_step=None if wide else 2))
+                               tuning=tuned(nested_loop=True, tiles_per_step=2 if two else None))
     unified_attention(*args, split_size=split, plan="auto", tuning=tuned())
     same = True
     if lp.gluon or wide:
@@ -129,20 +134,25 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
                                 for a, b in zip(cut, split_plan, strict=True))
     # 128- and 256-row tiles in the fused kernel (K loaded as columns there; bits not compared:
     # BLOCK_M 128 and 256 are measured bit-neutral at head dim 128 only). The 64-key rules only.
+    # At head dim 256 these tiles and two tiles per step need more shared memory than Hopper
+    # has: the rules' launches only, and V column blocks one tile per step.
     if args[0].dtype != torch.float32 and not wide:
-        unified_attention(*args, split_size=split, plan="fused", tuning=tuned(block_m=128))
-        unified_attention(*args, split_size=split, plan="fused",
-                          tuning=tuned(block_m=256, num_warps=8, num_stages=3))
-        # The prefill tile: 128 rows on 8 warps, nested loop, two tiles per step.
-        unified_attention(*args, split_size=split, plan="fused",
-                          tuning=tuned(block_m=128, num_warps=8, num_stages=3,
-                                       nested_loop=True, tiles_per_step=2))
+        if two:
+            unified_attention(*args, split_size=split, plan="fused", tuning=tuned(block_m=128))
+            unified_attention(*args, split_size=split, plan="fused",
+                              tuning=tuned(block_m=256, num_warps=8, num_stages=3))
+            # The prefill tile: 128 rows on 8 warps, nested loop, two tiles per step.
+            unified_attention(*args, split_size=split, plan="fused",
+                              tuning=tuned(block_m=128, num_warps=8, num_stages=3,
+                                           nested_loop=True, tiles_per_step=2))
         # The split plan with its V columns cut into 2, 4 and 8 programs (8 at head dim 128
         # and more: 16 columns each), walking two tiles per loop step, and with the merge as an
         # ordinary launch instead of a dependent one (bits compared too).
-        eight = [tuned(value_blocks=8, tiles_per_step=2)] if args[0].shape[2] >= 128 else []
-        for tuning in (tuned(value_blocks=2), tuned(value_blocks=4), tuned(tiles_per_step=2),
-                       tuned(value_blocks=4, tiles_per_step=2), *eight,
+        steps = 2 if two else None
+        eight = ([tuned(value_blocks=8, tiles_per_step=steps)] if args[0].shape[2] >= 128
+                 else [])
+        for tuning in (tuned(value_blocks=2), tuned(value_blocks=4), tuned(tiles_per_step=steps),
+                       tuned(value_blocks=4, tiles_per_step=steps), *eight,
                        tuned(dependent_merge=False)):
             cut = unified_attention(*args, split_size=split, plan="split", tuning=tuning)
             same = same and all(torch.equal(bits(a), bits(b))
@@ -154,6 +164,28 @@ def plans_agree(args: Args, split: int, block_n: int | None = None) -> bool:
     return same and all(torch.equal(bits(a), bits(b)) and torch.equal(bits(a), bits(c))
                         and torch.equal(bits(a), bits(d))
                         for a, b, c, d in zip(fused, split_plan, ordered, nested, strict=True))
+
+
+def keys_rows_settings(args: Args) -> list[Tuning]:
+    """The keys-as-rows tile's settings this batch's shapes take (none off Hopper, without
+    Triton 3.6, or at a head dim or dtype it does not serve): the fewest and the most V column
+    blocks, the second with the scores ahead."""
+    taken = []
+    for blocks in (1, 2, 4):
+        tuning = Tuning(keys_rows=True, value_blocks=blocks, scores_ahead=blocks > 1)
+        try:
+            plan_attention(*args, plan="split", tuning=tuning)
+        except ValueError:
+            continue
+        taken.append(tuning)
+    return taken[:1] + taken[-1:] if len(taken) > 1 else taken
+
+
+def keys_rows_agree(args: Args, tuning: Tuning) -> bool:
+    """The keys-as-rows tile gives the Triton split kernel's bits (validate=True)."""
+    kt = unified_attention(*args, plan="split", tuning=tuning)
+    ref = unified_attention(*args, plan="split", tuning=Tuning(keys_rows=False, gluon=False))
+    return all(torch.equal(bits(x), bits(y)) for x, y in zip(kt, ref, strict=True))
 
 
 def malformed(args: Args) -> dict[str, Args]:
@@ -191,8 +223,12 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                      lambda a=args, s=split, n=narrow: plans_agree(a, s, n))
         case(f"{tag}/control", lambda a=args: call(a, split_size=None))
         # Whether the fused plan of this batch's shapes runs the Gluon kernel (malformed values
-        # keep the shapes, hence the answer).
+        # keep the shapes, hence the answer), and the keys-as-rows tile's settings it takes.
         gluon = plan_attention(*args, plan="fused").gluon
+        kt = keys_rows_settings(args)
+        for t in kt:
+            case(f"{tag}/split-keys-rows-{t.value_blocks}-value-blocks-ahead-{t.scores_ahead}"
+                 f"==triton", lambda a=args, k=t: keys_rows_agree(a, k))
         for label, bad in ({} if valid_only else malformed(args)).items():
             for plan in ("fused", "split"):
                 case(f"{tag}/validate=False/{label}/{plan}",
@@ -200,10 +236,12 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
             case(f"{tag}/validate=False/{label}/fused-slot-order",
                  lambda b=bad: call(b, validate=False, plan="fused",
                                     tuning=Tuning(slot_order=True)))
-            case(f"{tag}/validate=False/{label}/fused-nested-2-tiles-per-step",
-                 lambda b=bad, n=narrow: call(b, validate=False, plan="fused",
-                                              tuning=Tuning(nested_loop=True, tiles_per_step=2,
-                                                            block_n=n)))
+            steps = 2 if heads.head_dim <= 128 else 1  # two tiles need too much shared memory
+            case(f"{tag}/validate=False/{label}/fused-nested-{steps}-tiles-per-step",
+                 lambda b=bad, n=narrow, k=steps: call(b, validate=False, plan="fused",
+                                                       tuning=Tuning(nested_loop=True,
+                                                                     tiles_per_step=k,
+                                                                     block_n=n)))
             if gluon:
                 case(f"{tag}/validate=False/{label}/fused-gluon",
                      lambda b=bad: call(b, validate=False, plan="fused",
@@ -212,13 +250,10 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                 case(f"{tag}/validate=False/{label}/split-gluon-4-value-blocks",
                      lambda b=bad: call(b, validate=False, plan="split",
                                         tuning=Tuning(gluon=True, value_blocks=4)))
-                case(f"{tag}/validate=False/{label}/split-keys-rows",
-                     lambda b=bad: call(b, validate=False, plan="split",
-                                        tuning=Tuning(keys_rows=True)))
-                case(f"{tag}/validate=False/{label}/split-keys-rows-2-value-blocks-ahead",
-                     lambda b=bad: call(b, validate=False, plan="split",
-                                        tuning=Tuning(keys_rows=True, value_blocks=2,
-                                                      scores_ahead=True)))
+            for t in kt:
+                case(f"{tag}/validate=False/{label}/split-keys-rows-{t.value_blocks}-value-"
+                     f"blocks-ahead-{t.scores_ahead}",
+                     lambda b=bad, k=t: call(b, validate=False, plan="split", tuning=k))
             if block_n != narrow:
                 for plan in ("fused", "split"):
                     case(f"{tag}/validate=False/{label}/{plan}-triton-{block_n}-keys",
@@ -229,10 +264,11 @@ def run_dtype(dtype: torch.dtype, device: str, valid_only: bool) -> None:
                                                               tuning=Tuning(block_n=n)))
             if dtype != torch.float32:
                 blocks = 8 if heads.head_dim >= 128 else 4
-                case(f"{tag}/validate=False/{label}/split-{blocks}-value-blocks-2-tiles-per-step",
-                     lambda b=bad, n=blocks, w=narrow: call(
+                case(f"{tag}/validate=False/{label}/split-{blocks}-value-blocks-{steps}-tiles-"
+                     f"per-step",
+                     lambda b=bad, n=blocks, w=narrow, k=steps: call(
                          b, validate=False, plan="split",
-                         tuning=Tuning(value_blocks=n, tiles_per_step=2, block_n=w)))
+                         tuning=Tuning(value_blocks=n, tiles_per_step=k, block_n=w)))
         empty = build(dtype, heads, page, [(0, 9), (0, 0)], device)
         case(f"{tag}/no-query-tokens", lambda e=empty: unified_attention(*e)[0].numel() == 0)
         for label, feats in features(args).items():

@@ -2,11 +2,11 @@
 on any machine: no GPU needed.
 
     PYTHONPATH=[TRITON_DIR:]. python benchmarks/kernel_stats.py [--workload NAME ...]
-        [--plan auto|fused|split] [--block-m N] [--num-warps N] [--num-stages N]
-        [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16] [--kv-dtype fp8_e4m3]
-        [--no-dependent-merge]
-        [--fused-loop nested|flat] [--no-gluon] [--ptx-hash] [--dot-waits] [--copy-waits]
-        [--sass-order] [--gluon-switch NAME=VALUE ...]
+        [--plan auto|fused|split] [--heads HQ:HKV:D] [--block-m N] [--num-warps N]
+        [--num-stages N] [--value-blocks N] [--tiles-per-step N] [--dtype bfloat16]
+        [--kv-dtype fp8_e4m3] [--no-dependent-merge] [--fused-loop nested|flat] [--no-gluon]
+        [--keys-rows | --no-keys-rows] [--ptx-hash] [--ptx-dir DIR] [--dot-waits]
+        [--copy-waits] [--sass-order] [--gluon-switch NAME=VALUE ...]
 
 For each ``invariance bench`` workload (all by default) it plans the call as ``plan_attention``
 would on an H100 (132 SMs, compute capability 9.0, the workload's host lengths, ``validate``
@@ -16,6 +16,10 @@ Triton itself uses for sm_90 with ``-v`` on each PTX: registers per thread, spil
 loads (bytes), and the shared memory Triton allocates. Put another Triton first on
 ``PYTHONPATH`` (e.g. the GPU machine's 3.6, ``pip download triton==3.6.0`` unpacked) to see
 what that version makes.
+
+``--heads`` compiles at other heads than the bench's (e.g. ``16:8:256``); ``--ptx-dir DIR``
+also writes each kernel's PTX there, to read an order off it (the keys-as-rows tile's row sum
+was read off the Triton tiles' PTX so).
 
 ``--ptx-hash`` prints a hash of each kernel's PTX (debug lines left out) instead of the ptxas
 statistics: run at two commits, equal hashes show that a refactor compiles to the same code.
@@ -63,6 +67,7 @@ import kernels._checks as kc
 import kernels.launch as kl
 import kernels.plan as kp
 from invariance.bench import BENCH_HEADS, BENCH_PAGE_SIZE, WORKLOADS
+from invariance.workload import HeadConfig
 
 SM90 = GPUTarget("cuda", 90, 32)
 NUM_SMS = 132
@@ -247,12 +252,13 @@ def _mma_family(ptx: str) -> str:
     return f"wgmma {wgmma}, mma.sync {sync}"
 
 
-def _inputs(name: str, dtype: torch.dtype,
-            kv_dtype: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], Any]:
-    """The workload's tensors at their real shapes, except the caches (two pages: only their
-    strides reach the compiler; ``kv_dtype``: an FP8 cache), and its host lengths."""
+def _inputs(name: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None,
+            heads: HeadConfig = BENCH_HEADS) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """The workload's tensors at their real shapes with ``heads``, except the caches (two
+    pages: only their strides reach the compiler; ``kv_dtype``: an FP8 cache), and its host
+    lengths."""
     w = WORKLOADS[name]
-    h = BENCH_HEADS
+    h = heads
     T, B = sum(w.q_lens), len(w.q_lens)
     pages = -(-max(w.kv_lens) // BENCH_PAGE_SIZE)
     q = torch.zeros(T, h.num_q_heads, h.head_dim, dtype=dtype)
@@ -266,8 +272,9 @@ def _inputs(name: str, dtype: torch.dtype,
 
 def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
           ptx_hash: bool = False, copies: bool = False,
-          sass_order: bool = False, kv_dtype: torch.dtype | None = None) -> list[dict[str, Any]]:
-    inputs, lens = _inputs(name, dtype, kv_dtype)
+          sass_order: bool = False, kv_dtype: torch.dtype | None = None,
+          heads: HeadConfig = BENCH_HEADS, ptx_dir: str | None = None) -> list[dict[str, Any]]:
+    inputs, lens = _inputs(name, dtype, kv_dtype, heads)
     scales = {} if kv_dtype is None else {"k_scale": 1.0, "v_scale": 1.0}
     # Plan as on an H100 from CPU tensors (the checks think the interpreter is on), then
     # launch with IS_INTERPRET=False: the recorders compile instead of running.
@@ -312,6 +319,10 @@ def stats(name: str, dtype: torch.dtype, plan: str, tuning: kernels.Tuning,
             setattr(m, k, v)
     rows = []
     for kname, k in compiled:
+        if ptx_dir is not None:  # the PTX as compiled, to read a reduction's order off it
+            os.makedirs(ptx_dir, exist_ok=True)
+            with open(os.path.join(ptx_dir, f"{name}.{kname.strip('_')}.ptx"), "w") as fh:
+                fh.write(k.asm["ptx"])
         rows.append(dict(workload=name, plan=lp.plan, block_m=lp.block_m, block_n=lp.block_n,
                          num_warps=lp.num_warps, num_stages=lp.num_stages,
                          value_blocks=lp.value_blocks,
@@ -357,6 +368,12 @@ def main() -> None:
     p.add_argument("--kv-dtype", choices=("fp8_e4m3",),
                    help="an FP8 (e4m3) cache with unit scales (the kernels' FP8 path)")
     p.add_argument("--plan", default="auto", choices=kernels.PLANS)
+    p.add_argument("--heads", default=None, metavar="HQ:HKV:D",
+                   help="query heads, KV heads and head dim (default: the bench's "
+                        f"{BENCH_HEADS.num_q_heads}:{BENCH_HEADS.num_kv_heads}:"
+                        f"{BENCH_HEADS.head_dim})")
+    p.add_argument("--ptx-dir", metavar="DIR",
+                   help="also write each kernel's PTX to DIR/<workload>.<kernel>.ptx")
     for f in ("block-m", "num-warps", "num-stages", "value-blocks", "tiles-per-step", "block-n"):
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--no-dependent-merge", action="store_true",
@@ -419,10 +436,16 @@ def main() -> None:
     if a.kv_dtype and a.dtype == "float32":
         p.error(f"--kv-dtype {a.kv_dtype}: expected --dtype float16 or bfloat16 (an FP8 cache "
                 f"takes half-precision queries), got float32")
+    heads = BENCH_HEADS
+    if a.heads is not None:
+        try:
+            heads = HeadConfig.parse(a.heads)
+        except ValueError as exc:
+            p.error(f"--heads: {exc}")
     for name in a.workload or list(WORKLOADS):
         try:
             rows = stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash,
-                         a.copy_waits, a.sass_order, kv_dtype)
+                         a.copy_waits, a.sass_order, kv_dtype, heads, a.ptx_dir)
         except ValueError as exc:  # the planner refused these settings for this workload
             p.error(f"{name}: {str(exc).splitlines()[0]}")
         for r in rows:

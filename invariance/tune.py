@@ -9,7 +9,8 @@ For each shape bucket (:func:`kernels.tuned.bucket`) of the given workloads:
 1. **Reference.** Every workload of the bucket runs with the rules (``Tuning()``, ``plan="auto"``):
    its output and LSE are the bits every candidate must reproduce, its time the one to beat.
 2. **Search.** A coordinate search over :data:`kernels.tuned.TUNABLE`: both plans first, each
-   also on either kernel family (the Triton kernels, the Gluon tile), then, from each of those
+   also on each kernel family (the Triton kernels, the Gluon tile and, in the split plan, the
+   keys-as-rows tile), then, from each of those
    within 1.5x of the fastest, one setting at a time, each value tried with the best settings
    so far. A candidate the
    planner refuses for one of the workloads (``ValueError``) is skipped; one whose launch plans
@@ -163,6 +164,8 @@ class TuneResult:
     #: buckets this run did not search.
     kept: dict[str, Any] = field(default_factory=dict)
     kept_rules: list[str] = field(default_factory=list)
+    #: The earlier table's commands, which the written table keeps before this run's.
+    kept_command: str = ""
 
     def table(self) -> dict[str, Any]:
         """The table file's content (:func:`kernels.tuned.load_table` reads it)."""
@@ -177,7 +180,8 @@ class TuneResult:
         rules = (set(self.kept_rules) | {b.bucket for b in proven if b.entry is None})
         contract = {} if self.block_n is None else {"block_n": self.block_n}
         return {"schema": SCHEMA, "device": self.device, "triton": self.triton, **contract,
-                "command": self.command, "entries": dict(sorted(entries.items())),
+                "command": " ; ".join(c for c in (self.kept_command, self.command) if c),
+                "entries": dict(sorted(entries.items())),
                 "rules": sorted(rules - set(entries))}
 
     def table_json(self) -> str:
@@ -335,15 +339,19 @@ class _Search:
         return t.status == "control-rejected"
 
     def run(self, space: dict[str, tuple[Any, ...]]) -> BucketResult:
-        """Both plans, each also on either kernel family (``gluon``: the Gluon tile takes few
-        of the Triton kernels' settings, so each family is a base of its own), then the
+        """Both plans, each also on each kernel family (``gluon``, and ``keys_rows`` in the
+        split plan: the Gluon tiles take few of the Triton kernels' settings, so each family is
+        a base of its own), then the
         settings one at a time from each base within 1.5x of the fastest; the fastest overall
         is re-timed against the rules (:meth:`_select`)."""
         bases: list[tuple[str, dict[str, Any], float]] = []
         for plan in space["plan"]:
-            for base in ({}, *({"gluon": v} for v in space.get("gluon", ()))):
+            families: list[dict[str, Any]] = [{}, *({"gluon": v} for v in space.get("gluon", ()))]
+            if plan == "split" and True in space.get("keys_rows", ()):
+                families.append({"keys_rows": True})  # the keys-as-rows tile: a family too
+            for base in families:
                 t = self.trial(plan, base)
-                if t.us is not None:
+                if t.us is not None:  # a duplicate of another base has no time: searched once
                     bases.append((plan, base, t.us))
         if not bases:
             return self.result
@@ -503,6 +511,7 @@ def run_tune(workloads: Sequence[BenchWorkload], *, dtype: torch.dtype = torch.b
                              f"{theirs}")
         result.kept = dict(resume.get("entries") or {})
         result.kept_rules = list(resume.get("rules") or [])
+        result.kept_command = str(resume.get("command") or "")
     # A bucket searched again replaces its kept result only once it finishes (table()).
     done = {k for k in (*result.kept, *result.kept_rules)
             if not any(_under(k, prefix) for prefix in again)}

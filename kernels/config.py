@@ -41,6 +41,7 @@ __all__ = [
     "gluon_tile",
     "gluon_value_blocks",
     "kt_scores_ahead",
+    "kt_tile",
     "kt_value_blocks",
     "kt_walk_lead",
     "kt_walk_splits",
@@ -169,6 +170,19 @@ def gluon_tile(dtype: torch.dtype, head_dim: int, block_n: int, page_size: int,
     (:func:`kernels._gluon.available`, :func:`kernels._gluon.cache_misfit`)."""
     return (sm_major == 9 and dtype in (torch.float16, torch.bfloat16)
             and head_dim in GLUON_HEAD_DIMS and block_n == WIDE_BLOCK_N and page_size >= 16)
+
+
+def kt_tile(dtype: torch.dtype, head_dim: int, block_n: int, page_size: int,
+            sm_major: int | None = None) -> bool:
+    """Whether the keys-as-rows decode tile (``kernels._gluon``) takes a launch by its shapes:
+    half precision on Hopper, the contract's tile at a head dim it is written for (128 keys at
+    head dims 64 and 128, 64 keys at head dim 256: ``kernels._gluon.KT_TILES``), pages of at
+    least 16 tokens (one TMA box per page). The launcher also needs Triton 3.6's Gluon and
+    caches TMA can read."""
+    from kernels import _gluon  # light: imports no Triton
+
+    return (sm_major == 9 and dtype in (torch.float16, torch.bfloat16)
+            and (head_dim, block_n) in _gluon.KT_TILES and page_size >= 16)
 
 
 def _measured_neutral(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:

@@ -164,7 +164,7 @@ def _launch_split(lp: LaunchPlan, inputs: tuple[torch.Tensor, ...], out: torch.T
                         value_blocks=lp.value_blocks, stages=lp.num_stages,
                         scores_ahead=lp.scores_ahead, dependent_merge=lp.dependent_merge,
                         lead_tiles=lp.lead_tiles, walk=lp.walk_lead,
-                        walk_splits=lp.walk_splits)
+                        walk_splits=lp.walk_splits, block_n=lp.block_n)
         if not direct:
             _launch_merge(lp, ws_o, ws_ml, inputs, out, lse, features)
         return

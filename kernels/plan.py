@@ -53,6 +53,7 @@ from kernels.config import (
     gluon_tile,
     gluon_value_blocks,
     kt_scores_ahead,
+    kt_tile,
     kt_value_blocks,
     kt_walk_lead,
     kt_walk_splits,
@@ -81,9 +82,10 @@ _MIN_DOT_COLUMNS = 16
 # Fewest V columns a value block of the 128-key Gluon split kernel has (tests/triton_kernels/
 # test_gluon.py covers 32, 64 and 128).
 _GLUON_MIN_V_COLUMNS = 32
-# V column blocks of this many columns with an FP8 cache changed nearly every element on an H200
-# (the tuner's admission, reports/h200/tune-features; 16 and 64 columns were admitted): refused
-# until the cause is known.
+# V column blocks of this many columns with an FP8 cache compute wrong values on an H200 under
+# Triton 3.6 (the tuner's admission rejected them; against the float64 reference their output is
+# off by up to 0.24 where 16 and 64 columns are within 7e-4: reports/h200/tune-features,
+# ARCHITECTURE.md "Tuning"): refused.
 _FP8_REFUSED_V_COLUMNS = 32
 
 
@@ -119,8 +121,10 @@ class Tuning:
     - ``gluon`` (bool): the Gluon kernels (Hopper, Triton 3.6) instead of the Triton ones, with
       the same bits: by default at head dim 128; at head dim 64 (128-key tiles too) only when
       asked. ``True`` requires them: a ``ValueError`` names every unmet condition.
-    - ``keys_rows`` (bool): the split plan's keys-as-rows decode tile (Gluon, 128 keys; asks
-      for the Gluon kernels at head dim 64).
+    - ``keys_rows`` (bool): the split plan's keys-as-rows decode tile (Gluon, Hopper, Triton
+      3.6; the contract's tile: 128 keys at head dims 64 and 128, asking for the Gluon kernels
+      at 64; 64 keys at head dim 256). By default decode batches take it at head dims 128 and
+      256; ``True`` requires it, ``False`` never.
     - ``scores_ahead`` (bool): that tile issues each next tile's scores before this ``p @ v``.
     - ``walk_lead`` (bool): that tile walks a whole split and folds its lead splits, instead of
       one program per lead split.
@@ -262,6 +266,10 @@ class _Tiles:
     launch: TileConfig  # warps and stages before the per-plan schedule
     wide: bool  # the 128-key contract (half precision, head dim 128, Hopper)
     wide_gluon: bool  # ... on the Gluon tile
+    # The keys-as-rows tile at a contract the 128-key Gluon kernels do not take (64 keys at head
+    # dim 256): able to run (unless keys_rows=False); else why not (None: not asked).
+    kt_narrow: bool = False
+    kt_narrow_misfit: str | None = None
 
 
 def _contract_block_n(f: _Facts, tuning: Tuning) -> tuple[int, TileConfig]:
@@ -292,13 +300,17 @@ def _tiles(f: _Facts, cfg: TileConfig, tuning: Tuning, q: torch.Tensor,
         launch = cfg
     else:
         launch = replace(tile_config(f.dtype, f.D, f.sm_major, wide), block_n=block_n)
+    kt_narrow, kt_narrow_misfit = False, None
+    if tuning.keys_rows is not False and not wide_gluon and block_n != WIDE_BLOCK_N:
+        kt_narrow_misfit = _kt_narrow_misfit(f, block_n, tuning, q, k_cache, v_cache)
+        kt_narrow = kt_narrow_misfit is None
     block_m, block_q = rows_per_block(tuning.block_m or launch.block_m, f.G)
     if (f.fp8 and tuning.value_blocks is not None
             and f.D // tuning.value_blocks == _FP8_REFUSED_V_COLUMNS):
         raise ValueError(
             f"tuning: expected value_blocks other than {f.D // _FP8_REFUSED_V_COLUMNS} with an "
             f"FP8 cache at head_dim {f.D} ({_FP8_REFUSED_V_COLUMNS}-column V blocks with an FP8 "
-            f"cache changed the output's bits on an H200: reports/h200/tune-features), got "
+            f"cache compute wrong values on an H200: reports/h200/tune-features), got "
             f"value_blocks={tuning.value_blocks}")
     if tuning.value_blocks is not None and f.D // tuning.value_blocks < _MIN_DOT_COLUMNS:
         raise ValueError(
@@ -306,7 +318,7 @@ def _tiles(f: _Facts, cfg: TileConfig, tuning: Tuning, q: torch.Tensor,
             f"{f.D // _MIN_DOT_COLUMNS} (each block keeps at least {_MIN_DOT_COLUMNS} V "
             f"columns), got value_blocks={tuning.value_blocks} at head_dim {f.D}")
     return _Tiles(block_n=block_n, block_m=block_m, block_q=block_q, launch=launch, wide=wide,
-                  wide_gluon=wide_gluon)
+                  wide_gluon=wide_gluon, kt_narrow=kt_narrow, kt_narrow_misfit=kt_narrow_misfit)
 
 
 def _host_stats(cu: torch.Tensor, kv: torch.Tensor, block_q: int, block_n: int) -> HostStats:
@@ -414,7 +426,13 @@ def _splits(f: _Facts, t: _Tiles, split_size: int | None, lead_split_size: int |
 def _choose_plan(f: _Facts, t: _Tiles, s: _Splits, stats: HostStats | None,
                  keys_rows_possible: bool) -> str:
     """``plan="auto"``: :func:`~kernels.config.choose_plan` (bit-neutral: the plans give
-    identical bits)."""
+    identical bits). Where the split plan would run the keys-as-rows tile at a contract the
+    Gluon fused kernel does not serve (head dim 256), the split plan: the fused plan's Triton
+    tile pads one token's group to 64 rows, and the split plan was faster on every decode
+    bucket measured there (reports/h200/tune/tune-d256.md: 64 decodes of 8k, 1830 us fused
+    against 1002 us split)."""
+    if t.kt_narrow and keys_rows_possible:
+        return "split"
     return choose_plan(
         s.num_q_blocks * f.Hkv, f.num_sms, s.max_kv, s.split_tokens,
         longest_tiles=stats.longest_tiles if stats is not None else None,
@@ -474,10 +492,10 @@ def _split_schedule(f: _Facts, t: _Tiles, s: _Splits, stats: HostStats | None, t
         sch.value_blocks = tuning.value_blocks or 1
         sch.tiles_per_step = tuning.tiles_per_step or 1
     else:
-        # With an FP8 cache the tuner rejected 4 V blocks at head dim 128 on an H200 (nearly
-        # every element differed: reports/h200/tune-features): V blocks are not shown
-        # bit-neutral there, so the rules keep one (a Tuning may ask for other than 32-column
-        # blocks, which _tiles refuses).
+        # With an FP8 cache 4 V blocks at head dim 128 (32 columns) compute wrong values on an
+        # H200 (reports/h200/tune-features): V blocks are not shown bit-neutral there, so the
+        # rules keep one (a Tuning may ask for other than 32-column blocks, which _tiles
+        # refuses).
         sch.value_blocks = tuning.value_blocks or (1 if f.fp8 else value_blocks(
             f.dtype, f.D, grid, f.num_sms, f.sm_major))
         sch.tiles_per_step = tuning.tiles_per_step or tiles_per_step(
@@ -520,11 +538,12 @@ def _gluon_schedule(f: _Facts, t: _Tiles, tuning: Tuning, sch: _Schedule, auto: 
             f"{f.page_size}, compute capability major {f.sm_major}"
             f"{'' if f.plain else ', with a feature'}")
         sch.gluon = _gluon_ready(q, k_cache, v_cache, shape_misfit, required=bool(tuning.gluon))
-    elif tuning.gluon:
+    elif tuning.gluon and not (t.kt_narrow and sch.plan == "split"):
         chosen = " (plan='auto' chose it for this batch; pass plan='fused')" if auto else ""
         raise ValueError(
             f"tuning: gluon=True needs the 128-key contract for the split plan (Hopper, "
-            f"fp16/bf16, head_dim 64 or 128, Triton 3.6) or the fused plan, got plan {sch.plan!r}"
+            f"fp16/bf16, head_dim 64 or 128, Triton 3.6; at head_dim 256 the keys-as-rows "
+            f"tile) or the fused plan, got plan {sch.plan!r}"
             f"{chosen} at block_n {t.block_n}, {f.dtype}, head_dim {f.D}, compute capability "
             f"major {f.sm_major}")
     sch.num_stages = tuning.num_stages or sch.num_stages
@@ -541,7 +560,8 @@ def _keys_rows_schedule(f: _Facts, s: _Splits, tuning: Tuning, sch: _Schedule,
     if tuning.keys_rows is not False and misfit is None:
         from kernels import _gluon  # light: imports no Triton
 
-        sch.keys_rows = True
+        sch.keys_rows = sch.gluon = True  # a Gluon kernel
+        sch.tiles_per_step = 1  # one tile per step (the Triton rules' value is not its)
         sch.block_m = _gluon.kt_rows(f.G)
         sch.block_q = sch.block_m // f.G
         sch.walk_lead = s.split_tokens // s.lead_tokens > 1 and (
@@ -556,7 +576,8 @@ def _keys_rows_schedule(f: _Facts, s: _Splits, tuning: Tuning, sch: _Schedule,
         sch.value_blocks = tuning.value_blocks or kt_value_blocks(programs, f.num_sms, f.D)
         sch.scores_ahead = (sch.value_blocks == 2 and kt_scores_ahead(programs, f.num_sms)
                             if tuning.scores_ahead is None else tuning.scores_ahead)
-        sch.num_warps, sch.num_stages = 4, _gluon.kt_ring_slots(sch.value_blocks, sch.block_m)
+        sch.num_warps, sch.num_stages = 4, _gluon.kt_ring_slots(sch.value_blocks, sch.block_m,
+                                                                f.D)
         kt_misfit = _gluon.kt_schedule_misfit(sch.block_m, f.D, sch.value_blocks,
                                               sch.num_stages, sch.scores_ahead)
         if kt_misfit is not None:  # reachable: scores_ahead=True on one V block at 32 rows
@@ -583,8 +604,11 @@ def _schedule(f: _Facts, t: _Tiles, s: _Splits, stats: HostStats | None, tuning:
         _split_schedule(f, t, s, stats, tuning, sch)
     _loop_schedule(f, t, tuning, sch)
     _gluon_schedule(f, t, tuning, sch, auto, inputs)
-    misfit = kt_misfit if plan == "split" else _keys_rows_misfit(plan, sch.gluon, f, tuning)
+    misfit = kt_misfit if plan == "split" else _keys_rows_misfit(plan, sch.gluon, f, tuning, t)
     _keys_rows_schedule(f, s, tuning, sch, misfit, auto)
+    if tuning.gluon and not sch.gluon:  # head dim 256: only the keys-as-rows tile is Gluon
+        raise ValueError(f"tuning: gluon=True needs the keys-as-rows tile at {t.block_n}-key "
+                         f"tiles, which this call does not take: {misfit}")
     sch.slot_order = plan == "fused" and (
         slot_order(s.num_q_blocks * f.Hkv, f.num_sms, f.T, f.G, f.B)
         if tuning.slot_order is None else tuning.slot_order)
@@ -705,7 +729,7 @@ def _plan_steps(f: _Facts, cfg: TileConfig, tuning: Tuning, plan: str,
     s = _splits(f, t, split_size, lead_split_size, stats, trusted)
     # Why the split plan could not run the keys-as-rows tile (None: it could), asked once.
     kt_misfit = (None if tuning.keys_rows is False
-                 else _keys_rows_misfit("split", t.wide_gluon, f, tuning))
+                 else _keys_rows_misfit("split", t.wide_gluon or t.kt_narrow, f, tuning, t))
     auto = plan == "auto"
     if auto:
         plan = _choose_plan(f, t, s, stats,
@@ -729,26 +753,31 @@ def _plan_steps(f: _Facts, cfg: TileConfig, tuning: Tuning, plan: str,
 # Which kernels can run a call
 # ------------------------------------------------------------------------------------------------
 
-def _keys_rows_misfit(plan: str, use_gluon: bool, f: _Facts, tuning: Tuning) -> str | None:
+def _keys_rows_misfit(plan: str, use_gluon: bool, f: _Facts, tuning: Tuning,
+                      t: _Tiles) -> str | None:
     """Why the keys-as-rows decode tile cannot serve this call (None: it can). It needs the
-    split plan on the 128-key Gluon kernels, a GQA group of at most 32 heads, and none of the
+    split plan on the 128-key Gluon kernels (or the 64-key tile at head dim 256:
+    :func:`_kt_narrow_misfit`), a GQA group of at most 32 heads, and none of the
     launch overrides it does not take (``block_m``, ``num_warps``, ``value_blocks`` other than
-    1 or 2, ``tiles_per_step`` other than 1). With ``tuning.keys_rows`` True any such batch
+    1, 2 or 4, ``tiles_per_step`` other than 1). With ``tuning.keys_rows`` True any such batch
     qualifies (prompts too: correct, not fast); by default only batches of at most
     ``kt_rows(G) // G`` query tokens per request on average (decode), GQA groups of at most 16
     and no launch override."""
     if plan != "split" or not use_gluon:
-        return (f"the split plan on the 128-key Gluon kernels, got plan {plan!r}, gluon "
-                f"{use_gluon} (LaunchPlan.gluon; Tuning(gluon=True) names why it is off)")
+        narrow = ("" if t.kt_narrow_misfit is None else
+                  f"; at {t.block_n}-key tiles it needs {t.kt_narrow_misfit}")
+        return (f"the split plan on the 128-key Gluon kernels or, at head dim 256, its 64-key "
+                f"tile, got plan {plan!r}, gluon {use_gluon} (LaunchPlan.gluon; Tuning(gluon="
+                f"True) names why it is off){narrow}")
     if f.G > 32:
         return f"a GQA group of at most 32 query heads, got {f.G}"
     given = [f"{name}={getattr(tuning, name)}" for name, free in (
         ("block_m", None), ("num_warps", None), ("tiles_per_step", 1))
         if getattr(tuning, name) not in (None, free)]
-    if tuning.value_blocks not in (None, 1, 2):
+    if tuning.value_blocks not in (None, 1, 2, 4):
         given.append(f"value_blocks={tuning.value_blocks}")
     if given:
-        return (f"no block_m, num_warps or tiles_per_step override and value_blocks 1 or 2, "
+        return (f"no block_m, num_warps or tiles_per_step override and value_blocks 1, 2 or 4, "
                 f"got {given}")
     if tuning.keys_rows:
         return None
@@ -760,6 +789,28 @@ def _keys_rows_misfit(plan: str, use_gluon: bool, f: _Facts, tuning: Tuning) -> 
         return (f"(for the default) a GQA group of at most 16, at most {per_request} query "
                 f"tokens per request and no launch override")
     return None
+
+
+def _kt_narrow_misfit(f: _Facts, block_n: int, tuning: Tuning, q: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
+    """Why the keys-as-rows tile cannot run a call at a contract the 128-key Gluon kernels do
+    not take (None: it can): no feature, the Gluon kernels not refused (``gluon=False``),
+    :func:`~kernels.config.kt_tile`'s shapes (64-key tiles at head dim 256), caches TMA can
+    read and Triton 3.6's Gluon."""
+    from kernels import _gluon  # light: imports no Triton
+
+    if not f.plain:
+        return "a call without window, sinks, soft-cap or FP8 cache, got one with a feature"
+    if tuning.gluon is False:
+        return "the Gluon kernels, got gluon=False"
+    if not kt_tile(f.dtype, f.D, block_n, f.page_size, f.sm_major):
+        return (f"the keys-as-rows tile's shapes (fp16/bf16, (head_dim, block_n) in "
+                f"{_gluon.KT_TILES}, page_size >= 16, compute capability 9), got {f.dtype}, "
+                f"({f.D}, {block_n}), page_size {f.page_size}, compute capability major "
+                f"{f.sm_major}")
+    reasons = [r for r in (_gluon.cache_misfit(k_cache, v_cache), _gluon.unavailable_reason())
+               if r is not None]
+    return "; ".join(reasons) if reasons else None
 
 
 def _gluon_installed(dtype: torch.dtype, head_dim: int, sm_major: int | None) -> bool:

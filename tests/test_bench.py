@@ -78,10 +78,14 @@ def test_kernels_options_from_the_cli_string() -> None:
     assert resolve("kernels:lead_split_size=default").fn == KernelsBackend()
     assert resolve("kernels:host_lens=false").fn == KernelsBackend(use_host_lens=False)
     assert resolve("kernels:tuned=false").fn == KernelsBackend(use_table=False)
+    assert resolve("kernels:plan=split,keys_rows=true").fn == KernelsBackend(
+        kernel_plan="split", keys_rows=True)
+    assert resolve("kernels:keys_rows=auto").fn == KernelsBackend()
     assert all(BUILTIN[n].options for n in BUILTIN if n.startswith("kernels"))
     for bad, match in [
             ("kernels:nope=1", "kernels option 'nope': unknown; expected one of split_size, "
-                               "lead_split_size, plan, gluon, host_lens, tuned, block_m, "
+                               "lead_split_size, plan, gluon, keys_rows, host_lens, tuned, "
+                               "block_m, "
                                "num_warps, "
                                "num_stages, block_n, got 'nope'"),
             ("kernels:host_lens=maybe", "host_lens: expected one of true, false, got 'maybe'"),
@@ -99,7 +103,8 @@ def test_kernels_options_from_the_cli_string() -> None:
             ("kernels:block_n=48", "block_n: expected a power of two >= 16, got '48'"),
             ("kernels-fused:oops", "key=value"),
             ("kernels:plan=fused,plan=split", "given twice"),
-            ("kernels:gluon=yes", "gluon: expected one of auto, true, false, got 'yes'")]:
+            ("kernels:gluon=yes", "gluon: expected one of auto, true, false, got 'yes'"),
+            ("kernels:keys_rows=1", "keys_rows: expected one of auto, true, false, got '1'")]:
         with pytest.raises(ValueError, match=match):
             resolve(bad)
 

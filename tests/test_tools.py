@@ -65,6 +65,32 @@ def test_kernel_stats_compiles_for_sm90_without_a_gpu() -> None:
     assert waits[0].count("for[") == waits[0].count("]"), waits[0]
 
 
+def test_kernel_stats_takes_heads_and_writes_ptx(tmp_path: Path) -> None:
+    """benchmarks/kernel_stats.py --heads HQ:HKV:D compiles at those heads (head dim 256: the
+    64-key Triton tile, --no-keys-rows where Triton 3.6's Gluon would take decode), --ptx-dir
+    writes each kernel's PTX (the row sum's order is read off it); a
+    malformed --heads is a usage error naming it, before anything compiles."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    script = str(ROOT / "benchmarks" / "kernel_stats.py")
+    proc = subprocess.run([sys.executable, script, "--workload", "decode-b1-ctx1k", "--heads",
+                           "16:8:256", "--plan", "split", "--no-keys-rows", "--ptx-dir",
+                           str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = [line for line in proc.stdout.splitlines() if "unified_attention_split_kernel" in line]
+    assert len(row) == 1 and "| split | 64/64/" in row[0], proc.stdout
+    ptx = (tmp_path / "decode-b1-ctx1k.unified_attention_split_kernel.ptx").read_text()
+    assert "wgmma.mma_async" in ptx and "shfl.sync.bfly" in ptx
+    assert (tmp_path / "decode-b1-ctx1k.merge_splits_kernel.ptx").exists()
+    proc = subprocess.run([sys.executable, script, "--workload", "decode-b1-ctx1k", "--heads",
+                           "16:8"], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+    assert proc.returncode == 2 and "--heads: " in proc.stderr and "'16:8'" in proc.stderr, (
+        proc.stderr[-1000:])
+
+
 def test_kernel_stats_gluon_switch_names_a_bad_switch() -> None:
     """benchmarks/kernel_stats.py --gluon-switch: a name kernels._gluon lacks, one that is not a
     bool or int switch, a missing value or a value of the wrong type is a usage error naming

@@ -7,6 +7,8 @@ On a CPU tensor the kernels run under the Triton interpreter, which must be swit
 From the CLI the four built-ins take options (:meth:`KernelsBackend.with_options`), e.g.
 ``--backend kernels:split_size=2048``, ``--backend kernels-fused:block_m=128,num_warps=8`` or
 ``--backend kernels:gluon=false`` (the Triton kernels where the Gluon kernels would run) or
+``--backend kernels:plan=split,keys_rows=true`` (the keys-as-rows decode tile wherever it can
+run, prompts too, where the rules take it for decode batches only) or
 ``--backend kernels:block_n=64`` (the 64-key contract where Hopper's default is 128 keys) or
 ``--backend kernels:lead_split_size=1024`` (one split size: the contract before lead splits).
 
@@ -56,8 +58,8 @@ _TUNING_RULES: dict[str, tuple[Callable[[int], bool], str]] = {
     "num_stages": (lambda v: 1 <= v <= 8, "an int in [1, 8]"),
     "block_n": (lambda v: v >= 16 and v & (v - 1) == 0, "a power of two >= 16"),
 }
-_OPTION_KEYS = ("split_size", "lead_split_size", "plan", "gluon", "host_lens", "tuned",
-                *_TUNING_RULES)
+_OPTION_KEYS = ("split_size", "lead_split_size", "plan", "gluon", "keys_rows", "host_lens",
+                "tuned", *_TUNING_RULES)
 _GLUON_VALUES = {"auto": None, "true": True, "false": False}
 _BOOL_VALUES = {"true": True, "false": False}
 
@@ -80,7 +82,8 @@ class KernelsBackend:
     They are for experiments that measure whether they change bits; a callable ``block_m`` picks
     it per batch, as a non-invariant library would. ``gluon`` (``kernels.Tuning.gluon``):
     ``None`` runs the Gluon kernels wherever they are allowed, ``False`` never, ``True``
-    requires them.
+    requires them; ``keys_rows`` (``kernels.Tuning.keys_rows``) likewise for the split plan's
+    keys-as-rows decode tile.
 
     :meth:`plan` (the planning protocol of :mod:`invariance.backends`) takes the batch's lengths
     on the host before a CUDA-graph capture, so that the captured call picks its plan from them
@@ -97,6 +100,7 @@ class KernelsBackend:
     num_stages: int | None = None
     block_n: int | None = None
     gluon: bool | None = None
+    keys_rows: bool | None = None
     #: Whether :meth:`plan`'s host lengths steer the captured call (``host_lens=false``: the
     #: plan from shapes alone, as an engine that does not pass them gets).
     use_host_lens: bool = True
@@ -152,7 +156,7 @@ class KernelsBackend:
         fields: dict[str, Any] = dict(
             block_m=self.block_m(batch) if callable(self.block_m) else self.block_m,
             num_warps=self.num_warps, num_stages=self.num_stages, block_n=self.block_n,
-            gluon=self.gluon)
+            gluon=self.gluon, keys_rows=self.keys_rows)
         # No override and the table allowed: None, so that the measured table in force
         # (kernels.tuned) may pick the launch; an explicit Tuning() means the shape rules.
         tuning = (None if self.use_table and all(v is None for v in fields.values())
@@ -177,7 +181,9 @@ class KernelsBackend:
         contracts; the split size must be a multiple of it), ``gluon`` (``auto``, ``true`` or
         ``false``: ``kernels.Tuning.gluon``; at 64 keys ``true`` raises on a batch whose plan is
         the split plan, which ``plan=auto`` picks for decode batches: use
-        ``kernels-fused:gluon=true`` there), ``host_lens`` (``true`` / ``false``: whether the
+        ``kernels-fused:gluon=true`` there), ``keys_rows`` (``auto``, ``true`` or ``false``:
+        ``kernels.Tuning.keys_rows``, the split plan's keys-as-rows decode tile; ``true`` with
+        ``plan=split``), ``host_lens`` (``true`` / ``false``: whether the
         lengths :meth:`plan` reads steer a captured call), ``tuned`` (``true`` / ``false``:
         whether the measured launch table in force, ``kernels.tuned``, may pick the bit-neutral
         settings; ``false``: the shape rules). ``ValueError`` naming the key, what it expects
@@ -199,11 +205,11 @@ class KernelsBackend:
                     raise ValueError(f"kernels option plan: expected one of "
                                      f"{', '.join(_PLANS)}, got {text!r}")
                 values["kernel_plan"] = value
-            elif key == "gluon":
+            elif key in ("gluon", "keys_rows"):
                 if value.lower() not in _GLUON_VALUES:
-                    raise ValueError(f"kernels option gluon: expected one of "
+                    raise ValueError(f"kernels option {key}: expected one of "
                                      f"{', '.join(_GLUON_VALUES)}, got {text!r}")
-                values["gluon"] = _GLUON_VALUES[value.lower()]
+                values[key] = _GLUON_VALUES[value.lower()]
             elif key in ("host_lens", "tuned"):
                 if value.lower() not in _BOOL_VALUES:
                     raise ValueError(f"kernels option {key}: expected one of "

@@ -157,11 +157,15 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         VALUE_BLOCKS=value_blocks, IS_PDL=dependent_merge and not direct, num_warps=4)
 
 
-#: K/V slots of the keys-as-rows decode tile's ring (64 KB each, 128-key tiles).
+#: K/V slots of the keys-as-rows decode tile's ring (64 KB each: 128-key tiles at head dim 128,
+#: 64-key tiles at head dim 256).
 RING_SLOTS_KT = 3
-#: K/V slots of that ring when its V slots hold half the columns (48 KB each), for blocks of
-#: at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
+#: K/V slots of that ring when its V slots hold half the columns or fewer (48 KB each at most),
+#: for blocks of at most 16 rows (at 32 rows q, p and the row sum's scratch leave room for 3).
 RING_SLOTS_KT_BLOCKED = 4
+#: The keys-as-rows tile's (head dim, KV tile width) pairs: the contract's tile at each head dim
+#: it serves (kernels.config.CONTRACT / WIDE_CONTRACT for half precision on Hopper).
+KT_TILES = ((64, 128), (128, 128), (256, 64))
 
 
 def kt_rows(group: int) -> int:
@@ -174,23 +178,32 @@ def kt_rows(group: int) -> int:
     return rows_per_block(8, group)[0]
 
 
-def kt_ring_slots(value_blocks: int = 1, rows: int = 8) -> int:
-    """K/V slots of the keys-as-rows tile's ring with ``value_blocks`` V column blocks and
-    blocks of ``rows`` rows."""
-    return RING_SLOTS_KT_BLOCKED if value_blocks == 2 and rows <= 16 else RING_SLOTS_KT
+def kt_ring_slots(value_blocks: int = 1, rows: int = 8, head_dim: int = 128) -> int:
+    """K/V slots of the keys-as-rows tile's ring with ``value_blocks`` V column blocks, blocks
+    of ``rows`` rows and ``head_dim``: 4 with V blocks at up to 16 rows, else 3; 2 at head dim
+    256 with 32 rows on one V block (the state's 256 x 32 float32 store scratch: 3 slots need
+    250 KB, over Hopper's 227; ``benchmarks/kernel_stats.py`` prints each build's)."""
+    if head_dim > 128 and rows > 16 and value_blocks == 1:
+        return 2
+    return RING_SLOTS_KT_BLOCKED if value_blocks >= 2 and rows <= 16 else RING_SLOTS_KT
 
 
 def kt_schedule_misfit(rows: int, head_dim: int, value_blocks: int, stages: int,
                        scores_ahead: bool) -> str | None:
-    """Why the keys-as-rows tile cannot run these scheduling settings (None: it can): V column
-    blocks of at least 64 columns (the ``p @ v`` MMA's M), at least 2 ring slots, and with the
-    scores ahead 2 V blocks at 32 rows (one block's 3 slots of 64 KB and the second p buffer
-    overflow Hopper's shared memory)."""
-    if value_blocks not in (1, 2) or head_dim // value_blocks < 64:
-        return (f"value_blocks 1 or 2 with at least 64 V columns each (the p @ v MMA's M), "
+    """Why the keys-as-rows tile cannot run these scheduling settings (None: it can): 1, 2 or
+    4 V column blocks of at least 64 columns each (the ``p @ v`` MMA's M), at least 2 ring
+    slots (at head dim 256 no more than :func:`kt_ring_slots` gives: its slots and store
+    scratch fill the shared memory), and with the scores ahead 2 V blocks at 32 rows (one
+    block's ring and the second p buffer overflow Hopper's shared memory)."""
+    if value_blocks not in (1, 2, 4) or head_dim // value_blocks < 64:
+        return (f"value_blocks 1, 2 or 4 with at least 64 V columns each (the p @ v MMA's M), "
                 f"got {value_blocks} at head dim {head_dim}")
     if stages < 2:
         return f"at least 2 ring slots, got {stages}"
+    if stages > kt_ring_slots(value_blocks, rows, head_dim) and head_dim > 128:
+        return (f"at most {kt_ring_slots(value_blocks, rows, head_dim)} ring slots at head dim "
+                f"{head_dim} with {rows} rows and {value_blocks} V block(s) (shared memory), "
+                f"got {stages}")
     if scores_ahead and value_blocks == 1 and rows > 16:
         if head_dim // 2 < 64:
             return (f"scores_ahead=False at {rows} rows and head dim {head_dim} (its shared "
@@ -208,13 +221,14 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     split_tiles: int, block_q: int, direct: bool, value_blocks: int = 1,
                     stages: int | None = None, scores_ahead: bool = False,
                     dependent_merge: bool = False, lead_tiles: int | None = None,
-                    walk: bool = False, walk_splits: int = 1) -> None:
-    """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``, 128-key
-    tiles): blocks of ``block_q`` tokens (``kt_rows(G) // G``), grid
-    ``(num_slots, Hkv * value_blocks, num_splits)`` with ``num_slots = T // block_q + B``;
-    ``value_blocks`` 1 or 2 (V column blocks), ``stages`` the ring's slots (default
-    :func:`kt_ring_slots`), ``scores_ahead`` the issue order (the next tile's scores before this
-    tile's ``p @ v``): scheduling only, no bit. Same shapes and stores as :func:`launch_split`.
+                    walk: bool = False, walk_splits: int = 1, block_n: int = 128) -> None:
+    """:func:`launch_split` on the keys-as-rows decode tile (``_split_kt_kernel``; ``block_n``
+    the contract's tile, one of :data:`KT_TILES` with the head dim): blocks of ``block_q``
+    tokens (``kt_rows(G) // G``), grid ``(num_slots, Hkv * value_blocks, num_splits)`` with
+    ``num_slots = T // block_q + B``; ``value_blocks`` 1, 2 or 4 (V column blocks of 64
+    columns at least), ``stages`` the ring's slots (default :func:`kt_ring_slots`),
+    ``scores_ahead`` the issue order (the next tile's scores before this tile's ``p @ v``):
+    scheduling only, no bit. Same shapes and stores as :func:`launch_split`.
     ``walk``: program ``i`` walks splits ``[i * walk_splits, (i + 1) * walk_splits)`` of
     ``split_tiles``, folds the lead splits in the first and stores each
     (``_split_kt_kernel``'s ``WALK``): ``num_splits`` and ``direct`` count splits of
@@ -222,24 +236,27 @@ def launch_split_kt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     The settings are checked before the kernel module is imported."""
     T, Hq, D = q.shape
     num_pages, page_size, Hkv, _ = k_cache.shape
+    if (D, block_n) not in KT_TILES:
+        raise ValueError(f"launch_split_kt: expected (head dim, block_n) in {KT_TILES}, got "
+                         f"({D}, {block_n})")
     G = Hq // Hkv
     rows = kt_rows(G)
     if block_q != rows // G:
         raise ValueError(f"launch_split_kt: expected block_q {rows // G} (kt_rows({G}) // {G}), "
                          f"got {block_q}")
-    slots = kt_ring_slots(value_blocks, rows) if stages is None else stages
+    slots = kt_ring_slots(value_blocks, rows, D) if stages is None else stages
     misfit = kt_schedule_misfit(rows, D, value_blocks, slots, scores_ahead)
     if misfit is not None:
         raise ValueError(f"launch_split_kt: expected {misfit}")
     from kernels._gluon import attention_kernels as ak
 
-    descs, box = _descriptors(q, k_cache, v_cache, 128, value_blocks)
+    descs, box = _descriptors(q, k_cache, v_cache, block_n, value_blocks)
     grid_splits = -(-num_splits // walk_splits) if walk else num_splits
     ak._split_kt_kernel[(num_slots, Hkv * value_blocks, grid_splits)](
         q, *descs, cu_seqlens_q, kv_lens, block_table, ws_o, ws_ml, out, lse, qk_scale,
         split_tiles, lead_tiles or split_tiles, block_table.shape[0], T, Hq, num_pages,
         block_table.shape[1] * page_size, num_splits, walk_splits, q.stride(0), q.stride(1),
         block_table.stride(0), G=G, HEAD_DIM=D, PAGE_SIZE=page_size, ROWS=rows, BLOCK_Q=block_q,
-        BLOCK_N=128, BOX=box, STAGES=slots, IS_DIRECT=direct,
+        BLOCK_N=block_n, BOX=box, STAGES=slots, IS_DIRECT=direct,
         VALUE_BLOCKS=value_blocks, AHEAD=scores_ahead, IS_PDL=dependent_merge and not direct,
         WALK=walk, num_warps=4)

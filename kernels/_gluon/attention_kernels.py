@@ -12,9 +12,10 @@ each plus one loader warp, in two kernels (a third, for decode, below the list):
   (slot, KV head x V column block, split), as ``_unified_attention_split_kernel``: the split's
   raw state for the package's merge, or with one split per row the result itself
   (``IS_DIRECT``);
-- ``_split_kt_kernel`` (128-key tiles): ``_split_kernel`` for decode blocks of 8-32
-  rows on one consumer warpgroup, with the KV tile on the MMA's M dimension and the row sum in
-  the 128-row tile's order (``_row_sum_t``; kernels/README.md, "The keys-as-rows decode tile").
+- ``_split_kt_kernel`` (128-key tiles at head dims 64 and 128, 64-key tiles at head dim 256):
+  the split plan's first phase for decode blocks of 8-32 rows on one consumer warpgroup, with
+  the KV tile on the MMA's M dimension and the row sum in the Triton tile's order
+  (``_row_sum_t``; kernels/README.md, "The keys-as-rows decode tile").
 
 In both (and, with its one warpgroup, in the third):
 
@@ -106,7 +107,7 @@ SMEM_L: gl.constexpr = gl.constexpr(gl.NVMMASharedLayout(
 @gluon.jit
 def _zero_v_tail(v_slot, valid, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Rows ``>= valid`` of a V slot ``[BLOCK_N, HEAD_DIM]`` (``HEAD_DIM``: the slot's columns,
-    32-128) set to +0, 16 rows at a time (only the chunks that hold such rows are rewritten),
+    32-256) set to +0, 16 rows at a time (only the chunks that hold such rows are rewritten),
     then fenced for the tensor cores and a barrier of this warpgroup. In the two-warpgroup
     kernels both do it on the same slot, and one's stores may meet the other's ``p @ v`` reading
     the slot: they store the bytes the slot already holds (its valid rows) or the same zeros, so
@@ -640,28 +641,33 @@ def _split_kernel(
 
 
 # ------------------------------------------------------------------------------------------------
-# The split plan's decode tile with the keys on the MMA's rows (128-key tiles): the same bits as
-# ``_split_kernel`` with 8x less padding on the tensor cores and exponentials when a block has
-# a few rows (kernels/README.md, "The keys-as-rows decode tile").
+# The split plan's decode tile with the keys on the MMA's rows (128-key tiles; 64-key tiles at
+# head dim 256): the same bits as the Triton split kernel (and ``_split_kernel``) with 8x less
+# padding on the tensor cores and exponentials when a block has a few rows (kernels/README.md,
+# "The keys-as-rows decode tile").
 # ------------------------------------------------------------------------------------------------
 
 
 @gluon.jit
 def _row_sum_t(p_t, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, COL_L: gl.constexpr):
-    """``tl.sum(p, 1)`` of ``_tile_sum`` with the bits it has in the 128-row tile, from the
+    """``tl.sum(p, 1)`` of ``_tile_sum`` with the bits it has in the Triton tile, from the
     transposed ``p_t`` ``[BLOCK_N, ROWS]`` (keys down, rows across). There (Triton 3.6, the
-    m64nBLOCK_Nk16 accumulator layout) each of the 4 lanes that share a row adds the row's keys
-    ``c`` with ``c % 8`` in ``{2q, 2q + 1}`` one after the other in ascending order (``q``: the
-    lane in its quad), then two butterfly shuffles, first across lanes 2 apart, then 1 apart,
-    give ``(s0 + s2) + (s1 + s3)`` (read off the PTX). Here the lanes
-    ``4 r + q`` hold row ``r``'s 32 keys of lane ``q`` in that order and the same reduction
-    runs: 32 adds in register order, then the butterflies over ``q``. Needs ``BLOCK_N`` 128
-    (16 groups of 8 keys)."""
-    gl.static_assert(BLOCK_N == 128)
-    SUM_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 32], threads_per_warp=[8, 4, 1],
+    ``wgmma`` accumulator layout of the 64-row tile at 64 keys and of the 128-row tile at 128
+    keys) each of the 4 lanes that share a row adds the row's keys ``c`` with ``c % 8`` in
+    ``{2q, 2q + 1}`` one after the other in ascending order (``q``: the lane in its quad), then
+    two butterfly shuffles, first across lanes 2 apart, then 1 apart, give ``(s0 + s2) + (s1 +
+    s3)`` (read off the PTX at both widths: ``benchmarks/kernel_stats.py --ptx-dir``). Here the
+    lanes ``4 r + q`` hold row ``r``'s ``BLOCK_N / 4`` keys of lane ``q`` in that order and the
+    same reduction runs: the adds in register order, then the butterflies over ``q``. Needs
+    ``BLOCK_N`` 64 or 128 (groups of 8 keys)."""
+    gl.static_assert((BLOCK_N == 64) | (BLOCK_N == 128))
+    PER_LANE: gl.constexpr = BLOCK_N // 4
+    SUM_L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, PER_LANE],
+                                           threads_per_warp=[8, 4, 1],
                                            warps_per_cta=[4, 1, 1], order=[2, 1, 0])
     # key c = 8 i + 2 q + e  ->  [ROWS, q, k = 2 i + e]
-    p3 = gl.reshape(gl.permute(gl.reshape(p_t, [16, 4, 2, ROWS]), (3, 1, 0, 2)), [ROWS, 4, 32])
+    p3 = gl.reshape(gl.permute(gl.reshape(p_t, [BLOCK_N // 8, 4, 2, ROWS]), (3, 1, 0, 2)),
+                    [ROWS, 4, PER_LANE])
     part = gl.sum(gl.convert_layout(p3, SUM_L), 2)  # s_q: one add after another
     return gl.convert_layout(gl.sum(part, 1), COL_L)  # (s0 + s2) + (s1 + s3)
 
@@ -671,7 +677,7 @@ def _kt_weights(s_t, m_i, j, j_mid, pos, qk_scale, ROWS: gl.constexpr, BLOCK_N: 
                 ST_L: gl.constexpr, COL_S: gl.constexpr):
     """Tile ``j``'s weights from its transposed raw scores ``s_t`` ``[BLOCK_N, ROWS]``
     (``_tile_weights``' operations along axis 0; masked by ``key <= pos`` when ``j >=
-    j_mid``): ``(m_new, alpha, p_t, row sum)``, the row sum in the 128-row tile's order
+    j_mid``): ``(m_new, alpha, p_t, row sum)``, the row sum in the Triton tile's order
     (``_row_sum_t``)."""
     if j >= j_mid:
         o_k = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_L))
@@ -894,11 +900,11 @@ def _split_kt_kernel(
     PAGE_SIZE: gl.constexpr,
     ROWS: gl.constexpr,  # rows per block (the MMA's N): 8, 16 or 32, >= G
     BLOCK_Q: gl.constexpr,  # ROWS // G
-    BLOCK_N: gl.constexpr,  # 128
+    BLOCK_N: gl.constexpr,  # the contract's tile: 128 (head dims 64, 128) or 64 (head dim 256)
     BOX: gl.constexpr,  # min(PAGE_SIZE, BLOCK_N)
     STAGES: gl.constexpr,  # K/V slots of the ring
     IS_DIRECT: gl.constexpr,  # one split per row (num_splits == 1): out and lse, no merge
-    VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1 or 2
+    VALUE_BLOCKS: gl.constexpr = 1,  # V column blocks per (slot, KV head, split): 1, 2 or 4
     AHEAD: gl.constexpr = False,  # the next tile's scores issued before this tile's p @ v
     IS_PDL: gl.constexpr = False,  # the merge is a programmatic dependent launch
     WALK: gl.constexpr = False,  # program i walks walk_splits splits of split_tiles (below)
@@ -906,8 +912,11 @@ def _split_kt_kernel(
     """Grid ``(slots, Hkv * VALUE_BLOCKS, splits)``, ``num_warps=4`` (one consumer warpgroup;
     the loader warp is a worker): ``_split_kernel`` for blocks of ``ROWS`` rows with the keys on
     the MMA's rows. Scheduling and operand placement only, the same bits (kernels/README.md,
-    "The keys-as-rows decode tile"): ``VALUE_BLOCKS`` as ``_split_kernel``'s (2 at most: the
-    ``p @ v`` MMA's M is V's columns, 64 at least), ``AHEAD`` the issue order (``_kt_rows``).
+    "The keys-as-rows decode tile"): ``VALUE_BLOCKS`` as ``_split_kernel``'s (blocks of 64
+    columns at least: the ``p @ v`` MMA's M is V's columns), ``AHEAD`` the issue order
+    (``_kt_rows``). ``BLOCK_N`` is the contract's tile (the Triton split kernel's, whose bits
+    these are): 128 keys, or 64 at head dim 256 (one m64 score MMA per tile; V's 256 columns
+    are four m64 blocks of the ``p @ v`` MMA).
 
     ``WALK``: program ``i`` of grid dim 2 walks the tiles ``[i * w, (i + 1) * w)`` with ``w =
     walk_splits * split_tiles``, folds the lead splits in the first split and stores each split

@@ -272,10 +272,11 @@ def test_bad_fp8_arguments_are_named(make_batch: Any, args_of: Any,
 def test_fp8_v_blocks_of_32_columns_are_refused_though_the_interpreter_agrees(
         make_batch: Any, args_of: Any, device: torch.device,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # 32-column V blocks with an FP8 cache changed the bits on an H200 (the tuner's admission,
-    # reports/h200/tune-features): refused, named. Under the interpreter, with the refusal
-    # lifted, they give one block's bits (so the GPU difference is the GPU build's:
-    # ARCHITECTURE.md, "Tuning"); another split size, the control, does not.
+    # 32-column V blocks with an FP8 cache compute wrong values on an H200 (the tuner's
+    # admission rejected them; the float64 reference shows them wrong: reports/h200/
+    # tune-features): refused, named. Under the interpreter, with the refusal lifted, they give
+    # one block's bits (so the fault is the GPU build's: ARCHITECTURE.md, "Tuning"); another
+    # split size, the control, does not.
     import kernels.plan
     from kernels import Tuning
 

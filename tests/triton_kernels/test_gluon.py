@@ -485,3 +485,58 @@ def test_head_dim_64_comparison_sees_a_different_split(dtype, make_batch, args_o
     b = unified_attention(*args, plan="fused", tuning=GLUON, split_size=1024)
     assert not (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
                 and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))
+
+
+#: Head dim 256, whose contract is 64-key tiles: the keys-as-rows tile runs them (by default
+#: for decode batches of groups up to 16). Blocks of 8 rows (groups 1, 2), 16 and 32 (2 ring
+#: slots on one V block).
+HEADS_256 = {"g2": HeadConfig(16, 8, 256), "g1": HeadConfig(4, 4, 256),
+             "g16": HeadConfig(32, 2, 256), "g32": HeadConfig(32, 1, 256)}
+#: (value_blocks, scores_ahead, walk_lead) of the 64-key tile: every V block count, both issue
+#: orders, both ways of taking the lead splits.
+KT_256 = [(1, False, False), (2, False, True), (4, False, False), (1, True, True),
+          (2, True, False), (4, True, True)]
+
+
+@pytest.mark.parametrize("layout", ["p16", "p64"])
+@pytest.mark.parametrize("heads", sorted(HEADS_256))
+def test_head_dim_256_keys_rows_tile_gives_the_triton_kernels_bits(
+        dtype, make_batch, args_of, assert_same_bits, assert_accurate, heads: str,
+        layout: str) -> None:
+    # The Triton split kernel (64-key tiles) against the keys-as-rows tile at 64 keys (the
+    # default for decode) in every schedule above: the default splits (1024 with leads of 128), one
+    # split per row (the direct store) and 256-token splits (the merge), NaN in every unused
+    # slot; accurate against the float64 reference. Then a CUDA-graph replay, and the control:
+    # the Triton kernel at two split sizes differs in some bit, so these comparisons can fail.
+    _half(dtype)
+    args = args_of(make_batch(dtype, DECODE, LAYOUTS[layout], HEADS_256[heads]))
+    group = HEADS_256[heads].num_q_heads // HEADS_256[heads].num_kv_heads
+    refs = {}
+    for kw in ({}, dict(split_size=4096, lead_split_size=4096),
+               dict(split_size=256, lead_split_size=256)):
+        assert not plan_attention(*args, plan="split", tuning=ROWS_128, **kw).keys_rows
+        ref = refs[kw.get("split_size", 1024)] = unified_attention(*args, plan="split",
+                                                                   tuning=ROWS_128, **kw)
+        assert_accurate(*ref, args)
+        # The default: these decode batches take the tile at groups up to 8 (the chunks of 5
+        # tokens hold more than a block of group 16's: one token).
+        assert plan_attention(*args, plan="split", **kw).keys_rows == (group <= 8)
+        assert_same_bits(unified_attention(*args, **kw), ref,
+                         f"head dim 256: default vs Triton split ({heads}, {layout}, {kw})")
+        # Every schedule with the default splits (lead splits walked or not), two elsewhere.
+        for blocks, ahead, walk in KT_256 if not kw else KT_256[::5]:
+            if ahead and blocks == 1 and group > 16:
+                continue  # refused: shared memory (test_plans.py)
+            tuning = Tuning(keys_rows=True, value_blocks=blocks, scores_ahead=ahead,
+                            walk_lead=walk)
+            lp = plan_attention(*args, plan="split", tuning=tuning, **kw)
+            assert lp.keys_rows and lp.gluon and lp.block_n == 64 and lp.value_blocks == blocks
+            assert_same_bits(unified_attention(*args, plan="split", tuning=tuning, **kw), ref,
+                             f"head dim 256: keys-as-rows {tuning} vs Triton split ({heads}, "
+                             f"{layout}, {kw})")
+    graph_kw = dict(plan="split", validate=False, tuning=Tuning(keys_rows=True))
+    assert_same_bits(_replayed(args, **graph_kw), refs[1024],
+                     f"head dim 256: keys-as-rows replay vs Triton ({heads}, {layout})")
+    a, b = refs[4096], refs[256]
+    assert not (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
+                and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))

@@ -731,7 +731,7 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     # the scores ahead on one V block at 32 rows (over the shared memory) raise.
     g4 = dict(num_slots=6, num_splits=2, split_tiles=8, block_q=2, direct=False)
     launch = functools.partial(gluon_module.launch_split_kt, *decode, *((None,) * 4), 0.1)
-    for kw, match in ((dict(value_blocks=4), "value_blocks 1 or 2 with at least 64"),
+    for kw, match in ((dict(value_blocks=4), "value_blocks 1, 2 or 4 with at least 64"),
                       (dict(stages=1), "at least 2 ring slots, got 1")):
         with pytest.raises(ValueError, match=match):
             launch(**g4, **kw)
@@ -783,12 +783,14 @@ def test_decode_takes_the_keys_as_rows_tile(monkeypatch, device) -> None:
     forced = plan_attention(*prompt, validate=False, plan="split", tuning=Tuning(keys_rows=True))
     assert forced.keys_rows and forced.block_q == 2 and forced.num_slots == 2048 // 2 + 1
     with pytest.raises(ValueError, match="keys_rows=True needs the split plan on the 128-key "
-                                         "Gluon kernels, got plan 'fused'"):
+                                         "Gluon kernels or, at head dim 256, its 64-key tile, "
+                                         "got plan 'fused'"):
         plan_attention(*decode, validate=False, plan="fused", tuning=Tuning(keys_rows=True))
     with pytest.raises(ValueError, match=r"gluon False \(LaunchPlan.gluon"):
         plan_attention(*decode, validate=False, plan="split",
                        tuning=Tuning(keys_rows=True, gluon=False))
-    with pytest.raises(ValueError, match=r"value_blocks 1 or 2, got \['value_blocks=4'\]$"):
+    with pytest.raises(ValueError, match=r"value_blocks 1, 2 or 4 with at least 64 V columns "
+                                         r"each \(the p @ v MMA's M\), got 4 at head dim 128$"):
         plan_attention(*decode, validate=False, plan="split",
                        tuning=Tuning(keys_rows=True, value_blocks=4))
     # 2 V column blocks: the grid doubles its KV-head axis, the ring takes 4 slots of 48 KB.
@@ -879,13 +881,14 @@ def test_head_dim_64_runs_gluon_only_when_asked(monkeypatch, device) -> None:
     # gluon=True on a decode batch takes the keys-as-rows tile by default, as at head dim 128.
     assert plan_attention(*decode, validate=False, plan="split",
                           tuning=Tuning(gluon=True)).keys_rows
-    with pytest.raises(ValueError, match=r"keys-as-rows tile .* needs value_blocks 1 or 2 with "
-                                         r"at least 64 V columns each"):
+    with pytest.raises(ValueError, match=r"keys-as-rows tile .* needs value_blocks 1, 2 or 4 "
+                                         r"with at least 64 V columns each"):
         plan_attention(*decode, validate=False, plan="split",
                        tuning=Tuning(keys_rows=True, value_blocks=2))
     # gluon=False wins over keys_rows=True: the Triton kernels, and keys_rows names why.
     with pytest.raises(ValueError, match=r"keys_rows=True needs the split plan on the 128-key "
-                                         r"Gluon kernels, got plan 'split', gluon False"):
+                                         r"Gluon kernels or, at head dim 256, its 64-key tile, "
+                                         r"got plan 'split', gluon False"):
         plan_attention(*decode, validate=False, plan="split",
                        tuning=Tuning(keys_rows=True, gluon=False))
     for d, dtype in ((256, torch.bfloat16), (64, torch.float32)):
@@ -902,6 +905,134 @@ def test_head_dim_64_runs_gluon_only_when_asked(monkeypatch, device) -> None:
                                          r"compute capability 9\), got torch\.bfloat16, "
                                          r"head_dim 64, block_n 128, page_size 8"):
         plan_attention(*small, validate=False, plan="fused", tuning=Tuning(gluon=True))
+
+
+def test_head_dim_256_decode_takes_the_64_key_keys_as_rows_tile(monkeypatch, device) -> None:
+    # As on an H100 with Triton 3.6's Gluon: head dim 256's contract is 64-key tiles, which the
+    # 128-key Gluon kernels do not take; the keys-as-rows tile runs them. Decode batches take
+    # it in the split plan by default (as at head dim 128), keys_rows=False keeps the Triton
+    # kernels, and so do prompts and groups above 16 unless keys_rows=True: blocks of the group
+    # rounded up to 8 rows on 4 warps, one tile per step, 1, 2 or 4 V blocks of 64+ columns, a
+    # ring the shared memory holds. Where it cannot run, the message names each reason.
+    import kernels._gluon as gluon_module
+
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 9)
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
+    decode = _hopper_batches(device)[1]
+
+    def at_256(batch: tuple[torch.Tensor, ...], heads: int = 8) -> tuple[torch.Tensor, ...]:
+        q, k, v, *rest = batch
+        return (torch.cat([q[:, :1]] * heads, 1).repeat(1, 1, 2), k.repeat(1, 1, 1, 2),
+                v.repeat(1, 1, 1, 2), *rest)
+
+    decode = at_256(decode)  # 4 decodes, 8 query heads on 2 KV heads, head dim 256
+    for plan in ("split", "auto"):
+        lp = plan_attention(*decode, validate=False, plan=plan)
+        assert lp.plan == "split" and lp.keys_rows and lp.gluon and lp.block_n == 64, (plan, lp)
+        lp = plan_attention(*decode, validate=False, plan=plan, tuning=Tuning(keys_rows=False))
+        assert not lp.keys_rows and not lp.gluon and lp.block_n == 64, (plan, lp)
+    assert not plan_attention(*decode, validate=False, plan="fused").keys_rows
+    prompt = at_256(_hopper_batches(device)[0])
+    assert not plan_attention(*prompt, validate=False, plan="split").keys_rows
+    assert plan_attention(*prompt, validate=False, plan="split",
+                          tuning=Tuning(keys_rows=True)).keys_rows
+    kt = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(keys_rows=True))
+    assert kt.keys_rows and kt.gluon and kt.block_n == 64 and kt.split_tiles == 1024 // 64
+    assert (kt.block_m, kt.block_q, kt.num_warps, kt.tiles_per_step) == (8, 2, 4, 1)
+    assert kt.num_slots == 4 // 2 + 4
+    # 16 programs: 2 V blocks by kt_value_blocks' rule, 4 ring slots; each block count asked.
+    assert (kt.value_blocks, kt.num_stages) == (2, 4)
+    for blocks, stages in ((1, 3), (2, 4), (4, 4)):
+        lp = plan_attention(*decode, validate=False, plan="split",
+                            tuning=Tuning(keys_rows=True, value_blocks=blocks))
+        assert (lp.keys_rows, lp.value_blocks, lp.num_stages) == (True, blocks, stages)
+    with pytest.raises(ValueError, match=r"value_blocks 1, 2 or 4, got \['value_blocks=8'\]"):
+        plan_attention(*decode, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, value_blocks=8))
+    # 32 query heads per KV head: blocks of 32 rows; on one V block the store's scratch leaves
+    # room for 2 ring slots (kernel_stats: 3 need 250 KB).
+    wide = at_256(_hopper_batches(device)[1], heads=64)
+    assert not plan_attention(*wide, validate=False, plan="split").keys_rows
+    lp = plan_attention(*wide, validate=False, plan="split",
+                        tuning=Tuning(keys_rows=True, value_blocks=1))
+    assert (lp.block_m, lp.block_q, lp.num_stages) == (32, 1, 2)
+    assert gluon_module.kt_ring_slots(1, 32, 256) == 2 and gluon_module.kt_ring_slots(1, 32) == 3
+    # The launcher refuses a tile width the head dim's contract does not have.
+    with pytest.raises(ValueError, match=r"expected \(head dim, block_n\) in .*, got \(256, 128\)"):
+        gluon_module.launch_split_kt(*decode, *((None,) * 4), 0.1, num_slots=6, num_splits=1,
+                                     split_tiles=16, block_q=2, direct=True, block_n=128)
+    # Where it cannot run, keys_rows=True names why: the fused plan; a feature; pages of 8
+    # tokens; another GPU; no Gluon.
+    with pytest.raises(ValueError, match=r"at head dim 256, its 64-key tile, got plan 'fused'"):
+        plan_attention(*decode, validate=False, plan="fused", tuning=Tuning(keys_rows=True))
+    with pytest.raises(ValueError, match=r"at 64-key tiles it needs a call without window, "
+                                         r"sinks, soft-cap or FP8 cache"):
+        plan_attention(*decode, validate=False, plan="split", window_left=100,
+                       tuning=Tuning(keys_rows=True))
+    q, k, v, cu, kv_lens, _ = decode
+    small = (q, k.view(-1, 8, 2, 256), v.view(-1, 8, 2, 256), cu, kv_lens,
+             torch.arange(256, dtype=torch.int32, device=device).repeat(4, 1))
+    with pytest.raises(ValueError, match=r"page_size >= 16, compute capability 9\), got "
+                                         r"torch\.bfloat16, \(256, 64\), page_size 8"):
+        plan_attention(*small, validate=False, plan="split", tuning=Tuning(keys_rows=True))
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: "Triton 3.6.x, got 9.9")
+    with pytest.raises(ValueError, match=r"at 64-key tiles it needs Triton 3\.6\.x, got 9\.9$"):
+        plan_attention(*decode, validate=False, plan="split", tuning=Tuning(keys_rows=True))
+    assert not plan_attention(*decode, validate=False, plan="split").keys_rows
+    monkeypatch.setattr(gluon_module, "unavailable_reason", lambda: None)
+    # gluon=False means the Triton kernels (keys_rows=True with it names why not); gluon=True
+    # takes the tile (the only Gluon kernel here) and names why where it cannot.
+    lp = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(gluon=False))
+    assert not lp.keys_rows and not lp.gluon
+    with pytest.raises(ValueError, match=r"at 64-key tiles it needs the Gluon kernels, got "
+                                         r"gluon=False"):
+        plan_attention(*decode, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, gluon=False))
+    lp = plan_attention(*decode, validate=False, plan="split", tuning=Tuning(gluon=True))
+    assert lp.keys_rows and lp.gluon
+    with pytest.raises(ValueError, match=r"gluon=True needs the keys-as-rows tile at 64-key "
+                                         r"tiles, which this call does not take: \(for the "
+                                         r"default\) a GQA group of at most 16"):
+        plan_attention(*prompt, validate=False, plan="split", tuning=Tuning(gluon=True))
+    with pytest.raises(ValueError, match=r"gluon=True needs the 128-key contract .* at head_dim "
+                                         r"256 the keys-as-rows tile\) or the fused plan"):
+        plan_attention(*wide, validate=False, plan="split",
+                       tuning=Tuning(gluon=True, keys_rows=False))
+    # More bad settings: float32 (16-key tiles), caches TMA cannot read, a group above 32, the
+    # scores ahead on one V block at 32 rows, a ring larger than the shared memory holds.
+    q, k, v, *rest = decode
+    with pytest.raises(ValueError, match=r"got torch\.float32, \(256, 16\)"):
+        plan_attention(q.float(), k.float(), v.float(), *rest, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True))
+    strided = torch.cat([k, k])[::2]  # every other page: not contiguous
+    with pytest.raises(ValueError, match=r"at 64-key tiles it needs k_cache contiguous"):
+        plan_attention(q, strided, v, *rest, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True))
+    wider = (torch.cat([q] * 16, 1), k[:, :, :1].contiguous(), v[:, :, :1].contiguous(), *rest)
+    with pytest.raises(ValueError, match=r"a GQA group of at most 32 query heads, got 128"):
+        plan_attention(*wider, validate=False, plan="split", tuning=Tuning(keys_rows=True))
+    with pytest.raises(ValueError, match=r"value_blocks=2 for the scores ahead at 32 rows"):
+        plan_attention(*wide, validate=False, plan="split",
+                       tuning=Tuning(keys_rows=True, value_blocks=1, scores_ahead=True))
+    assert "at most 2 ring slots at head dim 256" in gluon_module.kt_schedule_misfit(
+        32, 256, 1, 3, False)
+    assert gluon_module.kt_schedule_misfit(32, 128, 1, 3, False) is None
+    # plan="auto": 64 balanced decodes of 2048 keys on a GPU they fill (32 SMs here) split onto
+    # the tile, where without it they fuse (the fused plan's Triton tile pads each token's 4
+    # heads to 64 rows: 1.8x slower at 64 decodes of 8k, reports/h200/tune/tune-d256.md).
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 32)
+    many = (q.repeat(16, 1, 1), k, v, torch.arange(65, dtype=torch.int32, device=device),
+            rest[1].repeat(16), rest[2].repeat(16, 1))
+    lp = plan_attention(*many, validate=False, host_lens=([1] * 64, [2048] * 64))
+    assert lp.plan == "split" and lp.keys_rows
+    assert plan_attention(*many, validate=False, host_lens=([1] * 64, [2048] * 64),
+                          tuning=Tuning(keys_rows=False)).plan == "fused"
+    monkeypatch.setattr(kernels.plan, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(kernels.plan, "_sm_major", lambda device: 8)
+    with pytest.raises(ValueError, match=r"compute capability major 8"):
+        plan_attention(*decode, validate=False, plan="split", tuning=Tuning(keys_rows=True))
+    assert not plan_attention(*decode, validate=False, plan="split").keys_rows
 
 
 def test_gluon_is_planned_only_where_it_can_run(monkeypatch, device) -> None:
@@ -1528,7 +1659,7 @@ def test_an_fp8_cache_keeps_one_value_block_by_the_rules(monkeypatch, device) ->
     kw = dict(validate=False, plan="split", host_lens=([1], [1024]), k_scale=1.0, v_scale=1.0)
     assert plan_attention(*fp8, **kw).value_blocks == 1
     assert plan_attention(*fp8, tuning=Tuning(value_blocks=2), **kw).value_blocks == 2
-    # 32-column V blocks with an FP8 cache changed the bits on an H200: refused, named.
+    # 32-column V blocks with an FP8 cache compute wrong values on an H200: refused, named.
     with pytest.raises(ValueError, match=r"expected value_blocks other than 4 with an FP8 cache "
                                          r"at head_dim 128 .* got value_blocks=4"):
         plan_attention(*fp8, tuning=Tuning(value_blocks=4), **kw)

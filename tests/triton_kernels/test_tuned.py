@@ -349,6 +349,10 @@ def test_an_interrupted_tune_keeps_its_finished_buckets(
     monkeypatch.setattr(_Search, "run", counted)
     assert main([*argv, "--resume", "--again", calls[1]]) == 0
     assert searched == [calls[1]] and set(load_table(table).entries) == set(calls)
+    # The table keeps every command that wrote it, the earlier ones first.
+    commands = json.loads(table.read_text())["command"].split(" ; ")
+    assert len(commands) == 3 and commands[2].endswith(f"--again {calls[1]}")
+    assert "--resume" not in commands[0] and "--resume" in commands[1]
     assert main([*argv, "--resume", "--again", "fp32/"]) == 0
     assert sorted(searched[1:]) == sorted(calls)
     # A bucket the run's workloads do not reach stays in the table, even under --again.
@@ -539,6 +543,43 @@ def test_the_search_descends_from_each_kernel_family() -> None:
     assert selected == [("fused", {"gluon": False, "num_stages": 5}, 80.0)]
     assert {"gluon": True, "num_stages": 5} in tried  # the Gluon base descended too
     assert all(set(o) <= {"gluon", "num_stages"} for o in tried)
+
+
+def test_the_keys_as_rows_tile_is_a_split_plan_base() -> None:
+    """The keys-as-rows tile is a family of its own in the split plan (the rules take it only
+    for decode batches, and it takes no override a descent from the Triton base may have fixed
+    first):
+    its base is searched and selected at 60 us against the Triton kernels' 70 us with 8 warps
+    (which the tile refuses); the fused plan has no such base."""
+    from types import SimpleNamespace
+
+    from invariance.tune import Trial, _Search
+
+    def us(plan: str, overrides: dict[str, Any]) -> float | None:
+        if overrides.get("keys_rows"):
+            return None if plan == "fused" or "num_warps" in overrides else 60.0
+        return 70.0 if overrides.get("num_warps") == 8 else 100.0
+
+    tried: list[tuple[str, dict[str, Any]]] = []
+
+    def trial(plan: str, overrides: dict[str, Any]) -> Trial:
+        tried.append((plan, dict(overrides)))
+        t = us(plan, overrides)
+        return Trial(plan, dict(overrides), "admitted" if t else "refused", us=t)
+
+    selected: list[tuple[str, dict[str, Any], float]] = []
+    search = object.__new__(_Search)
+    search.margin = 0.03
+    search.trial = trial  # type: ignore[method-assign]
+    search._select = lambda plan, o, u: selected.append((plan, o, u))  # type: ignore[method-assign]
+    search.b = SimpleNamespace(signature=lambda plan, o: (plan, tuple(sorted(o.items()))))  # type: ignore[assignment]
+    search.rules_sig = ("auto", ())
+    search.result = "result"  # type: ignore[assignment]
+    space = {"plan": ("fused", "split"), "num_warps": (4, 8), "keys_rows": (False, True)}
+    assert search.run(space) == "result"
+    assert selected == [("split", {"keys_rows": True}, 60.0)]
+    assert tried[2] == ("split", {"keys_rows": True})  # a base, after the two plans' own
+    assert ("fused", {"keys_rows": True}) not in tried[:3]
 
 
 def test_the_feature_probe_runs_on_the_tuning_device(
