@@ -510,71 +510,61 @@ def test_tune_cli_takes_features_and_names_bad_ones(
         assert not (tmp_path / "u.json").exists()
 
 
-def test_the_search_descends_from_each_kernel_family() -> None:
-    """Each plan on each kernel family is a base of the search: the Gluon tile (90 us) takes
-    no stage count, the Triton kernels (100 us) run 80 us with 5 stages, and that is what is
-    selected (a search that kept the Gluon tile first never tried it)."""
+def _search_with(times: Any) -> tuple[Any, list[tuple[str, dict[str, Any]]],
+                                      list[tuple[str, dict[str, Any], float]]]:
+    """A bucket's search (``_Search``) whose candidates take their times from ``times(plan,
+    overrides)`` (None: the planner refuses them) and whose selection is recorded: the search,
+    the candidates tried and the selections, in order."""
     from types import SimpleNamespace
 
     from invariance.tune import Trial, _Search
 
-    def us(overrides: dict[str, Any]) -> float | None:
+    tried: list[tuple[str, dict[str, Any]]] = []
+    selected: list[tuple[str, dict[str, Any], float]] = []
+
+    def trial(plan: str, overrides: dict[str, Any]) -> Trial:
+        tried.append((plan, dict(overrides)))
+        t = times(plan, overrides)
+        return Trial(plan, dict(overrides), "admitted" if t else "refused", us=t)
+
+    search = object.__new__(_Search)
+    search.margin = 0.03
+    search.trial = trial
+    search._select = lambda plan, o, u: selected.append((plan, o, u))
+    search.b = SimpleNamespace(signature=lambda plan, o: (plan, tuple(sorted(o.items()))))
+    search.rules_sig = ("auto", ())
+    search.result = "result"
+    return search, tried, selected
+
+
+def test_the_search_descends_from_each_kernel_family() -> None:
+    """Each plan on each kernel family is a base of the search: the Gluon tile (90 us) takes
+    no stage count, the Triton kernels (100 us) run 80 us with 5 stages, and that is what is
+    selected (a search that kept the Gluon tile first never tried it)."""
+    def us(plan: str, overrides: dict[str, Any]) -> float | None:
         if overrides.get("gluon"):
             return None if "num_stages" in overrides else 90.0  # the planner refuses
         return 80.0 if overrides.get("num_stages") == 5 else 100.0
 
-    tried: list[dict[str, Any]] = []
-
-    def trial(plan: str, overrides: dict[str, Any]) -> Trial:
-        tried.append(dict(overrides))
-        t = us(overrides)
-        return Trial(plan, dict(overrides), "admitted" if t else "refused", us=t)
-
-    selected: list[tuple[str, dict[str, Any], float]] = []
-    search = object.__new__(_Search)
-    search.margin = 0.03
-    search.trial = trial  # type: ignore[method-assign]
-    search._select = lambda plan, o, u: selected.append((plan, o, u))  # type: ignore[method-assign]
-    search.b = SimpleNamespace(signature=lambda plan, o: (plan, tuple(sorted(o.items()))))  # type: ignore[assignment]
-    search.rules_sig = ("auto", ())
-    search.result = "result"  # type: ignore[assignment]
+    search, tried, selected = _search_with(us)
     space = {"plan": ("fused",), "gluon": (False, True), "num_stages": (2, 5)}
     assert search.run(space) == "result"
     assert selected == [("fused", {"gluon": False, "num_stages": 5}, 80.0)]
-    assert {"gluon": True, "num_stages": 5} in tried  # the Gluon base descended too
-    assert all(set(o) <= {"gluon", "num_stages"} for o in tried)
+    assert ("fused", {"gluon": True, "num_stages": 5}) in tried  # the Gluon base descended too
+    assert all(set(o) <= {"gluon", "num_stages"} for _, o in tried)
 
 
 def test_the_keys_as_rows_tile_is_a_split_plan_base() -> None:
     """The keys-as-rows tile is a family of its own in the split plan (the rules take it only
     for decode batches, and it takes no override a descent from the Triton base may have fixed
-    first):
-    its base is searched and selected at 60 us against the Triton kernels' 70 us with 8 warps
-    (which the tile refuses); the fused plan has no such base."""
-    from types import SimpleNamespace
-
-    from invariance.tune import Trial, _Search
-
+    first): its base is searched and selected at 60 us against the Triton kernels' 70 us with
+    8 warps (which the tile refuses); the fused plan has no such base."""
     def us(plan: str, overrides: dict[str, Any]) -> float | None:
         if overrides.get("keys_rows"):
             return None if plan == "fused" or "num_warps" in overrides else 60.0
         return 70.0 if overrides.get("num_warps") == 8 else 100.0
 
-    tried: list[tuple[str, dict[str, Any]]] = []
-
-    def trial(plan: str, overrides: dict[str, Any]) -> Trial:
-        tried.append((plan, dict(overrides)))
-        t = us(plan, overrides)
-        return Trial(plan, dict(overrides), "admitted" if t else "refused", us=t)
-
-    selected: list[tuple[str, dict[str, Any], float]] = []
-    search = object.__new__(_Search)
-    search.margin = 0.03
-    search.trial = trial  # type: ignore[method-assign]
-    search._select = lambda plan, o, u: selected.append((plan, o, u))  # type: ignore[method-assign]
-    search.b = SimpleNamespace(signature=lambda plan, o: (plan, tuple(sorted(o.items()))))  # type: ignore[assignment]
-    search.rules_sig = ("auto", ())
-    search.result = "result"  # type: ignore[assignment]
+    search, tried, selected = _search_with(us)
     space = {"plan": ("fused", "split"), "num_warps": (4, 8), "keys_rows": (False, True)}
     assert search.run(space) == "result"
     assert selected == [("split", {"keys_rows": True}, 60.0)]
