@@ -488,9 +488,10 @@ def test_head_dim_64_comparison_sees_a_different_split(dtype, make_batch, args_o
 
 
 #: Head dim 256, whose contract is 64-key tiles: the keys-as-rows tile runs them (by default
-#: for decode batches of groups up to 16). Blocks of 8 rows (groups 1, 2), 16 and 32 (2 ring
-#: slots on one V block).
+#: for decode batches of groups up to 16). Blocks of 8 rows (groups 1, 2, 4, 8: one block
+#: holds 8, 4, 2 or 1 tokens), 16 and 32 (2 ring slots on one V block).
 HEADS_256 = {"g2": HeadConfig(16, 8, 256), "g1": HeadConfig(4, 4, 256),
+             "g4": HeadConfig(16, 4, 256), "g8": HeadConfig(16, 2, 256),
              "g16": HeadConfig(32, 2, 256), "g32": HeadConfig(32, 1, 256)}
 #: (value_blocks, scores_ahead, walk_lead) of the 64-key tile: every V block count, both issue
 #: orders, both ways of taking the lead splits.
@@ -518,9 +519,14 @@ def test_head_dim_256_keys_rows_tile_gives_the_triton_kernels_bits(
         ref = refs[kw.get("split_size", 1024)] = unified_attention(*args, plan="split",
                                                                    tuning=ROWS_128, **kw)
         assert_accurate(*ref, args)
-        # The default: these decode batches take the tile at groups up to 8 (the chunks of 5
-        # tokens hold more than a block of group 16's: one token).
-        assert plan_attention(*args, plan="split", **kw).keys_rows == (group <= 8)
+        # The default: the tile where a block holds as many tokens per request as the batch
+        # has on average (groups 1, 2 and 4 here; the chunks of 5 tokens are too many for
+        # blocks of one token, groups 8 and 16) and the group is at most 16.
+        from kernels import _gluon
+
+        per_block = _gluon.kt_rows(group) // group
+        decode_like = per_block * len(DECODE) >= sum(q for q, _ in DECODE) and group <= 16
+        assert plan_attention(*args, plan="split", **kw).keys_rows == decode_like
         assert_same_bits(unified_attention(*args, **kw), ref,
                          f"head dim 256: default vs Triton split ({heads}, {layout}, {kw})")
         # Every schedule with the default splits (lead splits walked or not), two elsewhere.
