@@ -120,7 +120,8 @@ class Tuning:
       it, instead of one flat loop with a fold at each split boundary.
     - ``gluon`` (bool): the Gluon kernels (Hopper, Triton 3.6) instead of the Triton ones, with
       the same bits: by default at head dim 128; at head dim 64 (128-key tiles too) only when
-      asked. ``True`` requires them: a ``ValueError`` names every unmet condition.
+      asked; at head dim 256 the keys-as-rows decode tile only. ``True`` requires them: a
+      ``ValueError`` names every unmet condition; ``False`` never.
     - ``keys_rows`` (bool): the split plan's keys-as-rows decode tile (Gluon, Hopper, Triton
       3.6; the contract's tile: 128 keys at head dims 64 and 128, asking for the Gluon kernels
       at 64; 64 keys at head dim 256). By default decode batches take it at head dims 128 and
