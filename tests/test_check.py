@@ -38,10 +38,14 @@ def test_batch_variant_control_is_caught(dtype: torch.dtype) -> None:
     assert {"batch_size", "neighbors"} <= failed
     assert "repeat" not in failed  # it is deterministic, only batch-variant
     v = report.cell("batch_size", report.dtypes[0]).violations[0]
-    # Shrunk: described from the case shown (the target alone vs next to a few requests: at
-    # half precision the output's rounding can hide the chunk change of a batch of 2 or 3).
+    # Shrunk: described from the case shown (the target alone vs next to fewer requests than
+    # the case's calls of at least dense_batch held). How few depends on the CPU: at half
+    # precision the output's rounding can hide a chunk change, and where the control's float32
+    # sums round alike for two chunk sizes (its vectorised reductions differ by instruction
+    # set) the LSE does too: 8 requests on one machine, 10 on another.
     assert v.shrunk and "alone" in v.schedule_a and "one call of " in v.schedule_b
-    assert len(v.case_data["b"]["steps"]) == 1 and len(v.case_data["b"]["steps"][0]) <= 8
+    steps = v.case_data["b"]["steps"]
+    assert len(steps) == 1 and len(steps[0]) < invariance.SCALES["small"].dense_batch
     assert v.differing_tokens > 0 and v.max_ulp > 0
     assert any(d.name == "lse" for d in v.diffs)
 
