@@ -426,13 +426,6 @@ def main() -> None:
     if a.no_keys_rows or a.keys_rows:
         fields["keys_rows"] = a.keys_rows
     tuning = kernels.Tuning(**{k: v for k, v in fields.items() if v is not None})
-    kv_dtype = torch.float8_e4m3fn if a.kv_dtype else None
-    cache = f", {a.kv_dtype} cache" if a.kv_dtype else ""
-    print(f"triton {triton.__version__}, sm_90a, {a.dtype}{cache}, plan {a.plan}, {tuning}")
-    compiled_cols = "ptx hash " if a.ptx_hash else "regs | spill st/ld B "
-    print(f"| workload | plan | BM/BN/warps/stages/vblocks/tiles | kernel | {compiled_cols}"
-          "| smem B | MMA instructions |")
-    print("|---" * (7 if a.ptx_hash else 8) + "|")
     if a.kv_dtype and a.dtype == "float32":
         p.error(f"--kv-dtype {a.kv_dtype}: expected --dtype float16 or bfloat16 (an FP8 cache "
                 f"takes half-precision queries), got float32")
@@ -442,6 +435,14 @@ def main() -> None:
             heads = HeadConfig.parse(a.heads)
         except ValueError as exc:
             p.error(f"--heads: {exc}")
+    kv_dtype = torch.float8_e4m3fn if a.kv_dtype else None
+    cache = f", {a.kv_dtype} cache" if a.kv_dtype else ""
+    print(f"triton {triton.__version__}, sm_90a, {a.dtype}{cache}, heads {heads}, plan "
+          f"{a.plan}, {tuning}")
+    compiled_cols = "ptx hash " if a.ptx_hash else "regs | spill st/ld B "
+    print(f"| workload | plan | BM/BN/warps/stages/vblocks/tiles | kernel | {compiled_cols}"
+          "| smem B | MMA instructions |")
+    print("|---" * (7 if a.ptx_hash else 8) + "|")
     for name in a.workload or list(WORKLOADS):
         try:
             rows = stats(name, getattr(torch, a.dtype), a.plan, tuning, a.ptx_hash,

@@ -351,7 +351,9 @@ class _Search:
                 families.append({"keys_rows": True})  # the keys-as-rows tile: a family too
             for base in families:
                 t = self.trial(plan, base)
-                if t.us is not None:  # a duplicate of another base has no time: searched once
+                # A base whose launch another base already has gets no time (searched once);
+                # one with the rules' launch keeps the rules' time.
+                if t.us is not None:
                     bases.append((plan, base, t.us))
         if not bases:
             return self.result

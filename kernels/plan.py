@@ -87,6 +87,8 @@ _GLUON_MIN_V_COLUMNS = 32
 # off by up to 0.24 where 16 and 64 columns are within 7e-4: reports/h200/tune-features,
 # ARCHITECTURE.md "Tuning"): refused.
 _FP8_REFUSED_V_COLUMNS = 32
+#: Why the Gluon tiles refuse a call with features (they take none: the Triton kernels run it).
+_FEATURE_MISFIT = "a call without window, sinks, soft-cap or FP8 cache, got one with a feature"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -801,7 +803,7 @@ def _kt_narrow_misfit(f: _Facts, block_n: int, tuning: Tuning, q: torch.Tensor,
     from kernels import _gluon  # light: imports no Triton
 
     if not f.plain:
-        return "a call without window, sinks, soft-cap or FP8 cache, got one with a feature"
+        return _FEATURE_MISFIT
     if tuning.gluon is False:
         return "the Gluon kernels, got gluon=False"
     if not kt_tile(f.dtype, f.D, block_n, f.page_size, f.sm_major):
@@ -832,7 +834,7 @@ def _wide_gluon_misfit(f: _Facts, block_n: int, tuning: Tuning) -> str | None:
     (it runs 128 rows on two warpgroups, one inner loop per split, one tile per step, all V
     columns or 2 or 4 V column blocks in the split plan)."""
     if not f.plain:
-        return "a call without window, sinks, soft-cap or FP8 cache, got one with a feature"
+        return _FEATURE_MISFIT
     if not gluon_tile(f.dtype, f.D, block_n, f.page_size, f.sm_major):
         return (f"the 128-key Gluon tile's shapes (fp16/bf16, head_dim 64 or 128, 128-key "
                 f"tiles, page_size >= 16, compute capability 9), got {f.dtype}, head_dim {f.D}, "

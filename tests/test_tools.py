@@ -89,6 +89,7 @@ def test_kernel_stats_takes_heads_and_writes_ptx(tmp_path: Path) -> None:
                           timeout=300)
     assert proc.returncode == 2 and "--heads: " in proc.stderr and "'16:8'" in proc.stderr, (
         proc.stderr[-1000:])
+    assert proc.stdout == "", proc.stdout  # refused before the table's header
 
 
 def test_kernel_stats_gluon_switch_names_a_bad_switch() -> None:

@@ -200,10 +200,10 @@ def kt_schedule_misfit(rows: int, head_dim: int, value_blocks: int, stages: int,
                 f"got {value_blocks} at head dim {head_dim}")
     if stages < 2:
         return f"at least 2 ring slots, got {stages}"
-    if stages > kt_ring_slots(value_blocks, rows, head_dim) and head_dim > 128:
-        return (f"at most {kt_ring_slots(value_blocks, rows, head_dim)} ring slots at head dim "
-                f"{head_dim} with {rows} rows and {value_blocks} V block(s) (shared memory), "
-                f"got {stages}")
+    most = kt_ring_slots(value_blocks, rows, head_dim)
+    if head_dim > 128 and stages > most:
+        return (f"at most {most} ring slots at head dim {head_dim} with {rows} rows and "
+                f"{value_blocks} V block(s) (shared memory), got {stages}")
     if scores_ahead and value_blocks == 1 and rows > 16:
         if head_dim // 2 < 64:
             return (f"scores_ahead=False at {rows} rows and head dim {head_dim} (its shared "
